@@ -1,0 +1,1 @@
+"""Tiny offline models and sample tasks: the embedded default and test fixtures."""

@@ -1,0 +1,106 @@
+"""Containers that carry captured geometry from capture/ to the metric plugins.
+
+These are plain data records: capture/ fills them, plugins read them, and the
+math in metrics/ never sees them. Shape symbols follow DESIGN.md: B documents,
+T positions, L blocks (L+1 states x^0..x^L), d model width, V vocabulary, K
+number of singular vectors. Every tensor is float32 (float64 in tests) and on
+the model's device unless stated otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+Need = Literal["trajectory", "lens", "jacobian", "tokenwise_jacobian"]
+"""What a metric needs captured.
+
+- ``trajectory``: per-token trajectory summaries at every context token.
+- ``lens``: logit-lens quantities at the target position n.
+- ``jacobian``: block Jacobian factors at n for sampled documents.
+- ``tokenwise_jacobian``: Jacobians between positions for sampled documents.
+"""
+
+
+@dataclass
+class TrajectoryStates:
+    """Per-token trajectory summaries, streamed block by block.
+
+    Attributes:
+        norms: ``[B, L+1, T]`` state norms ``||x^l_t||``.
+        step_lengths: ``[B, L, T]`` step lengths ``||x^l_t - x^{l-1}_t||``.
+        lss: ``[B, T]`` line-shape score of each token's whole trajectory.
+        windowed_lss: ``[B, L, T]`` windowed LSS at depth l = 1..L (window 11).
+        token_mask: ``[B, T]`` bool; the tokens a per-document value averages
+            over (context tokens 1..n, or n alone with ``tokens=last``).
+    """
+
+    norms: torch.Tensor
+    step_lengths: torch.Tensor
+    lss: torch.Tensor
+    windowed_lss: torch.Tensor
+    token_mask: torch.Tensor
+
+
+@dataclass
+class LensStates:
+    """Logit-lens quantities at the target position n, for l = 0..L.
+
+    Attributes:
+        entropy: ``[B, L+1]`` normalized entropy ``H(P^l) / ln V``.
+        target_prob: ``[B, L+1]`` ``P^l(target)``; NaN where no target token.
+        top1: ``[B, L+1]`` int64, argmax token of ``P^l``.
+    """
+
+    entropy: torch.Tensor
+    target_prob: torch.Tensor
+    top1: torch.Tensor
+
+
+@dataclass
+class JacobianFactors:
+    """Top-K factors of the block Jacobians ``J^l`` at n for one document.
+
+    ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` (residual branch only).
+
+    Attributes:
+        U: ``[L, d, K_max]`` top left singular vectors of each ``J^l``.
+        S: ``[L, K_max + 1]`` top singular values (one extra for the gap).
+        V: ``[L, d, K_max]`` top right singular vectors.
+        JV: ``[L, L, d, K_max]``; ``JV[l, m] = J^l V_m`` (tangents of every
+            other layer's right singular vectors pushed through block l).
+        UtJ: ``[L, L, K_max, d]``; ``UtJ[l, m] = U_m^T J^l``, or None when no
+            metric asked for the swapped matrix B.
+        method: per layer, the route used (``"dense"``, ``"randomized"``, ...).
+        spectral_gap: ``[L]`` ``s_K / s_{K+1}`` at the K the metrics use.
+        dense: ``[L, d, d]`` the Jacobians themselves, when the dense route ran
+            and a metric asked for them; otherwise None.
+    """
+
+    U: torch.Tensor
+    S: torch.Tensor
+    V: torch.Tensor
+    JV: torch.Tensor
+    UtJ: torch.Tensor | None
+    method: list[str]
+    spectral_gap: torch.Tensor
+    dense: torch.Tensor | None = None
+
+
+@dataclass
+class GeometryStates:
+    """Everything captured for one batch of B documents.
+
+    A field is None when no selected metric needs it. ``jacobians[b]`` is None
+    for documents outside the coupling sample.
+    """
+
+    n_layers: int
+    d_model: int
+    vocab_size: int
+    trajectory: TrajectoryStates | None = None
+    lens: LensStates | None = None
+    jacobians: list[JacobianFactors | None] = field(default_factory=list)
+    tokenwise: list[dict | None] = field(default_factory=list)
