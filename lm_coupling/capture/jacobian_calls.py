@@ -1,0 +1,332 @@
+"""Replayable block calls for the Jacobian engine: record a block's inputs, call it again.
+
+The engine differentiates one decoder block at a time. A forward pre-hook
+records what the model passes to block l (hidden states x^{l-1}, attention
+mask, position embeddings, cache, ...); :class:`BlockCall` then calls the block
+again on new hidden states with everything else held fixed, in float32 (float64
+for a float64 model), without modifying the model.
+
+Single-token route: attention is causal and n is the last position, so the
+keys and values of positions 0..n-1 do not depend on x_n. The prefix 0..n-1 runs
+once with ``use_cache=True``; token n then runs with that cache, and each
+block's cache argument is replaced by a :class:`FrozenPrefixCache` whose
+``update`` returns ``cat(prefix, new)`` without storing anything, so the block
+can be called any number of times, also under ``torch.func`` transforms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.errors import LmCouplingError
+
+__all__ = [
+    "BlockCall",
+    "FrozenPrefixCache",
+    "compute_dtype",
+    "engine_mode",
+    "record_full_sequence",
+    "record_last_token",
+]
+
+
+def compute_dtype(parts: ModelParts) -> torch.dtype:
+    """The engine's dtype: float64 for a float64 model (tests), else float32."""
+    params = [p for p in parts.blocks[0].parameters() if p.is_floating_point()]
+    return torch.float64 if params and params[0].dtype == torch.float64 else torch.float32
+
+
+def _configs(model: nn.Module) -> list:
+    """Every distinct config object of the model, its modules and their sub-configs."""
+    found: dict[int, object] = {}
+    pending = [getattr(model, "config", None)]
+    pending += [getattr(m, "config", None) for m in model.modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in found or not hasattr(config, "sub_configs"):
+            continue
+        found[id(config)] = config
+        pending += [getattr(config, key, None) for key in config.sub_configs]
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def engine_mode(model: nn.Module) -> Iterator[None]:
+    """Eager attention, eval mode and no parameter graphs, restored in ``finally``.
+
+    Scaled-dot-product attention kernels refuse forward-mode AD and double
+    backward, so the engine switches every config's ``_attn_implementation``
+    to ``"eager"`` for the duration only. Dropout is switched off (eval mode);
+    ``torch.no_grad`` stops graphs through the parameters (``torch.func``
+    transforms still differentiate with respect to their inputs).
+    """
+    configs = _configs(model)
+    saved = [c.__dict__.get("_attn_implementation_internal") for c in configs]
+    training = {m: m.training for m in model.modules()}
+    try:
+        for config in configs:
+            config._attn_implementation_internal = "eager"
+        model.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        for config, value in zip(configs, saved, strict=True):
+            config._attn_implementation_internal = value
+        for module, flag in training.items():
+            module.training = flag
+
+
+class FrozenPrefixCache:
+    """A read-only stand-in for a transformers ``Cache`` holding fixed prefix keys/values.
+
+    ``update(k, v, layer_idx)`` returns ``(cat([K_prefix, k], -2), cat([V_prefix, v], -2))``
+    and stores nothing, so repeated and vectorized calls (``vmap``, ``jvp``,
+    ``vjp``) all see the same prefix.
+
+    Args:
+        prefixes: layer index -> ``(K [1, H_kv, n, d_head], V [...])``.
+    """
+
+    is_compileable = False
+
+    def __init__(self, prefixes: dict[int, tuple[torch.Tensor, torch.Tensor]]):
+        self._prefixes = prefixes
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        """Return the prefix keys/values followed by the new ones, without storing."""
+        if layer_idx not in self._prefixes:
+            raise LmCouplingError(
+                f"the Jacobian engine has no prefix keys/values for attention layer "
+                f"{layer_idx}; found layers {sorted(self._prefixes)}"
+            )
+        k0, v0 = self._prefixes[layer_idx]
+        batch = key_states.shape[0]
+        keys = torch.cat([k0.expand(batch, *k0.shape[1:]), key_states], dim=-2)
+        values = torch.cat([v0.expand(batch, *v0.shape[1:]), value_states], dim=-2)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The prefix length n."""
+        keys = self._prefixes.get(layer_idx)
+        return 0 if keys is None else keys[0].shape[-2]
+
+
+def _map_tensors(obj, fn: Callable):
+    """Apply ``fn`` to every tensor (and Cache) inside tuples, lists and dicts."""
+    if isinstance(obj, tuple):
+        return tuple(_map_tensors(o, fn) for o in obj)
+    if isinstance(obj, list):
+        return [_map_tensors(o, fn) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return fn(obj)
+
+
+def _is_cache(obj) -> bool:
+    from transformers.cache_utils import Cache
+
+    return isinstance(obj, Cache)
+
+
+@dataclass
+class BlockCall:
+    """One decoder block with its recorded inputs, callable on new hidden states.
+
+    Attributes:
+        block: the model's own block (never modified).
+        args: recorded positional arguments (cast to ``dtype``; caches replaced).
+        kwargs: recorded keyword arguments (same).
+        hidden: ``[1, T', d]`` recorded hidden-state input x^{l-1} in ``dtype``.
+        dtype: the compute dtype.
+    """
+
+    block: nn.Module
+    args: tuple
+    kwargs: dict
+    hidden: torch.Tensor
+    dtype: torch.dtype
+
+    def params(self) -> dict[str, torch.Tensor] | None:
+        """The block's parameters and buffers in ``dtype``, or None if already so.
+
+        Copies one block at a time (call it per layer and drop the result).
+        """
+        named = list(self.block.named_parameters()) + list(self.block.named_buffers())
+        if all(not t.is_floating_point() or t.dtype == self.dtype for _, t in named):
+            return None
+        return {n: t.detach().to(self.dtype) if t.is_floating_point() else t for n, t in named}
+
+    def run(self, x: torch.Tensor, params: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Call the block on hidden states ``x [1, T', d]``; returns ``[1, T', d]``."""
+        if self.args:
+            args, kwargs = (x, *self.args[1:]), self.kwargs
+        else:
+            args, kwargs = (), {**self.kwargs, "hidden_states": x}
+        if params is None:
+            out = self.block(*args, **kwargs)
+        else:
+            out = torch.func.functional_call(self.block, params, args, kwargs, strict=False)
+        return block_output_hidden(out)
+
+    def last_token_map(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
+        """``f(x) = block(x)_n - x`` on one token, and the point ``x^{l-1}_n [d]``.
+
+        Valid for calls recorded by :func:`record_last_token` (T' = 1).
+        """
+        params = self.params()
+        d = self.hidden.shape[-1]
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return self.run(x.reshape(1, 1, d), params)[0, 0] - x
+
+        return f, self.hidden[0, -1]
+
+    def position_map(
+        self, t_in: int, t_out: int
+    ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
+        """``f(x) = block(X with row t_in = x)_{t_out} (- x if t_in == t_out)``, and ``x_{t_in}``.
+
+        Valid for calls recorded by :func:`record_full_sequence`.
+        """
+        params = self.params()
+        X = self.hidden
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            rows = torch.cat([X[:, :t_in], x[None, None], X[:, t_in + 1 :]], dim=1)
+            out = self.run(rows, params)[0, t_out]
+            return out - x if t_in == t_out else out
+
+        return f, X[0, t_in]
+
+
+class _StopForward(Exception):
+    """Raised by a recording hook to end a forward pass early."""
+
+
+def _record(
+    model: nn.Module, blocks: list[nn.Module], input_ids: torch.Tensor, **forward_kwargs
+) -> tuple[list[tuple[tuple, dict] | None], object]:
+    """Run the model once, recording each block's (args, kwargs); stop after the last block."""
+    records: list[tuple[tuple, dict] | None] = [None] * len(blocks)
+
+    def hook(index: int):
+        def pre_hook(module, args, kwargs):
+            records[index] = (args, dict(kwargs))
+            if index == len(blocks) - 1:
+                raise _StopForward
+
+        return pre_hook
+
+    handles = [b.register_forward_pre_hook(hook(i), with_kwargs=True) for i, b in enumerate(blocks)]
+    out = None
+    try:
+        out = model(input_ids, **forward_kwargs)
+    except _StopForward:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [i for i, r in enumerate(records) if r is None]
+    if missing:
+        raise LmCouplingError(
+            f"the Jacobian engine expected the model's forward pass to call every decoder "
+            f"block, but blocks {missing} were never called; check locate_model_parts()"
+        )
+    return records, out
+
+
+def _prefix_keys_values(cache, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Layer index -> (K, V) of a transformers cache after the prefix run, in ``dtype``."""
+    cache = getattr(cache, "self_attention_cache", cache)
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise LmCouplingError(
+            f"the Jacobian engine expected a transformers Cache with .layers after the prefix "
+            f"run, found {type(cache).__name__}; run with transformers >= 5 or method on a "
+            "prompt of one token"
+        )
+    return {
+        i: (layer.keys.detach().to(dtype), layer.values.detach().to(dtype))
+        for i, layer in enumerate(layers)
+        if getattr(layer, "keys", None) is not None
+    }
+
+
+def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
+    """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped."""
+
+    def convert(obj):
+        if _is_cache(obj):
+            return swap(obj)
+        if isinstance(obj, torch.Tensor) and obj.is_floating_point():
+            return obj.detach().to(dtype)
+        return obj
+
+    args, kwargs = record
+    args, kwargs = _map_tensors(args, convert), _map_tensors(kwargs, convert)
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        raise LmCouplingError(
+            "the Jacobian engine expected a decoder block's first argument (or its "
+            f"hidden_states keyword) to be [B, T, d] hidden states, found {type(hidden).__name__}"
+        )
+    return BlockCall(block=block, args=args, kwargs=kwargs, hidden=hidden, dtype=dtype)
+
+
+def record_last_token(
+    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, dtype: torch.dtype
+) -> list[BlockCall]:
+    """Record every block's call on the last token n with the prefix keys/values frozen.
+
+    Call inside :func:`engine_mode`.
+
+    Args:
+        model: the causal LM.
+        parts: its located parts.
+        input_ids: ``[T]`` token ids; n = T - 1.
+        dtype: compute dtype.
+
+    Returns:
+        L block calls whose hidden states are ``[1, 1, d]`` (x^{l-1}_n).
+    """
+    ids = input_ids[None]
+    n = ids.shape[1] - 1
+    if n == 0:
+        records, _ = _record(model, parts.blocks, ids, use_cache=False)
+        frozen = FrozenPrefixCache({})
+    else:
+        cache = model(ids[:, :n], use_cache=True).past_key_values
+        if cache is None:
+            raise LmCouplingError(
+                f"the Jacobian engine expected {type(model).__name__} to return a cache with "
+                "use_cache=True, found None"
+            )
+        frozen = FrozenPrefixCache(_prefix_keys_values(cache, dtype))
+        records, _ = _record(model, parts.blocks, ids[:, n:], past_key_values=cache, use_cache=True)
+    return [
+        _block_call(block, record, dtype, lambda _cache: frozen)
+        for block, record in zip(parts.blocks, records, strict=True)
+    ]
+
+
+def record_full_sequence(
+    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, dtype: torch.dtype
+) -> list[BlockCall]:
+    """Record every block's call on the whole sequence (no cache).
+
+    Call inside :func:`engine_mode`.
+
+    Returns:
+        L block calls whose hidden states are ``[1, T, d]`` (x^{l-1}).
+    """
+    records, _ = _record(model, parts.blocks, input_ids[None], use_cache=False)
+    return [
+        _block_call(block, record, dtype, lambda _cache: None)
+        for block, record in zip(parts.blocks, records, strict=True)
+    ]

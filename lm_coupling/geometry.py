@@ -1,0 +1,209 @@
+"""Measure the selected geometry of a model's forward passes.
+
+`GeometryRunner` ties the three layers together: capture/ gets the states out
+of a Hugging Face model, the plugins turn them into per-document values with
+the math in metrics/. It knows nothing of lm-eval: the harness (and any
+Python caller) decides which rows of a batch are which documents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pluggy
+import torch
+
+from lm_coupling.capture.architecture import ModelParts, locate_model_parts
+from lm_coupling.plugins.manager import get_plugin_manager
+from lm_coupling.selection import Selection
+from lm_coupling.states import GeometryStates, JacobianFactors
+
+
+@dataclass
+class DocumentGeometry:
+    """The geometry of one document.
+
+    Attributes:
+        values: per-document scalar of each metric (NaN when undefined).
+        profiles: per-layer vectors and L x L matrices, as float64 arrays.
+        jacobian_methods: the Jacobian route per layer, for sampled documents.
+    """
+
+    values: dict[str, float] = field(default_factory=dict)
+    profiles: dict[str, np.ndarray] = field(default_factory=dict)
+    jacobian_methods: list[str] | None = None
+
+    def merge(self, other: DocumentGeometry) -> None:
+        """Add ``other``'s values and profiles to this document's."""
+        self.values.update(other.values)
+        self.profiles.update(other.profiles)
+        if other.jacobian_methods is not None:
+            self.jacobian_methods = other.jacobian_methods
+
+
+class _EmptyCapture:
+    """Stands in for a collector when no selected metric needs the forward pass."""
+
+    def __init__(self, parts: ModelParts):
+        self.states = GeometryStates(parts.n_layers, parts.d_model, parts.vocab_size)
+
+
+class GeometryRunner:
+    """Compute a selection of metrics on a Hugging Face causal LM.
+
+    Args:
+        model: the model (any dtype, any device map).
+        selection: validated metrics and options (`lm_coupling.selection`).
+        plugin_manager: defaults to the process-wide one.
+
+    Raises:
+        UnsupportedModelError: the model's blocks, final norm or unembedding
+            cannot be located (raised here, before any data is read).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        selection: Selection,
+        plugin_manager: pluggy.PluginManager | None = None,
+    ):
+        from lm_coupling.capture.collector import StateCollector
+
+        self.model = model
+        self.selection = selection
+        self.pm = plugin_manager if plugin_manager is not None else get_plugin_manager()
+        self.parts = locate_model_parts(model)
+        needs = selection.needs
+        self.sampled_metrics = tuple(m for m in selection.metrics if selection.specs[m].sampled)
+        self.streamed_metrics = tuple(
+            m for m in selection.metrics if not selection.specs[m].sampled
+        )
+        self.collector = None
+        if {"trajectory", "lens"} & needs:
+            self.collector = StateCollector(
+                model,
+                self.parts,
+                trajectory="trajectory" in needs,
+                lens="lens" in needs,
+                windowed=bool(selection.options.get("windowed", True)),
+                tokens=selection.options.get("tokens", "all"),
+            )
+        self._engine = None
+
+    @property
+    def needs_forward_capture(self) -> bool:
+        """Whether the benchmark's forward passes must be captured."""
+        return self.collector is not None
+
+    @property
+    def engine(self):
+        """The Jacobian engine, built on first use."""
+        if self._engine is None:
+            from lm_coupling.capture.jacobian import JacobianEngine
+            from lm_coupling.plugins.builtin.coupling import jacobian_k_max
+
+            options = self.selection.options
+            self._engine = JacobianEngine(
+                self.model,
+                self.parts,
+                k_max=jacobian_k_max(options, self.parts.d_model),
+                method=options.get("jacobian_method", "auto"),
+            )
+        return self._engine
+
+    @contextlib.contextmanager
+    def capture(
+        self, last_index: torch.Tensor, first_index: torch.Tensor, target_tokens: torch.Tensor
+    ) -> Iterator:
+        """Capture the first forward pass run inside the block.
+
+        Args:
+            last_index: ``[B]`` target position n of each row.
+            first_index: ``[B]`` first real token of each row (left padding).
+            target_tokens: ``[B]`` gold token id at n+1 for the lens, -1 if none.
+
+        Yields:
+            A handle whose ``states`` holds the captured `GeometryStates`
+            once the block exits.
+        """
+        if self.collector is None:
+            yield _EmptyCapture(self.parts)
+            return
+        with self.collector.capture(last_index, first_index, target_tokens) as handle:
+            yield handle
+
+    def compute(
+        self, states: GeometryStates, metrics: Sequence[str] | None = None
+    ) -> list[DocumentGeometry]:
+        """Run the plugins on captured states; one `DocumentGeometry` per row."""
+        metrics = tuple(metrics if metrics is not None else self.streamed_metrics)
+        results = self.pm.hook.lmc_compute_batch(
+            selected=metrics, states=states, options=self.selection.options
+        )
+        n_rows = _batch_size(states)
+        docs = [DocumentGeometry() for _ in range(n_rows)]
+        for result in results:
+            if not result:
+                continue
+            for name, tensor in result.get("values", {}).items():
+                column = tensor.detach().double().cpu().numpy()
+                for doc, value in zip(docs, column, strict=True):
+                    doc.values[name] = float(value)
+            for name, tensor in result.get("profiles", {}).items():
+                rows = tensor.detach().double().cpu().numpy()
+                for doc, row in zip(docs, rows, strict=True):
+                    doc.profiles[name] = row
+        for name in metrics:
+            for doc in docs:
+                doc.values.setdefault(name, math.nan)
+        return docs
+
+    def jacobian_factors(self, input_ids: torch.Tensor) -> JacobianFactors:
+        """Block Jacobian factors at the last position of ``input_ids`` ``[T]``."""
+        return self.engine.factors(input_ids)
+
+    def compute_sampled(self, input_ids: torch.Tensor) -> DocumentGeometry:
+        """The sampled (Jacobian) metrics of one prompt ``[T]``."""
+        factors = self.jacobian_factors(input_ids)
+        states = GeometryStates(
+            self.parts.n_layers, self.parts.d_model, self.parts.vocab_size, jacobians=[factors]
+        )
+        (doc,) = self.compute(states, self.sampled_metrics)
+        doc.jacobian_methods = list(factors.method)
+        return doc
+
+    def measure_prompt(
+        self, input_ids: torch.Tensor, target_token: int = -1, sampled: bool = True
+    ) -> DocumentGeometry:
+        """Measure one prompt alone, without padding: the reference route.
+
+        Args:
+            input_ids: ``[T]`` token ids; the target position is the last one.
+            target_token: gold next token for the lens, or -1.
+            sampled: also compute the Jacobian metrics.
+        """
+        input_ids = torch.as_tensor(input_ids).reshape(-1)
+        device = self.parts.blocks[0].weight.device if hasattr(self.parts.blocks[0], "weight") else None
+        device = device or next(self.model.parameters()).device
+        doc = DocumentGeometry()
+        if self.collector is not None:
+            last = torch.tensor([input_ids.numel() - 1])
+            with self.capture(last, torch.zeros(1, dtype=torch.long), torch.tensor([target_token])) as handle:
+                with torch.no_grad():
+                    self.model(input_ids[None].to(device))
+            (doc,) = self.compute(handle.states)
+        if sampled and self.sampled_metrics:
+            doc.merge(self.compute_sampled(input_ids))
+        return doc
+
+
+def _batch_size(states: GeometryStates) -> int:
+    if states.trajectory is not None:
+        return states.trajectory.token_mask.shape[0]
+    if states.lens is not None:
+        return states.lens.entropy.shape[0]
+    return len(states.jacobians)

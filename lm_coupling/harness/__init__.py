@@ -1,0 +1,1 @@
+"""The only code that knows lm-eval internals: model wrapper, task glue, CLI."""

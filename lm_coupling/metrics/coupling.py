@@ -1,0 +1,325 @@
+"""Transformer block coupling: coupling matrices, mis-coupling, scores, alignment ratio.
+
+Block Jacobians ``J^l = U_l S_l V_l^T`` (l = 1..L, indexed 0..L-1 here) at the
+target position. The coupling matrix of block l against the top-K singular
+vectors of block l' is ``A^{l,l'} = U_{l',K}^T J^l V_{l',K}`` (K x K); when the
+blocks share singular vectors it is ``diag(s_{l,K})``.
+
+Sign convention: singular vectors are defined up to a sign flip of each
+(u_i, v_i) pair. Such a flip of block l' multiplies ``A^{l,l'}_{ij}`` by
+``sigma_i sigma_j``: the diagonal is unchanged and off-diagonal entries only
+change sign, so every quantity here is invariant and SVD routes need no
+common sign convention.
+
+Every function computes in float32, or float64 when given float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "alignment_ratio",
+    "coupling_matrices",
+    "coupling_matrices_dense",
+    "coupling_score",
+    "miscoupling",
+    "resolve_k",
+    "spectral_gap",
+    "swapped_coupling_matrices",
+    "swapped_coupling_matrices_dense",
+    "top_k_svd",
+]
+
+_NORMS = ("l1", "l2", "offdiag")
+_PAIRS = ("offdiag", "all", "adjacent")
+
+
+def _work(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.to(torch.float32)
+
+
+def resolve_k(k: int | float, d_model: int) -> int:
+    """Number of singular vectors K from an integer or a fraction of d_model.
+
+    An int is used as is; a float in (0, 1) means ``floor(k * d_model)``, at
+    least 1 (0.1 = d_model / 10, the ICLR 2025 paper's headline choice).
+
+    Args:
+        k: positive int, or float in (0, 1).
+        d_model: model width d.
+
+    Returns:
+        K in [1, d_model].
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, float)):
+        raise TypeError(f"k must be an int or a float in (0, 1), found {type(k).__name__} {k!r}")
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive int, found {d_model!r}")
+    if isinstance(k, float):
+        if not 0 < k < 1:
+            raise ValueError(
+                f"a float k is a fraction of d_model and must lie in (0, 1), found {k}; "
+                "pass an int for an absolute number of singular vectors"
+            )
+        return max(1, math.floor(k * d_model + 1e-9))
+    if not 1 <= k <= d_model:
+        raise ValueError(f"k must lie in [1, d_model={d_model}], found {k}")
+    return k
+
+
+def _check_factor(name: str, x: torch.Tensor, dims: int) -> None:
+    if not isinstance(x, torch.Tensor) or x.dim() != dims:
+        found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a {dims}-d tensor, found {found}")
+
+
+def coupling_matrices(U: torch.Tensor, JV: torch.Tensor) -> torch.Tensor:
+    """Coupling matrices from Jacobian-vector products.
+
+    ``A^{l,m} = U_{m,K}^T (J^l V_{m,K})``.
+
+    Reference: Aubry et al., "Transformer Block Coupling and its Correlation
+    with Generalization in LLMs", ICLR 2025, coupling-matrix definition (precedes eq. 9).
+
+    Args:
+        U: ``[L, d, K]`` top-K left singular vectors of each block.
+        JV: ``[L, L, d, K']`` with ``JV[l, m] = J^l V_m`` and K' >= K (the
+            first K columns are used).
+
+    Returns:
+        ``A [L, L, K, K]`` with ``A[l, m] = U_m^T J^l V_m``.
+    """
+    _check_factor("U", U, 3)
+    _check_factor("JV", JV, 4)
+    n_layers, d, k = U.shape
+    if JV.shape[:3] != (n_layers, n_layers, d) or JV.shape[3] < k:
+        raise ValueError(
+            f"JV must have shape [L, L, d, >=K] = [{n_layers}, {n_layers}, {d}, >={k}] to match "
+            f"U {tuple(U.shape)}, found {tuple(JV.shape)}"
+        )
+    return torch.einsum("mdi,lmdj->lmij", _work(U), _work(JV[..., :k]))
+
+
+def coupling_matrices_dense(J: torch.Tensor, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """Coupling matrices from dense Jacobians.
+
+    ``A^{l,m} = U_{m,K}^T J^l V_{m,K}``.
+
+    Reference: Aubry et al., ICLR 2025, coupling-matrix definition (precedes eq. 9).
+
+    Args:
+        J: ``[L, d, d]`` block Jacobians.
+        U: ``[L, d, K]`` top-K left singular vectors.
+        V: ``[L, d, K]`` top-K right singular vectors.
+
+    Returns:
+        ``A [L, L, K, K]``.
+    """
+    _check_factor("J", J, 3)
+    if U.shape != V.shape or U.dim() != 3 or U.shape[:2] != J.shape[:2]:
+        raise ValueError(
+            f"U and V must both be [L, d, K] matching J {tuple(J.shape)}; found U "
+            f"{tuple(U.shape)}, V {tuple(V.shape)}"
+        )
+    return torch.einsum("mdi,lde,mej->lmij", _work(U), _work(J), _work(V))
+
+
+def swapped_coupling_matrices(V: torch.Tensor, JU: torch.Tensor) -> torch.Tensor:
+    """Coupling matrices with left and right singular vectors swapped.
+
+    ``B^{l,m} = V_{m,K}^T (J^l U_{m,K})``: how block l maps block m's left
+    singular vectors onto m's right ones. Needs ``JU[l, m] = J^l U_m`` (one
+    batched JVP with tangents U, like JV). ``U_m^T J^l`` (``UtJ``) does not
+    determine B; from ``VtJ[l, m] = V_m^T J^l`` use ``VtJ @ U_m`` instead.
+    The math is :func:`coupling_matrices` with U and V exchanged.
+
+    Reference: Aubry et al., ICLR 2025 (coupling-matrix definition), with the
+    singular vectors swapped as a control.
+
+    Args:
+        V: ``[L, d, K]`` top-K right singular vectors.
+        JU: ``[L, L, d, K']`` with ``JU[l, m] = J^l U_m``, K' >= K.
+
+    Returns:
+        ``B [L, L, K, K]``.
+    """
+    return coupling_matrices(V, JU)
+
+
+def swapped_coupling_matrices_dense(
+    J: torch.Tensor, U: torch.Tensor, V: torch.Tensor
+) -> torch.Tensor:
+    """Swapped coupling matrices from dense Jacobians, ``B^{l,m} = V_m^T J^l U_m``.
+
+    Reference: Aubry et al., ICLR 2025 (coupling-matrix definition), singular vectors swapped.
+
+    Args:
+        J: ``[L, d, d]`` block Jacobians.
+        U: ``[L, d, K]`` top-K left singular vectors.
+        V: ``[L, d, K]`` top-K right singular vectors.
+
+    Returns:
+        ``B [L, L, K, K]``.
+    """
+    return coupling_matrices_dense(J, V, U)
+
+
+def miscoupling(
+    A: torch.Tensor,
+    S: torch.Tensor,
+    norm: str = "l1",
+    elementwise_abs: bool = False,
+) -> torch.Tensor:
+    """Mis-coupling of every block pair.
+
+    ``m_K(l,l') = ||M^{l,l'} - diag(s_{l,K})||_F / ||s_{l,K}||_p`` with p = 1
+    (``norm="l1"``) or 2 (``"l2"``); ``"offdiag"`` gives
+    ``||M - Diag(M)||_F / ||M||_F``. ``M = |A|`` element-wise when
+    ``elementwise_abs`` (only changes the result where a diagonal entry of A is
+    negative, i.e. anti-aligned blocks), else ``M = A``. Coupling is ``1 - m``.
+
+    Reference: Aubry et al., ICLR 2025, eq. 9 (p = 1); ``offdiag`` is the arXiv
+    version's normalisation; ``elementwise_abs`` is what the authors'
+    released code does (not in the printed formula).
+
+    Args:
+        A: ``[L, L, K, K]`` coupling matrices, ``A[l, l'] = U_{l'}^T J^l V_{l'}``.
+        S: ``[L, >=K]`` singular values of each block, descending.
+        norm: ``"l1"``, ``"l2"`` or ``"offdiag"``.
+        elementwise_abs: compare ``|A|`` instead of A.
+
+    Returns:
+        ``[L, L]`` float32 (float64 if given float64); NaN where the
+        denominator is 0 or an input is non-finite.
+    """
+    if norm not in _NORMS:
+        raise ValueError(f"norm must be one of {_NORMS}, found {norm!r}")
+    _check_factor("A", A, 4)
+    n_layers, _, k, _ = A.shape
+    if A.shape != (n_layers, n_layers, k, k):
+        raise ValueError(f"A must have shape [L, L, K, K], found {tuple(A.shape)}")
+    if S.dim() != 2 or S.shape[0] != n_layers or S.shape[1] < k:
+        raise ValueError(
+            f"S must have shape [L, >=K] = [{n_layers}, >={k}], found {tuple(S.shape)}"
+        )
+    M = _work(A).abs() if elementwise_abs else _work(A)
+    if norm == "offdiag":
+        off = M - torch.diag_embed(torch.diagonal(M, dim1=-2, dim2=-1))
+        num, den = _fro(off), _fro(M)
+    else:
+        s = _work(S[:, :k]).to(M.dtype)
+        num = _fro(M - torch.diag_embed(s)[:, None])
+        den = torch.linalg.vector_norm(s, ord=1 if norm == "l1" else 2, dim=-1)[:, None]
+        den = den.expand_as(num)
+    ok = (den > 0) & torch.isfinite(den) & torch.isfinite(num)
+    safe = torch.where(ok, den, torch.ones_like(den))
+    return torch.where(ok, num / safe, torch.full_like(num, math.nan))
+
+
+def _fro(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.matrix_norm(x, ord="fro")
+
+
+def coupling_score(m: torch.Tensor, pairs: str = "offdiag") -> torch.Tensor:
+    """Mean coupling ``c_K = 1 - m_K`` over a set of block pairs.
+
+    ``offdiag``: ordered pairs l != l' (default); ``all``: every pair,
+    diagonal included (the paper's average); ``adjacent``: |l - l'| = 1.
+
+    Reference: Aubry et al., ICLR 2025, eq. 9 and the layer average.
+
+    Args:
+        m: ``[L, L]`` mis-coupling (see :func:`miscoupling`).
+        pairs: ``"offdiag"``, ``"all"`` or ``"adjacent"``.
+
+    Returns:
+        0-dim tensor; NaN if no pair is selected (one block with ``offdiag`` or
+        ``adjacent``) or a selected entry is NaN.
+    """
+    if pairs not in _PAIRS:
+        raise ValueError(f"pairs must be one of {_PAIRS}, found {pairs!r}")
+    if m.dim() != 2 or m.shape[0] != m.shape[1]:
+        raise ValueError(f"m must have shape [L, L], found {tuple(m.shape)}")
+    idx = torch.arange(m.shape[0], device=m.device)
+    gap = (idx[:, None] - idx[None, :]).abs()
+    select = {"offdiag": gap != 0, "all": gap >= 0, "adjacent": gap == 1}[pairs]
+    c = 1 - _work(m)
+    if not bool(select.any()):
+        return torch.tensor(math.nan, dtype=c.dtype, device=c.device)
+    return c[select].mean()
+
+
+def alignment_ratio(A: torch.Tensor) -> torch.Tensor:
+    """Mean absolute off-diagonal entry of A over its mean absolute diagonal entry.
+
+    ``r(A^{l,l'}) = mean_{i != j} |A_ij| / mean_i |A_ii|``; small when block l
+    maps block l''s singular directions onto themselves.
+
+    Reference: Aubry et al., "Picking an LLM's Brain: Thought and Fixation in
+    Hidden Representations" (2024), alignment ratio with K = 30.
+
+    Args:
+        A: ``[L, L, K, K]`` coupling matrices.
+
+    Returns:
+        ``[L, L]`` float32 (float64 if given float64); NaN where K = 1 (no
+        off-diagonal entry) or the diagonal is all zero.
+    """
+    _check_factor("A", A, 4)
+    M = _work(A).abs()
+    k = M.shape[-1]
+    diag = torch.diagonal(M, dim1=-2, dim2=-1)
+    diag_mean = diag.mean(dim=-1)
+    if k < 2:
+        return torch.full_like(diag_mean, math.nan)
+    off_mean = (M.sum(dim=(-2, -1)) - diag.sum(dim=-1)) / (k * k - k)
+    ok = diag_mean > 0
+    safe = torch.where(ok, diag_mean, torch.ones_like(diag_mean))
+    return torch.where(ok, off_mean / safe, torch.full_like(diag_mean, math.nan))
+
+
+def top_k_svd(J: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k singular triplets of dense matrices (the exact reference route).
+
+    ``J = U S V^T``; returns the first k columns of U and V and the first k
+    singular values, descending. Signs follow ``torch.linalg.svd`` (no
+    convention needed: coupling quantities are sign-invariant).
+
+    Reference: Aubry et al., ICLR 2025 (full SVD of the block Jacobians).
+
+    Args:
+        J: ``[..., d_out, d_in]`` matrices.
+        k: number of triplets, at most ``min(d_out, d_in)``.
+
+    Returns:
+        ``(U [..., d_out, k], S [..., k], V [..., d_in, k])`` in float32
+        (float64 if given float64).
+    """
+    if J.dim() < 2:
+        raise ValueError(f"J must have shape [..., d, d], found {tuple(J.shape)}")
+    limit = min(J.shape[-2:])
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limit:
+        raise ValueError(f"k must be an int in [1, {limit}], found {k!r}")
+    U, S, Vh = torch.linalg.svd(_work(J), full_matrices=False)
+    return U[..., :k], S[..., :k], Vh[..., :k, :].transpose(-2, -1)
+
+
+def spectral_gap(S: torch.Tensor, k: int) -> torch.Tensor:
+    """Spectral gap at K, ``s_K / s_{K+1}``.
+
+    Reference: Halko, Martinsson and Tropp, 2011 (randomized SVD accuracy
+    depends on this gap); DESIGN section 4.
+
+    Args:
+        S: ``[..., >=K+1]`` singular values, descending.
+        k: K.
+
+    Returns:
+        ``[...]``; inf where ``s_{K+1} = 0 < s_K``, NaN where both are 0.
+    """
+    if S.shape[-1] < k + 1:
+        raise ValueError(f"S needs at least K+1 = {k + 1} values, found {tuple(S.shape)}")
+    return _work(S[..., k - 1]) / _work(S[..., k])

@@ -1,0 +1,168 @@
+"""Logit-lens quantities from per-layer logits at the target position.
+
+The logits ``[B, L+1, V]`` are ``W_U N(x^l_n) + b`` for l = 0..L, computed by
+capture/ with the model's own final norm N and unembedding, so that layer L
+gives exactly the model's next-token distribution. Pitfall: applying the lens
+without the final norm, or to Hugging Face's ``hidden_states[-1]`` (already
+normed), gives a different, wrong last layer.
+
+Large vocabularies are processed in row chunks, so at most one extra
+``[B, L+1, V]``-sized float32 tensor (none when the logits are already
+float32 and contiguous) is materialized.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["fixation_depth", "lens_summary", "normalized_entropy", "tv_to_target"]
+
+_CHUNK_ELEMENTS = 1 << 22
+"""Rows of logits are processed in chunks of about this many elements."""
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _row_chunks(rows: torch.Tensor):
+    """Yield ``(start, chunk [n, V])`` chunks of a ``[N, V]`` tensor in the work dtype."""
+    vocab = rows.shape[-1]
+    step = max(1, _CHUNK_ELEMENTS // max(1, vocab))
+    dtype = _work_dtype(rows)
+    for start in range(0, rows.shape[0], step):
+        yield start, rows[start : start + step].to(dtype)
+
+
+def _entropy_rows(logp: torch.Tensor) -> torch.Tensor:
+    """``H / ln V`` of rows of log-probabilities ``[n, V]``."""
+    return torch.special.entr(logp.exp()).sum(dim=-1) / math.log(logp.shape[-1])
+
+
+def _check_vocab(logits: torch.Tensor) -> None:
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError("logits must be a floating-point torch.Tensor of shape [..., V]")
+    if logits.dim() < 1 or logits.shape[-1] < 2:
+        raise ValueError(
+            f"logits need a vocabulary axis of size V >= 2, found shape {tuple(logits.shape)}"
+        )
+
+
+def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of ``softmax(logits)`` over ln V.
+
+    ``H(P) / ln V = -sum_v P(v) ln P(v) / ln V``, in [0, 1]: 1 for the uniform
+    distribution, 0 for a one-hot.
+
+    Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
+    Aubry et al., "Picking an LLM's Brain" (2024), lens entropy. DESIGN
+    section 4 (``logit_lens_entropy``).
+
+    Args:
+        logits: ``[..., V]`` logits (any float dtype).
+
+    Returns:
+        ``[...]`` float32 (float64 if given float64); NaN where a row of
+        logits contains NaN or is entirely ``-inf``.
+    """
+    _check_vocab(logits)
+    lead = logits.shape[:-1]
+    rows = logits.reshape(-1, logits.shape[-1])
+    out = torch.empty(rows.shape[0], dtype=_work_dtype(logits), device=logits.device)
+    for start, chunk in _row_chunks(rows):
+        out[start : start + chunk.shape[0]] = _entropy_rows(torch.log_softmax(chunk, dim=-1))
+    return out.reshape(lead)
+
+
+def lens_summary(
+    logits: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-layer lens entropy, target probability and top-1 token.
+
+    ``P^l = softmax(logits[:, l])``; returns ``H(P^l) / ln V``,
+    ``P^l(target)`` and ``argmax_v P^l(v)`` for l = 0..L.
+
+    Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
+    Aubry et al., "Picking an LLM's Brain" (2024). DESIGN section 4.
+
+    Args:
+        logits: ``[B, L+1, V]`` lens logits at the target position n.
+        target: ``[B]`` int64 gold token ids, ``-1`` where a document has none.
+
+    Returns:
+        ``(entropy [B, L+1], target_prob [B, L+1], top1 [B, L+1] int64)``;
+        entropy and target_prob in float32 (float64 if given float64).
+        target_prob is NaN where target is -1; NaN logits give NaN values.
+    """
+    _check_vocab(logits)
+    if logits.dim() != 3:
+        raise ValueError(f"logits must have shape [B, L+1, V], found {tuple(logits.shape)}")
+    batch, depth, vocab = logits.shape
+    if target.shape != (batch,) or target.is_floating_point():
+        raise ValueError(
+            f"target must be an integer tensor of shape [B] = [{batch}], found "
+            f"{target.dtype} {tuple(target.shape)}"
+        )
+    if bool(((target < -1) | (target >= vocab)).any()):
+        raise ValueError(
+            f"target ids must be -1 (none) or in [0, {vocab}), found {target.tolist()}"
+        )
+    rows = logits.reshape(batch * depth, vocab)
+    row_target = target.to(device=logits.device, dtype=torch.int64).repeat_interleave(depth)
+    dtype = _work_dtype(logits)
+    entropy = torch.empty(batch * depth, dtype=dtype, device=logits.device)
+    prob = torch.empty_like(entropy)
+    top1 = torch.empty(batch * depth, dtype=torch.int64, device=logits.device)
+    for start, chunk in _row_chunks(rows):
+        stop = start + chunk.shape[0]
+        logp = torch.log_softmax(chunk, dim=-1)
+        entropy[start:stop] = _entropy_rows(logp)
+        tgt = row_target[start:stop]
+        picked = logp.gather(-1, tgt.clamp(min=0)[:, None]).squeeze(-1).exp()
+        prob[start:stop] = torch.where(tgt >= 0, picked, torch.full_like(picked, math.nan))
+        top1[start:stop] = chunk.argmax(dim=-1)
+    shape = (batch, depth)
+    return entropy.view(shape), prob.view(shape), top1.view(shape)
+
+
+def tv_to_target(target_prob: torch.Tensor) -> torch.Tensor:
+    """Normalized total variation between ``P^l`` and the one-hot of the target.
+
+    ``TV(P, e_y) = (1/2) (1 - P(y) + sum_{v != y} P(v)) = 1 - P(y)``.
+
+    Reference: DESIGN section 4 (``tv_to_target``).
+
+    Args:
+        target_prob: ``[...]`` ``P^l(target)``.
+
+    Returns:
+        ``[...]`` ``1 - target_prob``, NaN where target_prob is NaN.
+    """
+    return 1 - target_prob
+
+
+def fixation_depth(top1: torch.Tensor) -> torch.Tensor:
+    """Relative depth after which the lens's top-1 token no longer changes.
+
+    ``l* / L`` with ``l* = min { l : top1[l'] = top1[L] for all l' in l..L }``:
+    0 when the top-1 token is the same at every layer, 1 when it only settles
+    at the last layer.
+
+    Reference: Aubry et al., "Picking an LLM's Brain: Thought and Fixation in
+    Hidden Representations" (2024), fixation; DESIGN section 4.
+
+    Args:
+        top1: ``[B, L+1]`` int64 top-1 token ids per layer l = 0..L.
+
+    Returns:
+        ``[B]`` float32 in [0, 1].
+    """
+    if top1.dim() != 2 or top1.shape[1] < 2:
+        raise ValueError(f"top1 must have shape [B, L+1] with L >= 1, found {tuple(top1.shape)}")
+    n_layers = top1.shape[1] - 1
+    changed = top1 != top1[:, -1:]
+    index = torch.arange(n_layers + 1, device=top1.device).expand_as(top1)
+    last_changed = torch.where(changed, index, torch.full_like(index, -1)).amax(dim=1)
+    return (last_changed + 1).to(torch.float32) / n_layers

@@ -1,0 +1,364 @@
+"""Per-token trajectory metrics: norm profile, line-shape score, expodistance, equidistance.
+
+A token's trajectory is the sequence of its hidden states ``x^0_t, ..., x^L_t``
+(``x^0`` the input of block 1, ``x^l`` the output of block l before the final
+norm). Steps are ``d_l = x^l_t - x^{l-1}_t`` for l = 1..L.
+
+Every function computes in float32, or in float64 when given float64, and
+returns NaN (never raises) for tokens whose states are NaN/inf or whose metric
+is undefined. :class:`TrajectoryAccumulator` computes the same quantities
+streamed block by block, without keeping the ``[B, T, L+1, d]`` stack.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import torch
+
+__all__ = [
+    "TrajectoryAccumulator",
+    "equidistance",
+    "expodistance",
+    "line_shape_score",
+    "masked_token_mean",
+    "norm_profile",
+    "windowed_line_shape_score",
+]
+
+
+def _work_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; every other dtype is computed in float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _as_work(x: torch.Tensor) -> torch.Tensor:
+    return x.to(_work_dtype(x))
+
+
+def _check_trajectory(trajectory: torch.Tensor, name: str = "trajectory") -> None:
+    if not isinstance(trajectory, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, found {type(trajectory).__name__}")
+    if trajectory.dim() < 2 or trajectory.shape[-2] < 2:
+        raise ValueError(
+            f"{name} must have shape [..., L+1, d] with L >= 1 (at least two states), "
+            f"found shape {tuple(trajectory.shape)}"
+        )
+
+
+def _unit_steps(steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit step vectors and a nonzero-step mask.
+
+    Args:
+        steps: ``[..., d]`` step vectors (work dtype).
+
+    Returns:
+        ``(unit [..., d], nonzero [...] bool)``: zero-length steps give a zero
+        unit vector and ``nonzero`` False; non-finite steps give a NaN unit
+        vector (so every sum that contains them is NaN).
+    """
+    length = torch.linalg.vector_norm(steps, dim=-1)
+    nonzero = length > 0
+    safe = torch.where(nonzero, length, torch.ones_like(length))
+    unit = torch.where(nonzero[..., None], steps / safe[..., None], torch.zeros_like(steps))
+    unit = torch.where(torch.isfinite(length)[..., None], unit, torch.full_like(unit, math.nan))
+    return unit, nonzero
+
+
+def _lss_from_sums(unit_sum: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``count / ||unit_sum||``; NaN where count is 0 or the sum is 0 or non-finite."""
+    resultant = torch.linalg.vector_norm(unit_sum, dim=-1)
+    count = count.to(resultant.dtype)
+    ok = (count > 0) & (resultant > 0) & torch.isfinite(resultant)
+    safe = torch.where(ok, resultant, torch.ones_like(resultant))
+    return torch.where(ok, count / safe, torch.full_like(resultant, math.nan))
+
+
+def norm_profile(trajectory: torch.Tensor) -> torch.Tensor:
+    """Norm of every state of the trajectory, ``||x^l_t||`` for l = 0..L.
+
+    Reference: Picking paper (Aubry et al., "Picking an LLM's Brain", 2024),
+    norm profiles of the residual stream.
+
+    Args:
+        trajectory: ``[..., L+1, d]`` states ``x^0..x^L``, any float dtype.
+
+    Returns:
+        ``[..., L+1]`` norms in float32 (float64 if given float64). NaN/inf
+        states give NaN/inf norms.
+    """
+    _check_trajectory(trajectory)
+    return torch.linalg.vector_norm(_as_work(trajectory), dim=-1)
+
+
+def line_shape_score(trajectory: torch.Tensor) -> torch.Tensor:
+    """Line-shape score of each trajectory.
+
+    ``LSS = L' / || sum_l d_l / ||d_l|| ||`` with ``d_l = x^l - x^{l-1}``, where
+    the sum and the count ``L'`` run over the nonzero steps only. LSS is 1 for a
+    straight trajectory (all steps in one direction) and larger otherwise.
+
+    Reference: Gai and Zhang, 2021 (line-shape score); DESIGN section 4.
+    Zero-length steps are skipped and not counted.
+
+    Args:
+        trajectory: ``[..., L+1, d]`` states ``x^0..x^L``.
+
+    Returns:
+        ``[...]`` LSS in float32 (float64 if given float64). NaN where there
+        is no nonzero step, where a state is NaN/inf, or where the unit steps
+        cancel exactly (closed path, LSS unbounded).
+
+    Example:
+        >>> x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
+        >>> float(line_shape_score(x))
+        3.0
+    """
+    _check_trajectory(trajectory)
+    x = _as_work(trajectory)
+    unit, nonzero = _unit_steps(x[..., 1:, :] - x[..., :-1, :])
+    return _lss_from_sums(unit.sum(dim=-2), nonzero.sum(dim=-1))
+
+
+def _check_window(window: int) -> int:
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1 or window % 2 == 0:
+        raise ValueError(f"window must be an odd positive integer (e.g. 11), found {window!r}")
+    return window // 2
+
+
+def windowed_line_shape_score(trajectory: torch.Tensor, window: int = 11) -> torch.Tensor:
+    """Line-shape score of the steps around each depth.
+
+    ``LSS_w(l) = L'_l / || sum_{j in W_l} d_j / ||d_j|| ||`` with
+    ``W_l = [l - h, l + h] ∩ [1, L]``, ``h = (window - 1) / 2``, nonzero steps only.
+
+    Reference: Gai and Zhang, 2021 (line-shape score), applied in a sliding
+    window as in DESIGN section 4 (window 11 = steps l-5..l+5).
+
+    Args:
+        trajectory: ``[..., L+1, d]`` states ``x^0..x^L``.
+        window: odd number of steps in the window.
+
+    Returns:
+        ``[..., L]`` windowed LSS at depth l = 1..L, float32 (float64 if given
+        float64). NaN where the window has no nonzero step, contains a
+        non-finite state, or its unit steps cancel exactly.
+    """
+    _check_trajectory(trajectory)
+    half = _check_window(window)
+    x = _as_work(trajectory)
+    unit, nonzero = _unit_steps(x[..., 1:, :] - x[..., :-1, :])
+    n_steps = unit.shape[-2]
+    out = []
+    for depth in range(n_steps):
+        lo, hi = max(0, depth - half), min(n_steps, depth + half + 1)
+        out.append(_lss_from_sums(unit[..., lo:hi, :].sum(dim=-2), nonzero[..., lo:hi].sum(dim=-1)))
+    return torch.stack(out, dim=-1)
+
+
+def expodistance(norms: torch.Tensor) -> torch.Tensor:
+    """Relative variance of the log norm growth per block.
+
+    ``expodistance = Var_l(a_l) / (Mean_l a_l)^2`` with
+    ``a_l = ln(||x^l|| / ||x^{l-1}||)``, l = 1..L, population variance. It is 0
+    for exact exponential growth (or decay) of the norms.
+
+    Reference: Aubry et al., "Picking an LLM's Brain: Thought and Fixation in
+    Hidden Representations" (2024), exponential norm growth; DESIGN section 4.
+
+    Args:
+        norms: ``[..., L+1]`` norms ``||x^0||..||x^L||`` (see :func:`norm_profile`).
+
+    Returns:
+        ``[...]`` float32 (float64 if given float64). NaN where a norm is 0 or
+        non-finite, or the mean log growth is 0 or non-finite.
+    """
+    if not isinstance(norms, torch.Tensor) or norms.dim() < 1 or norms.shape[-1] < 2:
+        found = tuple(norms.shape) if isinstance(norms, torch.Tensor) else type(norms).__name__
+        raise ValueError(f"norms must have shape [..., L+1] with L >= 1, found {found}")
+    n = _as_work(norms)
+    valid = ((n > 0) & torch.isfinite(n)).all(dim=-1)
+    safe = torch.where((n > 0) & torch.isfinite(n), n, torch.ones_like(n))
+    log_n = torch.log(safe)
+    growth = log_n[..., 1:] - log_n[..., :-1]
+    mean = growth.mean(dim=-1)
+    var = ((growth - mean[..., None]) ** 2).mean(dim=-1)
+    ok = valid & (mean != 0) & torch.isfinite(mean)
+    safe_mean = torch.where(ok, mean, torch.ones_like(mean))
+    return torch.where(ok, var / safe_mean**2, torch.full_like(mean, math.nan))
+
+
+def equidistance(step_lengths: torch.Tensor) -> torch.Tensor:
+    """Coefficient of variation of the step lengths.
+
+    ``equidistance = std_l(||d_l||) / mean_l(||d_l||)``, l = 1..L, population
+    std. It is 0 for equally spaced states.
+
+    Reference: Aubry et al., "Picking an LLM's Brain: Thought and Fixation in
+    Hidden Representations" (2024), eq. 2.
+
+    Args:
+        step_lengths: ``[..., L]`` step lengths ``||x^l - x^{l-1}||``.
+
+    Returns:
+        ``[...]`` float32 (float64 if given float64). NaN where a length is
+        non-finite or the mean length is 0.
+    """
+    if not isinstance(step_lengths, torch.Tensor) or step_lengths.dim() < 1:
+        raise ValueError("step_lengths must be a tensor of shape [..., L] with L >= 1")
+    if step_lengths.shape[-1] < 1:
+        raise ValueError(f"step_lengths needs L >= 1, found shape {tuple(step_lengths.shape)}")
+    s = _as_work(step_lengths)
+    mean = s.mean(dim=-1)
+    std = ((s - mean[..., None]) ** 2).mean(dim=-1).sqrt()
+    ok = (mean > 0) & torch.isfinite(mean) & torch.isfinite(std)
+    safe = torch.where(ok, mean, torch.ones_like(mean))
+    return torch.where(ok, std / safe, torch.full_like(mean, math.nan))
+
+
+def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the masked tokens, ignoring NaN values.
+
+    ``mean_t {values[b, t] : mask[b, t] and values[b, t] is not NaN}``.
+
+    Args:
+        values: ``[B, T]`` per-token values.
+        mask: ``[B, T]`` bool, True for the tokens to average.
+
+    Returns:
+        ``[B]`` in the dtype of ``values`` (float32 for non-float input). NaN
+        for a row with no masked non-NaN value. Infinite values are kept.
+    """
+    if values.shape != mask.shape or values.dim() != 2:
+        raise ValueError(
+            f"values and mask must both have shape [B, T]; found values {tuple(values.shape)} "
+            f"and mask {tuple(mask.shape)}"
+        )
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, found {mask.dtype}")
+    v = values if values.is_floating_point() else values.float()
+    keep = mask & ~torch.isnan(v)
+    total = torch.where(keep, v, torch.zeros_like(v)).sum(dim=1)
+    count = keep.sum(dim=1)
+    safe = torch.clamp(count, min=1).to(v.dtype)
+    return torch.where(count > 0, total / safe, torch.full_like(total, math.nan))
+
+
+class TrajectoryAccumulator:
+    """Streaming trajectory summaries, fed one layer of states at a time.
+
+    Call :meth:`update` with ``x^0`` (``[B, T, d]``), then ``x^1 .. x^L``, then
+    :meth:`finalize`. It keeps only the previous state, the running sum of unit
+    steps, and (when ``windowed``) a ring buffer of the last ``window`` unit
+    steps: memory ``O(window * B * T * d)``, never the ``L+1`` stack. Results
+    equal :func:`norm_profile`, :func:`line_shape_score` and
+    :func:`windowed_line_shape_score` on the stacked states (up to summation
+    order). Computes in float32, or float64 when the first state is float64.
+
+    Reference: Gai and Zhang, 2021 (LSS); DESIGN sections 3-4.
+
+    Args:
+        windowed: also compute the windowed LSS profile.
+        window: odd number of steps per window (11 = steps l-5..l+5).
+    """
+
+    def __init__(self, windowed: bool = True, window: int = 11) -> None:
+        self.windowed = bool(windowed)
+        self.window = window
+        self._half = _check_window(window)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every state seen so far (``finalize`` calls this)."""
+        self._prev: torch.Tensor | None = None
+        self._dtype: torch.dtype | None = None
+        self._norms: list[torch.Tensor] = []
+        self._steps: list[torch.Tensor] = []
+        self._unit_sum: torch.Tensor | None = None
+        self._count: torch.Tensor | None = None
+        self._ring: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.window)
+        self._windowed_out: list[torch.Tensor] = []
+
+    @property
+    def n_states(self) -> int:
+        """Number of states received so far (L+1 after the last block)."""
+        return len(self._norms)
+
+    def update(self, state: torch.Tensor) -> None:
+        """Add the next state ``x^l`` of every token.
+
+        Args:
+            state: ``[B, T, d]`` states at depth l (any float dtype; detached).
+        """
+        if not isinstance(state, torch.Tensor) or state.dim() != 3:
+            found = tuple(state.shape) if isinstance(state, torch.Tensor) else type(state)
+            raise ValueError(f"state must have shape [B, T, d], found {found}")
+        if self._prev is not None and state.shape != self._prev.shape:
+            raise ValueError(
+                f"state shape changed between layers: expected {tuple(self._prev.shape)}, "
+                f"found {tuple(state.shape)}"
+            )
+        if self._dtype is None:
+            self._dtype = _work_dtype(state)
+        x = state.detach().to(self._dtype)
+        self._norms.append(torch.linalg.vector_norm(x, dim=-1))
+        if self._prev is not None:
+            self._add_step(x - self._prev)
+        self._prev = x
+
+    def _add_step(self, step: torch.Tensor) -> None:
+        unit, nonzero = _unit_steps(step)
+        self._steps.append(torch.linalg.vector_norm(step, dim=-1))
+        if self._unit_sum is None:
+            self._unit_sum, self._count = unit.clone(), nonzero.to(torch.int64)
+        else:
+            self._unit_sum += unit
+            self._count += nonzero
+        if not self.windowed:
+            return
+        self._ring.append((unit, nonzero))
+        # Step m (1-based) completes the window of depth m - h.
+        if len(self._steps) - self._half >= 1:
+            self._windowed_out.append(self._ring_lss(0, len(self._ring)))
+
+    def _ring_lss(self, lo: int, hi: int) -> torch.Tensor:
+        entries = list(self._ring)[lo:hi]
+        unit_sum = entries[0][0].clone()
+        count = entries[0][1].to(torch.int64)
+        for unit, nonzero in entries[1:]:
+            unit_sum += unit
+            count += nonzero
+        return _lss_from_sums(unit_sum, count)
+
+    def finalize(self) -> dict[str, torch.Tensor | None]:
+        """Summaries of the trajectories fed so far, then reset.
+
+        Returns:
+            dict with ``norms [B, L+1, T]``, ``step_lengths [B, L, T]``,
+            ``lss [B, T]`` and ``windowed_lss [B, L, T]`` (None when
+            ``windowed`` is False). NaN marks undefined values as in the dense
+            functions.
+        """
+        if len(self._norms) < 2:
+            raise ValueError(
+                f"finalize needs at least two states (x^0 and x^1), received {len(self._norms)}"
+            )
+        n_steps = len(self._steps)
+        windowed = None
+        if self.windowed:
+            # Depths L-h+1..L (those not yet emitted) use the last steps, clipped at L.
+            buffered = len(self._ring)
+            for depth in range(len(self._windowed_out) + 1, n_steps + 1):
+                first_step = max(1, depth - self._half)
+                lo = buffered - (n_steps - first_step + 1)
+                self._windowed_out.append(self._ring_lss(lo, buffered))
+            windowed = torch.stack(self._windowed_out, dim=1)
+        out = {
+            "norms": torch.stack(self._norms, dim=1),
+            "step_lengths": torch.stack(self._steps, dim=1),
+            "lss": _lss_from_sums(self._unit_sum, self._count),
+            "windowed_lss": windowed,
+        }
+        self.reset()
+        return out

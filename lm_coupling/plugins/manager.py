@@ -1,0 +1,109 @@
+"""The plugin manager: built-in metrics plus entry-point plugins."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import pluggy
+
+from lm_coupling.errors import PluginError
+from lm_coupling.plugins import hookspecs
+from lm_coupling.plugins.builtin import BUILTIN_PLUGINS
+from lm_coupling.plugins.markers import PROJECT_NAME
+from lm_coupling.plugins.specs import MetricSpec, OptionSpec
+
+ENTRY_POINT_GROUP = "lm_coupling"
+DISABLE_AUTOLOAD_ENV = "LM_COUPLING_DISABLE_PLUGIN_AUTOLOAD"
+
+
+class MetricRegistry:
+    """The metrics and options declared by every registered plugin."""
+
+    def __init__(self, pm: pluggy.PluginManager):
+        self.pm = pm
+        self.metrics: dict[str, MetricSpec] = {}
+        self.options: dict[str, OptionSpec] = {}
+        option_owner: dict[str, str] = {}
+        for impl in pm.hook.lmc_declare_metrics.get_hookimpls():
+            plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
+            for spec in impl.function() or ():
+                if not isinstance(spec, MetricSpec):
+                    raise PluginError(
+                        f"plugin {plugin_name!r} declared {spec!r}; expected MetricSpec records"
+                    )
+                if spec.name in self.metrics:
+                    raise PluginError(
+                        f"metric {spec.name!r} is declared by two plugins: "
+                        f"{self.metrics[spec.name].plugin!r} and {plugin_name!r}; "
+                        "uninstall or disable one of them"
+                    )
+                spec = _with_plugin(spec, plugin_name)
+                self.metrics[spec.name] = spec
+                for option in spec.options:
+                    known = self.options.get(option.name)
+                    if known is not None and known.default != option.default:
+                        raise PluginError(
+                            f"option {option.name!r} is declared with default {known.default!r} "
+                            f"by {option_owner[option.name]!r} and {option.default!r} by "
+                            f"{plugin_name!r}; options shared by metrics must agree"
+                        )
+                    self.options.setdefault(option.name, option)
+                    option_owner.setdefault(option.name, plugin_name)
+
+    def distributions(self) -> dict[str, str]:
+        """Return ``{plugin name: "distribution version"}`` for the results file."""
+        info = {}
+        for plugin, dist in self.pm.list_plugin_distinfo():
+            info[self.pm.get_name(plugin) or repr(plugin)] = f"{dist.project_name} {dist.version}"
+        return info
+
+
+def _with_plugin(spec: MetricSpec, plugin_name: str) -> MetricSpec:
+    from dataclasses import replace
+
+    return replace(spec, plugin=plugin_name)
+
+
+def new_plugin_manager(load_entry_points: bool | None = None) -> pluggy.PluginManager:
+    """Build a plugin manager with the built-ins and (optionally) entry points.
+
+    Args:
+        load_entry_points: load third-party plugins from the ``lm_coupling``
+            entry-point group; default: unless ``LM_COUPLING_DISABLE_PLUGIN_AUTOLOAD``
+            is set to a non-empty value.
+
+    Raises:
+        PluginError: a plugin failed to import, or implements a misspelled hook.
+    """
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    for plugin in BUILTIN_PLUGINS:
+        pm.register(plugin, name=f"builtin.{plugin.__name__.rsplit('.', 1)[-1]}")
+    if load_entry_points is None:
+        load_entry_points = not os.environ.get(DISABLE_AUTOLOAD_ENV)
+    if load_entry_points:
+        try:
+            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        except Exception as exc:  # an import error inside a third-party plugin
+            raise PluginError(
+                f"a metric plugin from the entry-point group {ENTRY_POINT_GROUP!r} failed to "
+                f"load: {exc!r}. Fix or uninstall the distribution that provides it, or set "
+                f"{DISABLE_AUTOLOAD_ENV}=1 to skip third-party plugins"
+            ) from exc
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"a metric plugin implements an unknown hook: {exc}") from exc
+    return pm
+
+
+@lru_cache(maxsize=1)
+def get_plugin_manager() -> pluggy.PluginManager:
+    """Return the process-wide plugin manager (built once)."""
+    return new_plugin_manager()
+
+
+def get_registry(pm: pluggy.PluginManager | None = None) -> MetricRegistry:
+    """Return the metric registry of ``pm`` (default: the process-wide manager)."""
+    return MetricRegistry(pm if pm is not None else get_plugin_manager())

@@ -1,0 +1,39 @@
+"""Parsers for ``--metric_args`` values shared by the built-in metrics."""
+
+from __future__ import annotations
+
+
+def parse_bool(text: str) -> bool:
+    """Parse ``true/false/1/0/yes/no`` (case-insensitive)."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, found {text!r}")
+
+
+def parse_k(text: str) -> int | float:
+    """Parse K: a positive integer, or a fraction of d_model in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected an integer or a fraction in (0, 1), found {text!r}") from None
+    if value >= 1 and value.is_integer():
+        return int(value)
+    if 0 < value < 1:
+        return value
+    raise ValueError(f"expected an integer >= 1 or a fraction in (0, 1), found {text!r}")
+
+
+def parse_doc_count(text: str) -> int | None:
+    """Parse a document count: a non-negative integer, or ``all`` (None)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of documents or 'all', found {text!r}") from None
+    if value < 0:
+        raise ValueError(f"expected a non-negative number of documents, found {value}")
+    return value

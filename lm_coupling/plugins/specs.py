@@ -1,0 +1,57 @@
+"""Frozen records by which plugins declare their metrics and options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from lm_coupling.states import Need
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One ``--metric_args`` option.
+
+    Attributes:
+        name: the key users write (``k=10``).
+        default: the value used when the option is not given.
+        help: one line for ``lm-coupling metrics``.
+        parse: turns the command-line string into the value; raises
+            ValueError with a readable message on bad input.
+        choices: allowed parsed values, if the option is an enumeration.
+    """
+
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any] = str
+    choices: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric a plugin provides.
+
+    Attributes:
+        name: snake_case public identifier: lm-eval metric key, CSV column and
+            command-line word. Never renamed once released.
+        description: one line for ``lm-coupling metrics`` and the README.
+        needs: what capture must keep for it (see ``lm_coupling.states.Need``).
+        options: the options it reads.
+        profiles: names of per-document profiles (per-layer vectors or L x L
+            matrices) it stores in the geometry file.
+        sampled: computed on the coupling sample of documents only.
+        higher_is_better: for lm-eval's table; None when neither is better.
+        opt_in: excluded from ``--metrics all`` (expensive, asks by name).
+    """
+
+    name: str
+    description: str
+    needs: frozenset[Need]
+    options: tuple[OptionSpec, ...] = ()
+    profiles: tuple[str, ...] = ()
+    sampled: bool = False
+    higher_is_better: bool | None = None
+    opt_in: bool = False
+    plugin: str = field(default="", compare=False)

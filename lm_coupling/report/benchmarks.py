@@ -1,0 +1,88 @@
+"""Benchmark names, metric choices and naming rules shared by the report modules.
+
+Scores are fractions in [0, 1] (lm-eval's own scale), not the leaderboard's
+percentages. GSM8K uses the ``strict-match`` filter (the answer after
+``####``, as the Open LLM Leaderboard v1 scored it); ``flexible-extract`` is
+taken only when a results file has no ``strict-match`` value, and the
+provenance table records which filter was used.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SCHEMA_VERSION = "lm_coupling.report/1"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One leaderboard column: the lm-eval task and the metric it reports."""
+
+    column: str
+    task: str
+    metric: str
+    filters: tuple[str, ...] = ("none",)
+
+
+BENCHMARKS: tuple[Benchmark, ...] = (
+    Benchmark("arc", "arc_challenge", "acc_norm"),
+    Benchmark("hellaswag", "hellaswag", "acc_norm"),
+    Benchmark("mmlu", "mmlu", "acc"),
+    Benchmark("truthfulqa", "truthfulqa_mc2", "acc"),
+    Benchmark("winogrande", "winogrande", "acc"),
+    Benchmark("gsm8k", "gsm8k", "exact_match", ("strict-match", "flexible-extract")),
+)
+BENCHMARK_COLUMNS = tuple(b.column for b in BENCHMARKS)
+AVERAGE = "average"
+
+GEOMETRY_METRICS = (
+    "coupling",
+    "lss",
+    "expodistance",
+    "equidistance",
+    "logit_lens_entropy",
+    "tv_to_target",
+    "fixation_depth",
+)
+BOUNDARY_COLUMN = "thought_fixation_boundary"
+_GEOMETRY_PATTERN = re.compile(r"^coupling_k[0-9.]+(_\w+)?$")
+_PREFIXES = ("lmc_", "leaderboard_")
+_SUFFIXES = ("_offline",)
+_STEP_PATTERN = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
+
+
+def canonical_task(task: str) -> str:
+    """Strip lm-coupling's offline naming (``lmc_..._offline``) from a task name."""
+    name = task
+    for prefix in _PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    for suffix in _SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def benchmark_of(task: str) -> Benchmark | None:
+    """The leaderboard benchmark a task reports, or None for other tasks."""
+    name = canonical_task(task)
+    for bench in BENCHMARKS:
+        if name == bench.task:
+            return bench
+    return None
+
+
+def is_geometry_metric(name: str, declared: set[str] | frozenset[str] = frozenset()) -> bool:
+    """Whether a results metric is geometry: a known name, ``coupling_k<K>_...``, or declared."""
+    return name in GEOMETRY_METRICS or name in declared or bool(_GEOMETRY_PATTERN.match(name))
+
+
+def parse_step(revision: str) -> int | None:
+    """Training step of a revision such as ``step1000``, ``checkpoint-1000`` or ``step_1000``.
+
+    Returns:
+        The step number, or None when the revision names no step (``main``).
+    """
+    match = _STEP_PATTERN.search(str(revision))
+    return int(match.group(1)) if match else None

@@ -1,0 +1,305 @@
+"""Find and parse the files of lm-eval runs (with and without ``--metrics``).
+
+A run writes, under ``<output_path>/<model_name_sanitized>/``, lm-eval's
+``results_<timestamp>.json``, ``samples_<task>_<timestamp>.jsonl`` (with
+``--log_samples``) and lm-coupling's ``geometry_<task>_<timestamp>.json``
+(see docs/CONTRACTS.md). A row of the report is one model identity
+``(model, revision, dtype)``:
+
+- model: ``config.model_args["pretrained"]`` (else ``model_name``);
+- revision: ``config.model_revision``, else ``revision=`` in the model
+  arguments, else ``"main"``;
+- dtype: ``config.model_dtype``, else ``dtype=`` in the model arguments,
+  else ``"auto"``; a ``torch.`` prefix is dropped.
+
+When several runs give the same (row, task, metric, filter), the newest run
+wins: the timestamp in the file name, else the results ``date``, else the
+file's modification time. Broken or partial files are skipped with a
+`ReportWarning` naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lm_coupling.errors import LmCouplingError
+from lm_coupling.report.benchmarks import is_geometry_metric
+
+IDENTITY = ["model", "revision", "dtype"]
+VALUE_COLUMNS = [*IDENTITY, "task", "metric", "filter", "value", "stderr", "n", "kind"]
+VALUE_COLUMNS += ["file", "timestamp"]
+_TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)")
+_SKIP_KEYS = {"alias", "name", "sample_len", " ", ""}
+
+
+class ReportInputError(LmCouplingError, ValueError):
+    """The results folder cannot be reported on (missing, or no usable results file)."""
+
+
+class ReportWarning(UserWarning):
+    """A file under the results folder was skipped or only partly used."""
+
+
+@dataclass
+class RunFile:
+    """One parsed ``results_<timestamp>.json`` with its identity and shapes."""
+
+    path: Path
+    timestamp: float
+    identity: tuple[str, str, str]
+    shape: dict[str, float]
+    declared: set[str]
+    results: dict[str, dict[str, Any]]
+    samples: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedResults:
+    """Everything read from a results folder.
+
+    Attributes:
+        values: long table of every (task, metric, filter) value of every run,
+            columns ``VALUE_COLUMNS``; ``kind`` is "score" or "geometry".
+        shapes: one row per identity: ``n_params``, ``n_layers``, ``d_model``.
+        runs: the parsed results files.
+        geometry: parsed geometry files, newest per (identity, task).
+        skipped: the files skipped, with the reason.
+    """
+
+    values: pd.DataFrame
+    shapes: pd.DataFrame
+    runs: list[RunFile]
+    geometry: list[dict[str, Any]]
+    skipped: list[str]
+
+
+def file_timestamp(path: Path, fallback: float | None = None) -> float:
+    """Seconds since the epoch from an lm-eval file name, else ``fallback``, else mtime."""
+    match = _TIMESTAMP.search(path.name)
+    if match:
+        text = match.group(1)
+        fmt = "%Y-%m-%dT%H-%M-%S.%f" if "." in text else "%Y-%m-%dT%H-%M-%S"
+        return datetime.strptime(text, fmt).timestamp()
+    if fallback is not None and math.isfinite(fallback):
+        return float(fallback)
+    return path.stat().st_mtime
+
+
+def _model_args(config: dict[str, Any]) -> dict[str, Any]:
+    args = config.get("model_args") or {}
+    if isinstance(args, str):
+        pairs = (item.split("=", 1) for item in args.split(",") if "=" in item)
+        return {key.strip(): value.strip() for key, value in pairs}
+    return dict(args) if isinstance(args, dict) else {}
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """``torch.float32`` -> ``float32``; None -> ``auto``."""
+    if dtype is None or dtype == "":
+        return "auto"
+    return str(dtype).removeprefix("torch.")
+
+
+def run_identity(data: dict[str, Any]) -> tuple[str, str, str]:
+    """The (model, revision, dtype) of an lm-eval results JSON (see the module docstring)."""
+    config = data.get("config") or {}
+    args = _model_args(config)
+    model = args.get("pretrained") or args.get("model") or data.get("model_name") or "unknown"
+    revision = config.get("model_revision") or args.get("revision") or "main"
+    dtype = config.get("model_dtype") or args.get("dtype")
+    return str(model), str(revision), normalize_dtype(dtype)
+
+
+def _local_config_shape(model: str) -> dict[str, float]:
+    """n_layers and d_model from a local model folder's config.json, when there is one."""
+    path = Path(model) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    layers = next((cfg[k] for k in ("num_hidden_layers", "n_layer") if k in cfg), None)
+    width = next((cfg[k] for k in ("hidden_size", "n_embd", "d_model") if k in cfg), None)
+    return {k: float(v) for k, v in (("n_layers", layers), ("d_model", width)) if v is not None}
+
+
+def _run_shape(data: dict[str, Any], model: str) -> dict[str, float]:
+    config = data.get("config") or {}
+    lmc = config.get("lm_coupling") or {}
+    shape = dict(lmc.get("model_shape") or {})
+    out = _local_config_shape(model)
+    for key in ("n_params", "n_layers", "d_model"):
+        if shape.get(key) is not None:
+            out[key] = float(shape[key])
+    if "n_params" not in out and config.get("model_num_parameters"):
+        out["n_params"] = float(config["model_num_parameters"])
+    return out
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def parse_results_file(path: Path) -> RunFile:
+    """Parse one results JSON.
+
+    Raises:
+        ValueError: the file is not JSON or lacks lm-eval's ``results``/``config``.
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+        raise ValueError("no 'results' table (partial or foreign file)")
+    if not isinstance(data.get("config"), dict):
+        raise ValueError("no 'config' table (partial or foreign file)")
+    identity = run_identity(data)
+    lmc = data["config"].get("lm_coupling") or {}
+    declared = set(lmc.get("metrics") or [])
+    timestamp = file_timestamp(path, _as_float(data.get("date")))
+    results = {k: v for k, v in data["results"].items() if isinstance(v, dict)}
+    return RunFile(path, timestamp, identity, _run_shape(data, identity[0]), declared, results)
+
+
+def _run_values(run: RunFile) -> list[dict[str, Any]]:
+    rows = []
+    for task, entry in run.results.items():
+        n = _as_float(entry.get("sample_len"))
+        for key, value in entry.items():
+            if "," not in key or key in _SKIP_KEYS:
+                continue
+            metric, filt = key.split(",", 1)
+            if metric.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue
+            kind = "geometry" if is_geometry_metric(metric, run.declared) else "score"
+            stderr = _as_float(entry.get(f"{metric}_stderr,{filt}"))
+            rows.append(dict(zip(IDENTITY, run.identity, strict=True), task=task, metric=metric,
+                             filter=filt, value=float(value), stderr=stderr, n=n, kind=kind,
+                             file=str(run.path), timestamp=run.timestamp))
+    return rows
+
+
+def _attach_samples(run: RunFile) -> None:
+    match = _TIMESTAMP.search(run.path.name)
+    if not match:
+        return
+    for task in run.results:
+        path = run.path.with_name(f"samples_{task}_{match.group(1)}.jsonl")
+        if path.exists():
+            run.samples[task] = path
+
+
+def _parse_geometry(path: Path, runs_by_file: dict[Path, RunFile]) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
+        "lm_coupling.geometry/"
+    ):
+        raise ValueError("not an lm_coupling.geometry file (no 'schema')")
+    model = data.get("model") or {}
+    match = _TIMESTAMP.search(path.name)
+    sibling = path.with_name(f"results_{match.group(1)}.json") if match else None
+    if sibling in runs_by_file:
+        identity = runs_by_file[sibling].identity
+    else:
+        identity = (str(model.get("name", "unknown")), str(model.get("revision") or "main"),
+                    normalize_dtype(model.get("dtype")))
+    return dict(data, identity=identity, path=str(path), timestamp=file_timestamp(path))
+
+
+def _skip(path: Path, reason: str, skipped: list[str]) -> None:
+    skipped.append(f"{path}: {reason}")
+    warnings.warn(f"lm-coupling report skipped {path}: {reason}", ReportWarning, stacklevel=3)
+
+
+def _shapes(runs: list[RunFile], geometry: list[dict[str, Any]]) -> pd.DataFrame:
+    shapes: dict[tuple[str, str, str], dict[str, float]] = {}
+    for run in sorted(runs, key=lambda r: r.timestamp):
+        shapes.setdefault(run.identity, {}).update(run.shape)
+    for geo in geometry:
+        model = geo.get("model") or {}
+        known = shapes.setdefault(geo["identity"], {})
+        for key in ("n_params", "n_layers", "d_model"):
+            if key not in known and model.get(key) is not None:
+                known[key] = float(model[key])
+    rows = [dict(zip(IDENTITY, k, strict=True), **v) for k, v in shapes.items()]
+    return pd.DataFrame(rows, columns=[*IDENTITY, "n_params", "n_layers", "d_model"])
+
+
+def load_results(results_dir: str | Path) -> LoadedResults:
+    """Read every results, samples and geometry file under ``results_dir`` (recursively).
+
+    Raises:
+        ReportInputError: the folder does not exist or holds no readable results file.
+    """
+    root = Path(results_dir)
+    if not root.is_dir():
+        raise ReportInputError(
+            f"results folder {root} does not exist; pass the --output_path of your lm_eval runs"
+        )
+    skipped: list[str] = []
+    runs = []
+    for path in sorted(root.rglob("results_*.json")):
+        try:
+            runs.append(parse_results_file(path))
+        except ValueError as exc:
+            _skip(path, str(exc), skipped)
+    if not runs:
+        raise ReportInputError(
+            f"no readable lm-eval results_*.json under {root} "
+            f"({len(skipped)} skipped); run lm_eval with --output_path {root} first"
+        )
+    for run in runs:
+        _attach_samples(run)
+    by_file = {run.path: run for run in runs}
+    newest: dict[tuple, dict[str, Any]] = {}
+    for path in sorted(root.rglob("geometry_*.json")):
+        try:
+            geo = _parse_geometry(path, by_file)
+        except (OSError, ValueError, AttributeError) as exc:
+            _skip(path, str(exc), skipped)
+            continue
+        key = (geo["identity"], geo.get("task"))
+        if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
+            newest[key] = geo
+    rows = [row for run in runs for row in _run_values(run)]
+    values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
+    geometry = list(newest.values())
+    return LoadedResults(values, _shapes(runs, geometry), runs, geometry, skipped)
+
+
+def newest_values(values: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Keep the newest value per (identity, task, metric, filter).
+
+    Returns:
+        ``(selected, provenance)``: the winning rows, and one provenance row
+        per (identity, task, file) with the metrics it supplied and
+        ``status`` "used" or "superseded".
+    """
+    keys = [*IDENTITY, "task", "metric", "filter"]
+    ordered = values.sort_values("timestamp", kind="stable")
+    selected = ordered.drop_duplicates(keys, keep="last").reset_index(drop=True)
+    used = set(selected["file"] + "\0" + selected["task"])
+    groups = ordered.groupby([*IDENTITY, "task", "file", "timestamp"], sort=False)
+    prov = []
+    for (model, rev, dtype, task, file, ts), group in groups:
+        status = "used" if f"{file}\0{task}" in used else "superseded"
+        win = selected[(selected["file"] == file) & (selected["task"] == task)]
+        names = sorted(set(win["metric"] if status == "used" else group["metric"]))
+        prov.append(dict(model=model, revision=rev, dtype=dtype, task=task, file=file,
+                         date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
+                         status=status, metrics=";".join(names)))
+    return selected, pd.DataFrame(prov, columns=[*IDENTITY, "task", "file", "date", "status",
+                                                 "metrics"])

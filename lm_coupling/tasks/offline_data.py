@@ -1,0 +1,142 @@
+"""Load the offline benchmark variants from local JSONL files (lm-eval ``custom_dataset``).
+
+The offline task YAMLs in this folder name ``load_offline`` as their
+``custom_dataset``. lm-eval 0.4.13 calls it with the task's ``metadata`` and
+``dataset_kwargs`` as keyword arguments and uses the returned ``DatasetDict``
+in place of a hub download; everything else (prompts, few-shot sampling,
+metrics) is the stock task's configuration.
+
+Data layout (one folder per benchmark, one file per split)::
+
+    <data_dir>/arc_easy/{train,validation,test}.jsonl
+    <data_dir>/arc_challenge/{train,validation,test}.jsonl
+    <data_dir>/gsm8k/{train,test}.jsonl
+    <data_dir>/hellaswag/{train,validation}.jsonl
+    <data_dir>/mmlu/{dev,test}.jsonl          (every row has a "subject")
+    <data_dir>/truthfulqa/validation.jsonl
+    <data_dir>/winogrande/{train,validation}.jsonl
+
+Rows carry the same fields as the Hugging Face hub data sets that the stock
+tasks read (allenai/ai2_arc, openai/gsm8k, Rowan/hellaswag, cais/mmlu,
+truthful_qa ``multiple_choice``, allenai/winogrande).
+
+``data_dir`` is chosen, first match wins, from: ``--metadata
+'{"lmc_data_dir": "/path"}'`` on the lm_eval command line (or
+``TaskManager(metadata=...)``); the environment variable
+``LM_COUPLING_DATA_DIR``; the sample documents bundled with lm-coupling
+(``lm_coupling/demo/sample_tasks``), so that the tasks run with no set-up.
+
+lm-eval imports this file by path (not as part of the ``lm_coupling``
+package), so it depends on the standard library and ``datasets`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+DATA_DIR_ENV = "LM_COUPLING_DATA_DIR"
+DATA_DIR_METADATA_KEY = "lmc_data_dir"
+BUNDLED_DATA_DIR = Path(__file__).resolve().parents[1] / "demo" / "sample_tasks"
+BENCHMARKS = (
+    "arc_easy",
+    "arc_challenge",
+    "gsm8k",
+    "hellaswag",
+    "mmlu",
+    "truthfulqa",
+    "winogrande",
+)
+
+
+def resolve_data_dir(metadata_dir: str | os.PathLike | None = None) -> Path:
+    """Return the folder holding the offline benchmark files.
+
+    Args:
+        metadata_dir: the ``lmc_data_dir`` metadata value, if any.
+
+    Returns:
+        ``metadata_dir`` if given, else ``$LM_COUPLING_DATA_DIR`` if set and
+        not empty, else the bundled sample documents. ``~`` is expanded and
+        relative paths are taken from the current directory.
+    """
+    for candidate in (metadata_dir, os.environ.get(DATA_DIR_ENV)):
+        if candidate:
+            return Path(candidate).expanduser().resolve()
+    return BUNDLED_DATA_DIR
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read one JSON object per non-blank line.
+
+    Raises:
+        ValueError: a line is not valid JSON (the message names file and line).
+    """
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{path}:{number} is not a JSON object ({err.msg}); offline benchmark "
+                    "files hold one JSON object per line with the hub data set's fields"
+                ) from err
+    return rows
+
+
+def load_offline(
+    benchmark: str | None = None,
+    subject: str | None = None,
+    lmc_data_dir: str | None = None,
+    **_ignored: Any,
+) -> datasets.DatasetDict:
+    """Build the ``DatasetDict`` of one offline benchmark from ``<data_dir>/<benchmark>/``.
+
+    Args:
+        benchmark: folder name, one of ``BENCHMARKS`` (from ``dataset_kwargs``).
+        subject: MMLU only: keep the rows whose ``subject`` equals it.
+        lmc_data_dir: data folder from the task metadata (``--metadata``).
+        **_ignored: the rest of the task metadata (``version``,
+            ``config_source``, other tasks' keys), unused.
+
+    Returns:
+        One ``datasets.Dataset`` per ``<split>.jsonl`` file found.
+
+    Raises:
+        ValueError: unknown benchmark, or no rows (for ``subject``).
+        FileNotFoundError: the benchmark folder or its files are missing.
+    """
+    if benchmark not in BENCHMARKS:
+        raise ValueError(
+            f"offline task config: dataset_kwargs.benchmark must be one of {BENCHMARKS}, "
+            f"found {benchmark!r}; fix the task YAML"
+        )
+    folder = resolve_data_dir(lmc_data_dir) / benchmark
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    if not files:
+        raise FileNotFoundError(
+            f"no <split>.jsonl files in {folder}; put the {benchmark} files there, or point "
+            f"${DATA_DIR_ENV} (or --metadata '{{\"{DATA_DIR_METADATA_KEY}\": ...}}') at a "
+            "folder laid out as described in lm_coupling/tasks/README.md"
+        )
+    splits = {}
+    for path in files:
+        rows = read_jsonl(path)
+        if subject is not None:
+            rows = [row for row in rows if row.get("subject") == subject]
+        if rows:
+            splits[path.stem] = datasets.Dataset.from_list(rows)
+    if not splits:
+        raise ValueError(
+            f"{folder} has no rows with subject {subject!r}; the offline MMLU group needs "
+            "every subject it lists: convert the full MMLU data, or run the subject tasks "
+            "your files cover (lmc_mmlu_offline_<subject>)"
+        )
+    return datasets.DatasetDict(splits)
