@@ -105,6 +105,10 @@ class JacobianEngine:
         seed: seed of the randomized sketches (results are reproducible).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
             memory budget, see ``chunk_size_for``).
+        dense_max_d: ``auto`` uses the dense route for every layer when
+            d <= this (default ``DENSE_MAX_D``).
+        min_gap: ``auto`` recomputes a layer densely when its randomized
+            estimate of ``s_K / s_{K+1}`` is below this (default ``MIN_GAP``).
     """
 
     def __init__(
@@ -120,6 +124,8 @@ class JacobianEngine:
         keep_dense: bool = False,
         seed: int = 0,
         chunk_size: int | None = None,
+        dense_max_d: int = DENSE_MAX_D,
+        min_gap: float = MIN_GAP,
     ):
         if method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, found {method!r}")
@@ -134,6 +140,8 @@ class JacobianEngine:
         self.keep_dense = bool(keep_dense)
         self.seed = int(seed)
         self.chunk_size = None if chunk_size is None else _check_int("chunk_size", chunk_size, 1)
+        self.dense_max_d = _check_int("dense_max_d", dense_max_d, 0)
+        self.min_gap = float(min_gap)
         self.dtype = compute_dtype(parts)
 
     def _chunk(self, x: torch.Tensor, context: int) -> int:
@@ -145,7 +153,7 @@ class JacobianEngine:
         return (
             self.keep_dense
             or self.method == "dense"
-            or (self.method == "auto" and self.d <= DENSE_MAX_D)
+            or (self.method == "auto" and self.d <= self.dense_max_d)
         )
 
     def _record_last(self, input_ids: torch.Tensor) -> list[BlockCall]:
@@ -228,7 +236,7 @@ class JacobianEngine:
                     warm_start=previous_v,
                 )
                 route = "randomized"
-                if self.method == "auto" and not bool(found[1][k - 1] >= MIN_GAP * found[1][k]):
+                if self.method == "auto" and not bool(found[1][k - 1] >= self.min_gap * found[1][k]):
                     route = "dense"
             if route == "dense":
                 J = dense_jacobian(f, x, chunk)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import lm_eval.api.metrics  # noqa: F401  (registers lm-eval's own aggregations)
 from lm_eval.api import registry
 
 from lm_coupling.plugins.specs import MetricSpec

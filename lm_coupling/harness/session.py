@@ -56,6 +56,10 @@ class GeometrySession:
         self.measured: dict[GeometryKey, DocumentGeometry] = {}
         self.records: dict[str, TaskRecords] = defaultdict(TaskRecords)
         self.cache = None  # a GeometryCache when lm-eval's --use_cache is on
+        self.model = None  # the CouplingHFLM measuring this run
+        self.cache_path_prefix: str | None = None  # lm-eval's --use_cache path
+        self.generation_keys: dict[str, GeometryKey] = {}
+        self._scored: set[tuple[str, int]] = set()
         self._warned: set[tuple[str, int]] = set()
         self._planned = False
 
@@ -78,7 +82,21 @@ class GeometrySession:
             for plan in plan_task(task, coupling_docs):
                 self.plans[(name, fingerprints[plan.doc_id])] = plan
                 self.plans_by_key[plan.key].append(plan)
+                if plan.kind == "generate_until":
+                    self.generation_keys[plan.key[0]] = plan.key
         self._planned = True
+
+    def generation_key(self, context: str) -> GeometryKey | None:
+        """The planned key of a generation prompt, if any."""
+        return self.generation_keys.get(context)
+
+    def plugin_versions(self) -> dict[str, str]:
+        """Metric plugins in use and their distributions, for the results file."""
+        from lm_coupling.plugins.manager import get_registry
+
+        owners = {spec.plugin for spec in self.selection.specs.values()}
+        versions = get_registry().distributions()
+        return {name: versions.get(name, "lm-coupling (built-in)") for name in sorted(owners)}
 
     def wanted(self, key: GeometryKey) -> bool:
         """Whether ``key`` is planned and not measured yet."""
@@ -108,17 +126,25 @@ class GeometrySession:
                 self.measured[key] = found
         return found
 
-    def fail(self, keys: list[GeometryKey], error: BaseException) -> None:
+    def fail(
+        self,
+        keys: list[GeometryKey],
+        error: BaseException,
+        metrics: tuple[str, ...] | None = None,
+    ) -> None:
         """Record a failed measurement as NaN, with one warning per document."""
+        metrics = metrics if metrics is not None else self.selection.metrics
         for key in keys:
             for plan in self.plans_by_key.get(key, ()):
                 self.records[plan.task_name].failures.append(
                     {"doc_id": plan.doc_id, "error": repr(error)}
                 )
                 self.warn(plan, f"its geometry failed ({error!r}); values are NaN")
-            self.measured[key] = DocumentGeometry(
-                values={name: math.nan for name in self.selection.metrics}
-            )
+            failed = DocumentGeometry(values={name: math.nan for name in metrics})
+            if key in self.measured:
+                self.measured[key].merge(failed)
+            else:
+                self.measured[key] = failed
 
     def warn(self, plan: DocumentPlan, message: str) -> None:
         """One GeometryWarning per document, naming task and document."""
@@ -159,11 +185,29 @@ class GeometrySession:
                 undefined.append(name)
         if undefined:
             self.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
-        if record:
+        if record and (plan.task_name, plan.doc_id) not in self._scored:
+            self._scored.add((plan.task_name, plan.doc_id))
             task_records = self.records[plan.task_name]
             task_records.doc_ids.append(plan.doc_id)
             task_records.documents.append(geometry)
         return values
+
+    def geometry_for(self, plan: DocumentPlan) -> DocumentGeometry:
+        """This run's (or the cache's) measurement, else the prompt measured alone.
+
+        Documents lm-eval answered from its own cache never reached the model,
+        so they are measured here, alone.
+        """
+        found = self.lookup(plan.key)
+        if found is not None:
+            return found
+        try:
+            geometry = self.model.measure_alone(plan)
+        except Exception as exc:  # a broken document must not stop the scoring
+            self.fail([plan.key], exc)
+            return self.measured[plan.key]
+        self.store(plan.key, geometry)
+        return geometry
 
     # -- gathering across ranks --------------------------------------------
     def export_records(self) -> dict[str, TaskRecords]:

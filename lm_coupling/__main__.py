@@ -1,0 +1,5 @@
+"""``python -m lm_coupling`` == ``lm-coupling``."""
+
+from lm_coupling.cli import main
+
+main()

@@ -1,0 +1,285 @@
+"""`CouplingHFLM`: lm-eval's ``hf`` model that also measures geometry.
+
+It captures the states of lm-eval's own batched forward passes (the
+log-likelihood batches, and the prefill of generation) and maps every batch
+row back to its document through lm-eval's reordering, context grouping,
+truncation and padding. Without an active geometry session it is exactly
+lm-eval's ``hf`` model.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+
+import lm_coupling
+from lm_coupling.geometry import DocumentGeometry, GeometryRunner
+from lm_coupling.harness.plan import DocumentPlan, GeometryKey
+from lm_coupling.harness.session import GeometrySession, active_session
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """One batch row to measure: its key, target position, gold token, context."""
+
+    key: GeometryKey
+    last_index: int
+    target_token: int
+    context_tokens: tuple[int, ...]
+
+
+@register_model("hf-coupling")
+class CouplingHFLM(HFLM):
+    """lm-eval's Hugging Face model with geometry capture.
+
+    Registered as ``hf-coupling`` (and through the ``lm_eval.models`` entry
+    point); ``--metrics`` selects it in place of ``hf``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._lmc_session: GeometrySession | None = active_session()
+        self._lmc_rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = {}
+        self._lmc_gen_contexts: list[str] | None = None
+        self._lmc_gathered = False
+        if self._lmc_session is not None:
+            runner = GeometryRunner(self.model, self._lmc_session.selection)
+            self._lmc_session.runner = runner
+            self._lmc_session.model = self
+            self._lmc_session.model_shape = self.geometry_model_shape()
+            self._open_geometry_cache(self._lmc_session)
+
+    def _open_geometry_cache(self, session: GeometrySession) -> None:
+        """Open the geometry cache beside lm-eval's ``--use_cache`` database."""
+        if not session.cache_path_prefix:
+            return
+        from lm_coupling.harness.cache import GeometryCache
+
+        identity = {
+            "model": self.pretrained if isinstance(self.pretrained, str) else None,
+            "revision": self.revision,
+            "dtype": str(self.model.dtype),
+            "max_length": self.max_length,
+            "metrics": session.selection.metrics,
+            "options": session.selection.options,
+        }
+        path = f"{session.cache_path_prefix}_geometry_rank{self.rank}.db"
+        session.cache = GeometryCache(path, identity)
+
+    # -- model description -------------------------------------------------
+    def geometry_model_shape(self) -> dict[str, Any]:
+        """Layers, width, parameters and vocabulary of the model."""
+        runner = self._lmc_session.runner if self._lmc_session else None
+        parts = runner.parts if runner else None
+        return {
+            "model_type": getattr(self.model.config, "model_type", None),
+            "n_layers": parts.n_layers if parts else None,
+            "d_model": parts.d_model if parts else None,
+            "vocab_size": parts.vocab_size if parts else None,
+            "n_params": sum(p.numel() for p in self.model.parameters()),
+        }
+
+    def get_model_info(self) -> dict:
+        """lm-eval's model info plus lm-coupling's version, options and model shape."""
+        info = super().get_model_info()
+        session = self._lmc_session
+        if session is not None:
+            info["lm_coupling"] = {
+                "version": lm_coupling.__version__,
+                "metrics": list(session.selection.metrics),
+                "options": dict(session.selection.options),
+                "model_shape": session.model_shape,
+                "plugins": session.plugin_versions(),
+            }
+        return info
+
+    # -- log-likelihood requests --------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        """Plan every document's geometry, then run lm-eval's loglikelihood."""
+        if self._lmc_session is not None:
+            self._lmc_session.plan()
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+        session = self._lmc_session
+        if session is None:
+            return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
+        self._lmc_rows = self._plan_rows(requests, session)
+        try:
+            return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
+        finally:
+            self._lmc_rows = {}
+
+    def _plan_rows(self, requests, session: GeometrySession):
+        """Index the wanted requests by the exact model input lm-eval will build."""
+        rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for (context, continuation), context_enc, continuation_enc in requests:
+            key = (context, continuation)
+            if context is None or not session.wanted(key):
+                continue
+            # The same left truncation as HFLM._loglikelihood_tokens.
+            inp = tuple((context_enc + continuation_enc)[-(self.max_length + 1) :][:-1])
+            last = len(inp) - len(continuation_enc)
+            if last < 0:
+                continue
+            plan = RowPlan(key, last, continuation_enc[0], inp[: last + 1])
+            rows[len(inp)][inp].append(plan)
+        return rows
+
+    def _match_rows(self, inps: torch.Tensor) -> list[tuple[int, list[RowPlan]]]:
+        """Find each right-padded row's plans (pads are zeros, as lm-eval pads)."""
+        matches = []
+        lengths = sorted(self._lmc_rows)
+        for b, row in enumerate(inps.tolist()):
+            nonzero = [i for i, tok in enumerate(row) if tok != 0]
+            shortest = nonzero[-1] + 1 if nonzero else 1
+            for length in lengths:
+                if length < shortest or length > len(row):
+                    continue
+                plans = self._lmc_rows[length].get(tuple(row[:length]))
+                if plans:
+                    matches.append((b, plans))
+                    break
+        return matches
+
+    def _model_call(self, inps, attn_mask=None, labels=None):
+        session = self._lmc_session
+        if session is None or not self._lmc_rows or attn_mask is not None:
+            return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
+        matches = [(b, plans[0]) for b, plans in self._match_rows(inps)]
+        matches = [(b, plan) for b, plan in matches if session.wanted(plan.key)]
+        if not matches:
+            return super()._model_call(inps)
+        batch = inps.shape[0]
+        last = torch.zeros(batch, dtype=torch.long)
+        target = torch.full((batch,), -1, dtype=torch.long)
+        for b, plan in matches:
+            last[b], target[b] = plan.last_index, plan.target_token
+        logits = self._captured_call(
+            lambda: super(CouplingHFLM, self)._model_call(inps),
+            session,
+            [(b, plan.key) for b, plan in matches],
+            last,
+            torch.zeros(batch, dtype=torch.long),
+            target,
+        )
+        for _, plan in matches:
+            self._measure_sampled(session, plan.key, plan.context_tokens)
+        return logits
+
+    # -- generation ------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        """Plan every document's geometry, then run lm-eval's generate_until."""
+        if self._lmc_session is not None:
+            self._lmc_session.plan()
+        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+
+    def tok_batch_encode(self, strings, *args, **kwargs):
+        """Remember the contexts of the batch lm-eval is about to generate for."""
+        self._lmc_gen_contexts = list(strings)
+        return super().tok_batch_encode(strings, *args, **kwargs)
+
+    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+        session = self._lmc_session
+        contexts, self._lmc_gen_contexts = self._lmc_gen_contexts, None
+        call = lambda: super(CouplingHFLM, self)._model_generate(  # noqa: E731
+            context, max_length, stop, **generation_kwargs
+        )
+        if session is None or contexts is None or len(contexts) != context.shape[0]:
+            return call()
+        mask = generation_kwargs.get("attention_mask")
+        first = (mask == 0).sum(dim=1).cpu() if mask is not None else torch.zeros(len(contexts))
+        first = first.long()
+        batch, width = context.shape
+        target = torch.full((batch,), -1, dtype=torch.long)
+        matches = []
+        for b, text in enumerate(contexts):
+            key = session.generation_key(text)
+            if key is None or not session.wanted(key):
+                continue
+            target[b] = self._first_target_token(key)
+            matches.append((b, key))
+        if not matches:
+            return call()
+        last = torch.full((batch,), width - 1, dtype=torch.long)
+        output = self._captured_call(call, session, matches, last, first, target)
+        for b, key in matches:
+            tokens = tuple(context[b, int(first[b]) :].tolist())
+            self._measure_sampled(session, key, tokens)
+        return output
+
+    def _first_target_token(self, key: GeometryKey) -> int:
+        context, gold = key
+        if not gold or not context:
+            return -1
+        try:
+            return self._encode_pair(context, gold)[1][0]
+        except (IndexError, AssertionError):
+            return -1
+
+    # -- shared capture plumbing -------------------------------------------------
+    def _captured_call(self, call, session, matches, last, first, target):
+        """Run ``call`` under capture; a capture failure never loses the output."""
+        runner = session.runner
+        keys = [key for _, key in matches]
+        if not runner.needs_forward_capture:
+            for key in keys:
+                session.store(key, DocumentGeometry())
+            return call()
+        output = None
+        try:
+            with runner.capture(last, first, target) as handle:
+                output = call()
+            documents = runner.compute(handle.states)
+            for b, key in matches:
+                session.store(key, documents[b])
+        except Exception as exc:  # geometry must never cost the benchmark its scores
+            session.fail(keys, exc)
+            if output is None:
+                output = call()
+        return output
+
+    def _measure_sampled(self, session, key: GeometryKey, tokens: tuple[int, ...]) -> None:
+        runner = session.runner
+        if not runner.sampled_metrics or not session.sampled(key):
+            return
+        try:
+            ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            session.store(key, runner.compute_sampled(ids))
+        except Exception as exc:
+            session.fail([key], exc, metrics=runner.sampled_metrics)
+
+    def measure_alone(self, plan: DocumentPlan) -> DocumentGeometry:
+        """Measure a document's prompt alone (documents lm-eval answered from its cache)."""
+        context, gold = self._prompt_tokens(plan)
+        target = self._first_target_token(plan.key) if plan.kind == "generate_until" else gold
+        ids = torch.tensor(context, dtype=torch.long, device=self.device)
+        return self._lmc_session.runner.measure_prompt(ids, target, sampled=plan.sampled)
+
+    def _prompt_tokens(self, plan: DocumentPlan) -> tuple[list[int], int]:
+        context, continuation = plan.key
+        if plan.kind == "generate_until":
+            tokens = self.tok_encode(context)
+            return tokens[-(self.max_length - self.max_gen_toks) :], -1
+        context_enc, continuation_enc = self._encode_pair(context, continuation)
+        inp = (context_enc + continuation_enc)[-(self.max_length + 1) :][:-1]
+        last = len(inp) - len(continuation_enc)
+        return inp[: last + 1], continuation_enc[0]
+
+    # -- data parallel ------------------------------------------------------------
+    def gather_object(self, obj, dst=0):
+        """Gather the per-document geometry with lm-eval's first gather of a run."""
+        session = self._lmc_session
+        if session is not None and self.world_size > 1 and not self._lmc_gathered:
+            self._lmc_gathered = True
+            gathered = super().gather_object(session.export_records(), dst)
+            if self.rank == dst:
+                session.merge_records(gathered)
+        return super().gather_object(obj, dst)

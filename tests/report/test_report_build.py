@@ -1,0 +1,235 @@
+"""End-to-end report tests on real lm_eval results files (geometry added: see make_results.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+
+import numpy as np
+import pandas as pd
+import pytest
+import statsmodels.api as sm
+from make_results import TASK, make_results_dir, model_rows, write_row
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+
+from lm_coupling.report import ReportInputError, ReportWarning, build_report
+from lm_coupling.report.cli import add_report_arguments, run_report
+from lm_coupling.report.controls import CONTROL_COLUMNS
+from lm_coupling.report.figures import DPI, FIGSIZE
+from lm_coupling.report.stats import CORRELATION_COLUMNS, N_BOOT
+from lm_coupling.report.within_model import WITHIN_COLUMNS
+
+GEOMETRY_COLS = ["coupling", "equidistance", "expodistance", "fixation_depth",
+                 "logit_lens_entropy", "lss", "tv_to_target", "thought_fixation_boundary"]
+LEADERBOARD_COLS = ["model", "revision", "dtype", "step", "n_params", "n_layers", "d_model",
+                    "arc", "hellaswag", "n_benchmarks", "average", *GEOMETRY_COLS]
+
+
+@pytest.fixture(scope="module")
+def report(real_runs, tmp_path_factory):
+    root = make_results_dir(tmp_path_factory.mktemp("results"), real_runs)
+    return build_report(root, seed=3)
+
+
+def test_csv_schemas(report):
+    out = report.out_dir
+    assert list(pd.read_csv(out / "leaderboard.csv").columns) == LEADERBOARD_COLS
+    assert list(pd.read_csv(out / "geometry_long.csv").columns) == [
+        "model", "revision", "dtype", "task", "metric", "layer", "value", "stderr", "n"]
+    assert list(pd.read_csv(out / "correlations.csv").columns) == CORRELATION_COLUMNS
+    assert list(pd.read_csv(out / "controls.csv").columns) == CONTROL_COLUMNS
+    assert list(pd.read_csv(out / "within_model.csv").columns) == WITHIN_COLUMNS
+    board = pd.read_csv(out / "leaderboard.csv")
+    assert len(board) == 9 and board["step"].dropna().tolist() == [2000, 1000, 3000]
+    np.testing.assert_allclose(board["average"], board[["arc", "hellaswag"]].mean(axis=1))
+
+
+def _boot(x, y, seed):
+    rng = np.random.default_rng(seed)
+    slopes = []
+    for _ in range(N_BOOT):
+        i = rng.integers(0, len(x), len(x))
+        if np.ptp(x[i]) > 0:
+            slopes.append(np.polyfit(x[i], y[i], 1)[0])
+    return np.percentile(slopes, [2.5, 97.5])
+
+
+def test_correlations_recomputed_from_leaderboard(report):
+    board = pd.read_csv(report.out_dir / "leaderboard.csv")
+    corr = pd.read_csv(report.out_dir / "correlations.csv").fillna({"reason": ""})
+    assert corr["primary"].sum() == 1
+    assert corr.loc[corr["primary"], ["metric", "target"]].values.tolist() == [
+        ["coupling", "average"]]
+    for row in corr.to_dict("records"):
+        data = board[[row["metric"], row["target"]]].dropna().to_numpy()
+        x, y = data[:, 0], data[:, 1]
+        assert row["n"] == len(x)
+        if row["reason"]:
+            continue
+        fit = sm.OLS(y, sm.add_constant(x)).fit(cov_type="HC3")
+        np.testing.assert_allclose([row["slope"], row["intercept"], row["r2"], row["p_hc3"]],
+                                   [fit.params[1], fit.params[0], fit.rsquared, fit.pvalues[1]],
+                                   rtol=1e-6)
+        np.testing.assert_allclose([row["ci_low"], row["ci_high"]], fit.conf_int()[1], rtol=1e-6)
+        rho, rho_p = stats.spearmanr(x, y)
+        tau, tau_p = stats.kendalltau(x, y)
+        np.testing.assert_allclose([row["spearman_rho"], row["spearman_p"], row["kendall_tau"],
+                                    row["kendall_p"]], [rho, rho_p, tau, tau_p], rtol=1e-6)
+        np.testing.assert_allclose([row["boot_ci_low"], row["boot_ci_high"]], _boot(x, y, 3),
+                                   rtol=1e-6)
+    ok = corr["p_hc3"].notna()
+    np.testing.assert_allclose(corr.loc[ok, "p_holm"],
+                               multipletests(corr.loc[ok, "p_hc3"], method="holm")[1], rtol=1e-9)
+
+
+def test_controls_recomputed_from_leaderboard(report):
+    board = pd.read_csv(report.out_dir / "leaderboard.csv")
+    ctrl = pd.read_csv(report.out_dir / "controls.csv").fillna({"reason": ""})
+    z = np.column_stack([np.log10(board["n_params"]), board["n_layers"], board["d_model"]])
+    y = board["average"].to_numpy()
+    size = ctrl[ctrl["analysis"] == "control"].set_index("metric")
+    fit = sm.OLS(y, sm.add_constant(z[:, 0])).fit(cov_type="HC3")
+    assert size.loc["log_n_params", "slope"] == pytest.approx(fit.params[1], rel=1e-6)
+    assert size.loc["log_n_params", "p_hc3"] == pytest.approx(fit.pvalues[1], rel=1e-6)
+    n, k = len(y), 3
+    for metric in GEOMETRY_COLS:
+        x = board[metric].to_numpy()
+        rows = ctrl[ctrl["metric"] == metric].set_index("analysis")
+        zc = sm.add_constant(z)
+        rx, ry = sm.OLS(x, zc).fit().resid, sm.OLS(y, zc).fit().resid
+        r = stats.pearsonr(rx, ry)[0]
+        t = r * np.sqrt((n - 2 - k) / (1 - r**2))
+        assert rows.loc["partial", "partial_r"] == pytest.approx(r, rel=1e-6)
+        assert rows.loc["partial", "partial_p"] == pytest.approx(2 * stats.t.sf(abs(t), n - 2 - k),
+                                                                rel=1e-6)
+        rss_r = sm.OLS(y, zc).fit().ssr
+        full = sm.OLS(y, np.column_stack([zc, x])).fit()
+        f = (rss_r - full.ssr) / (full.ssr / full.df_resid)
+        assert rows.loc["nested", "f_stat"] == pytest.approx(f, rel=1e-6)
+        assert rows.loc["nested", "f_p"] == pytest.approx(stats.f.sf(f, 1, full.df_resid),
+                                                          rel=1e-6)
+        b, log_a = np.polyfit(x, np.log(y), 1)
+        pred = np.exp(log_a + b * x)
+        exp_r2 = 1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+        assert rows.loc["exponential", "exp_b"] == pytest.approx(b, rel=1e-6)
+        assert rows.loc["exponential", "exp_r2"] == pytest.approx(exp_r2, rel=1e-6)
+        assert rows.loc["exponential", "linear_r2"] == pytest.approx(
+            stats.pearsonr(x, y)[0] ** 2, rel=1e-6)
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_figures_are_valid_images(report):
+    names = {p.name for p in report.figures}
+    for stem in ("fig1a_coupling_vs_average", "emergence"):
+        assert {f"{stem}.png", f"{stem}.svg"} <= names
+    assert any(n.startswith("profiles_") for n in names)
+    assert any(n.startswith("coupling_") for n in names)
+    fig1a = report.out_dir / "figures" / "fig1a_coupling_vs_average.png"
+    assert _png_size(fig1a) == (int(FIGSIZE[0] * DPI), int(FIGSIZE[1] * DPI))
+    for path in report.figures:
+        if path.suffix == ".png":
+            _png_size(path)
+        else:
+            assert "<svg" in path.read_text()[:2000]
+    summary = report.summary.read_text()
+    assert "figures/fig1a_coupling_vs_average.png" in summary and "correlations.csv" in summary
+
+
+def test_summary_numbers_come_from_csv(report):
+    corr = pd.read_csv(report.out_dir / "correlations.csv")
+    row = corr[corr["primary"]].iloc[0]
+    assert f"R^2 = {row['r2']:.3f}" in report.summary.read_text()
+
+
+def test_within_model_logistic_regression(report):
+    table = pd.read_csv(report.out_dir / "within_model.csv").fillna({"reason": ""})
+    fitted = table[table["reason"] == ""]
+    assert len(fitted) and (fitted["n"] == 24).all()
+    assert np.allclose(np.exp(fitted["coef_per_sd"]), fitted["odds_ratio_per_sd"])
+
+
+def test_newest_run_wins_and_provenance(real_runs, tmp_path):
+    rows = model_rows(real_runs, 3)
+    old = dict(rows[0], acc_norm=0.11, q=0.1)
+    write_row(tmp_path, old["run"], old, "2024-01-01T00-00-00.000000")
+    new = dict(rows[0], acc_norm=0.77)
+    write_row(tmp_path, new["run"], new, "2024-06-01T00-00-00.000000", geometry=None)
+    for i, row in enumerate(rows[1:]):
+        write_row(tmp_path, row["run"], row, f"2024-03-0{i + 1}T00-00-00.000000")
+    result = build_report(tmp_path)
+    board = result.leaderboard.set_index("model")
+    first = board.loc[rows[0]["model"]]
+    assert first["arc"] == pytest.approx(0.77)  # the newer run's score
+    old_geo = json.loads(next(tmp_path.rglob("results_2024-01-01*.json")).read_text())
+    assert first["coupling"] == pytest.approx(old_geo["results"][TASK]["coupling,none"])
+    prov = result.provenance[result.provenance["model"] == rows[0]["model"]]
+    assert set(prov["status"]) == {"used"} and len(prov) == 4  # 2 files x 2 tasks
+    newer = prov[prov["file"].str.contains("2024-06-01") & (prov["task"] == TASK)].iloc[0]
+    assert "acc_norm" in newer["metrics"] and "coupling" not in newer["metrics"]
+
+
+def test_scores_csv_join(real_runs, tmp_path):
+    make_results_dir(tmp_path / "runs", real_runs, n_models=3)
+    scores = tmp_path / "scores.csv"
+    pd.DataFrame(dict(model=["tiny-b"], arc=[0.9], mmlu=[0.4])).to_csv(scores, index=False)
+    result = build_report(tmp_path / "runs", out_dir=tmp_path / "out", scores_csv=scores)
+    row = result.leaderboard[result.leaderboard["model"].str.endswith("tiny-b")].iloc[0]
+    assert row["arc"] == 0.9 and row["mmlu"] == 0.4
+    src = result.score_sources
+    assert set(src.loc[src["model"] == row["model"], "source"]) == {str(scores)}
+    assert "--scores" in result.summary.read_text()
+
+
+def test_fewer_than_three_models_descriptive_only(real_runs, tmp_path):
+    make_results_dir(tmp_path, real_runs, n_models=2)
+    result = build_report(tmp_path)
+    assert result.correlations is None and not (result.out_dir / "correlations.csv").exists()
+    assert "Statistics skipped: 2 model row(s)" in result.summary.read_text()
+
+
+def test_constant_and_missing_metric(real_runs, tmp_path):
+    for i, row in enumerate(model_rows(real_runs, 4)):
+        geometry = ["coupling", "lss"] if i else ["coupling"]
+        write_row(tmp_path, row["run"], row, f"2024-03-0{i + 1}T00-00-00.000000", geometry)
+    for path in tmp_path.rglob("results_*.json"):
+        data = json.loads(path.read_text())
+        for entry in data["results"].values():
+            entry["coupling,none"] = 0.5
+        path.write_text(json.dumps(data))
+    corr = build_report(tmp_path).correlations.set_index(["metric", "target"])
+    assert "constant" in corr.loc[("coupling", "average"), "reason"]
+    assert corr.loc[("lss", "average"), "n"] == 3
+
+
+def test_malformed_and_partial_files_are_skipped(real_runs, tmp_path):
+    make_results_dir(tmp_path, real_runs, n_models=3)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results_2024-01-01T00-00-00.json").write_text("{not json")
+    (tmp_path / "broken" / "results_2024-01-02T00-00-00.json").write_text('{"config": {}}')
+    with pytest.warns(ReportWarning) as record:
+        result = build_report(tmp_path)
+    messages = " ".join(str(w.message) for w in record)
+    assert "results_2024-01-01T00-00-00.json" in messages
+    assert "results_2024-01-02T00-00-00.json" in messages
+    assert len(result.leaderboard) == 3
+
+
+def test_empty_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ReportInputError, match="no readable lm-eval results"):
+        build_report(tmp_path)
+
+
+def test_cli_runner(real_runs, tmp_path, capsys):
+    make_results_dir(tmp_path / "runs", real_runs, n_models=3, samples=False)
+    parser = add_report_arguments(argparse.ArgumentParser())
+    args = parser.parse_args([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert run_report(args) == 0
+    assert "3 model row(s)" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "within_model.csv").exists()
