@@ -87,8 +87,8 @@ def new_plugin_manager(load_entry_points: bool | None = None) -> pluggy.PluginMa
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
         except Exception as exc:  # an import error inside a third-party plugin
             raise PluginError(
-                f"a metric plugin from the entry-point group {ENTRY_POINT_GROUP!r} failed to "
-                f"load: {exc!r}. Fix or uninstall the distribution that provides it, or set "
+                f"the metric plugin {_failing_entry_point(pm)} failed to load: {exc!r}. "
+                "Fix or uninstall the distribution that provides it, or set "
                 f"{DISABLE_AUTOLOAD_ENV}=1 to skip third-party plugins"
             ) from exc
     try:
@@ -96,6 +96,22 @@ def new_plugin_manager(load_entry_points: bool | None = None) -> pluggy.PluginMa
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"a metric plugin implements an unknown hook: {exc}") from exc
     return pm
+
+
+def _failing_entry_point(pm: pluggy.PluginManager) -> str:
+    """Name the first entry point of the group that is not registered and fails to load."""
+    import importlib.metadata
+
+    for dist in importlib.metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group != ENTRY_POINT_GROUP or pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+                continue
+            try:
+                ep.load()
+            except Exception:
+                name, version = dist.metadata["Name"], dist.version
+                return f"{ep.name!r} = {ep.value!r} (entry point of {name} {version})"
+    return f"from the entry-point group {ENTRY_POINT_GROUP!r}"
 
 
 @lru_cache(maxsize=1)

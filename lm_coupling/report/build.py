@@ -60,8 +60,9 @@ def _save(axes_owner, out_dir: Path, name: str) -> list[Path]:
 def _model_geometry(geometry: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     """One geometry file per identity: a benchmark task first, then by task name."""
     best: dict[tuple, dict[str, Any]] = {}
-    for geo in sorted(geometry, key=lambda g: (benchmark_of(str(g.get("task"))) is None,
-                                               str(g.get("task")))):
+    for geo in sorted(
+        geometry, key=lambda g: (benchmark_of(str(g.get("task"))) is None, str(g.get("task")))
+    ):
         best.setdefault(geo["identity"], geo)
     return best
 
@@ -111,14 +112,19 @@ def _score_notes(sources: pd.DataFrame, scores_csv) -> list[str]:
     notes = []
     if scores_csv is not None:
         ext = sources[sources["source"] == str(scores_csv)]
-        notes.append(f"{len(ext)} benchmark scores came from --scores {scores_csv}; the others "
-                     "from the runs' results files (see score_sources.csv).")
+        notes.append(
+            f"{len(ext)} benchmark scores came from --scores {scores_csv}; the others "
+            "from the runs' results files (see score_sources.csv)."
+        )
     return notes
 
 
 def build_report(
-    results_dir: str | Path, out_dir: str | Path | None = None, scores_csv: str | Path | None = None,
-    primary: str = "coupling", seed: int = 0,
+    results_dir: str | Path,
+    out_dir: str | Path | None = None,
+    scores_csv: str | Path | None = None,
+    primary: str = "coupling",
+    seed: int = 0,
 ) -> ReportResult:
     """Read a results folder and write the report (see DESIGN.md section 7).
 
@@ -144,14 +150,22 @@ def build_report(
         ids = selected[IDENTITY].drop_duplicates()
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
     board = build_leaderboard(selected, loaded.shapes, sources, loaded.geometry)
-    result = ReportResult(out, board, geometry_long(selected, loaded.geometry), provenance,
-                          sources, notes=[f"skipped {s}" for s in loaded.skipped])
+    result = ReportResult(
+        out,
+        board,
+        geometry_long(selected, loaded.geometry),
+        provenance,
+        sources,
+        notes=[f"skipped {s}" for s in loaded.skipped],
+    )
     result.notes += _score_notes(sources, scores_csv)
     metrics, targets = geometry_columns(board), target_columns(board)
     result.primary_metric = resolve_primary(metrics, primary)
     if len(board) < MIN_MODELS:
-        result.notes.append(f"Statistics skipped: {len(board)} model row(s), at least "
-                            f"{MIN_MODELS} are needed; tables are descriptive only.")
+        result.notes.append(
+            f"Statistics skipped: {len(board)} model row(s), at least "
+            f"{MIN_MODELS} are needed; tables are descriptive only."
+        )
     elif not targets:
         result.notes.append("Statistics skipped: no leaderboard benchmark score was found.")
     else:
@@ -159,14 +173,20 @@ def build_report(
         result.controls = controls_table(board, metrics, AVERAGE, seed)
     wm = within_model(loaded.runs)
     result.within_model = wm if len(wm) else None
-    tables = {"leaderboard": board, "geometry_long": result.geometry_long,
-              "provenance": provenance, "score_sources": sources,
-              "correlations": result.correlations, "controls": result.controls,
-              "within_model": result.within_model}
+    tables = {
+        "leaderboard": board,
+        "geometry_long": result.geometry_long,
+        "provenance": provenance,
+        "score_sources": sources,
+        "correlations": result.correlations,
+        "controls": result.controls,
+        "within_model": result.within_model,
+    }
     for name, table in tables.items():
         if table is not None:
             table.to_csv(out / f"{name}.csv", index=False)
-    result.figures = _figures(board, result.correlations, result.primary_metric,
-                              loaded.geometry, out)
+    result.figures = _figures(
+        board, result.correlations, result.primary_metric, loaded.geometry, out
+    )
     result.summary = write_summary(out, result.primary_metric, result.figures, result.notes)
     return result

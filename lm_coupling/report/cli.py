@@ -9,16 +9,27 @@ from lm_coupling.report.build import ReportResult, build_report
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``RESULTS_DIR [--out DIR] [--scores CSV] [--primary METRIC] [--seed N]``."""
-    parser.add_argument("results_dir", metavar="RESULTS_DIR",
-                        help="folder of lm_eval runs (its --output_path), searched recursively")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help="output folder (default: RESULTS_DIR/report)")
-    parser.add_argument("--scores", default=None, metavar="CSV",
-                        help="external benchmark scores: a 'model' column and benchmark "
-                             "columns (arc, hellaswag, mmlu, truthfulqa, winogrande, gsm8k)")
-    parser.add_argument("--primary", default="coupling", metavar="METRIC",
-                        help="geometry metric of the primary test against the average "
-                             "(default: coupling)")
+    parser.add_argument(
+        "results_dir",
+        metavar="RESULTS_DIR",
+        help="folder of lm_eval runs (its --output_path), searched recursively",
+    )
+    parser.add_argument(
+        "--out", default=None, metavar="DIR", help="output folder (default: RESULTS_DIR/report)"
+    )
+    parser.add_argument(
+        "--scores",
+        default=None,
+        metavar="CSV",
+        help="external benchmark scores: a 'model' column and benchmark "
+        "columns (arc, hellaswag, mmlu, truthfulqa, winogrande, gsm8k)",
+    )
+    parser.add_argument(
+        "--primary",
+        default="coupling",
+        metavar="METRIC",
+        help="geometry metric of the primary test against the average (default: coupling)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     return parser
 
@@ -32,9 +43,11 @@ def format_result(result: ReportResult) -> str:
             if row["reason"]:
                 lines.append(f"primary {row['metric']} vs {row['target']}: {row['reason']}")
             else:
-                lines.append(f"primary {row['metric']} vs {row['target']}: n={int(row['n'])}, "
-                             f"R^2={row['r2']:.3f}, p_hc3={row['p_hc3']:.3g}, "
-                             f"p_holm={row['p_holm']:.3g}")
+                lines.append(
+                    f"primary {row['metric']} vs {row['target']}: n={int(row['n'])}, "
+                    f"R^2={row['r2']:.3f}, p_hc3={row['p_hc3']:.3g}, "
+                    f"p_holm={row['p_holm']:.3g}"
+                )
     lines += result.notes
     lines.append(f"summary: {result.summary}")
     return "\n".join(lines)
@@ -42,7 +55,12 @@ def format_result(result: ReportResult) -> str:
 
 def run_report(args: argparse.Namespace) -> int:
     """Run the report for parsed arguments; print a short summary; return the exit code 0."""
-    result = build_report(args.results_dir, out_dir=args.out, scores_csv=args.scores,
-                          primary=args.primary, seed=getattr(args, "seed", 0))
+    result = build_report(
+        args.results_dir,
+        out_dir=args.out,
+        scores_csv=args.scores,
+        primary=args.primary,
+        seed=getattr(args, "seed", 0),
+    )
     print(format_result(result))
     return 0

@@ -39,10 +39,29 @@ from lm_coupling.report.benchmarks import AVERAGE, SCHEMA_VERSION
 from lm_coupling.report.stats import FIT_COLUMNS, fit_pair, paired, skip_reason
 
 CONTROL_VARIABLES = ("log_n_params", "n_layers", "d_model")
-CONTROL_COLUMNS = ["schema_version", "analysis", "metric", "target", "controls", *FIT_COLUMNS,
-                   "partial_r", "partial_p", "df", "r2_controls", "r2_full", "r2_gain",
-                   "f_stat", "f_p", "exp_a", "exp_b", "exp_r2_log", "exp_r2", "linear_r2",
-                   "estimator", "reason"]
+CONTROL_COLUMNS = [
+    "schema_version",
+    "analysis",
+    "metric",
+    "target",
+    "controls",
+    *FIT_COLUMNS,
+    "partial_r",
+    "partial_p",
+    "df",
+    "r2_controls",
+    "r2_full",
+    "r2_gain",
+    "f_stat",
+    "f_p",
+    "exp_a",
+    "exp_b",
+    "exp_r2_log",
+    "exp_r2",
+    "linear_r2",
+    "estimator",
+    "reason",
+]
 
 
 def control_frame(board: pd.DataFrame) -> pd.DataFrame:
@@ -59,8 +78,14 @@ def _design(board: pd.DataFrame, metric: str, target: str):
     """Rows with metric, target and every usable control finite; the controls kept."""
     ctrl = control_frame(board)
     usable = [c for c in CONTROL_VARIABLES if ctrl[c].notna().any()]
-    data = pd.concat([ctrl[usable], pd.to_numeric(board[metric], errors="coerce"),
-                      pd.to_numeric(board[target], errors="coerce")], axis=1)
+    data = pd.concat(
+        [
+            ctrl[usable],
+            pd.to_numeric(board[metric], errors="coerce"),
+            pd.to_numeric(board[target], errors="coerce"),
+        ],
+        axis=1,
+    )
     data.columns = [*usable, "_x", "_y"]
     data = data.dropna()
     kept = [c for c in usable if data[c].nunique() > 1]
@@ -104,9 +129,14 @@ def partial_and_nested(board: pd.DataFrame, metric: str, target: str = AVERAGE) 
         restricted = sm.OLS(y, z).fit()
         full = sm.OLS(y, np.column_stack([z, x])).fit()
         f_stat, f_p, _ = full.compare_f_test(restricted)
-    nested.update(r2_controls=restricted.rsquared, r2_full=full.rsquared,
-                  r2_gain=full.rsquared - restricted.rsquared, f_stat=float(f_stat),
-                  f_p=float(f_p), df=float(full.df_resid))
+    nested.update(
+        r2_controls=restricted.rsquared,
+        r2_full=full.rsquared,
+        r2_gain=full.rsquared - restricted.rsquared,
+        f_stat=float(f_stat),
+        f_p=float(f_p),
+        df=float(full.df_resid),
+    )
     return [partial, nested]
 
 
@@ -115,8 +145,15 @@ def exponential_fit(board: pd.DataFrame, metric: str, target: str = AVERAGE) -> 
     x, y = paired(board[metric], board[target])
     keep = y > 0
     x, y = x[keep], y[keep]
-    row = dict(analysis="exponential", metric=metric, target=target, controls="", n=len(x),
-               estimator="OLS-log", reason=skip_reason(x, y))
+    row = dict(
+        analysis="exponential",
+        metric=metric,
+        target=target,
+        controls="",
+        n=len(x),
+        estimator="OLS-log",
+        reason=skip_reason(x, y),
+    )
     if row["reason"]:
         return row
     with warnings.catch_warnings():
@@ -126,8 +163,13 @@ def exponential_fit(board: pd.DataFrame, metric: str, target: str = AVERAGE) -> 
     a, b = math.exp(log_fit.params[0]), float(log_fit.params[1])
     ss_tot = float(((y - y.mean()) ** 2).sum())
     ss_res = float(((y - a * np.exp(b * x)) ** 2).sum())
-    row.update(exp_a=a, exp_b=b, exp_r2_log=float(log_fit.rsquared), exp_r2=1 - ss_res / ss_tot,
-               linear_r2=float(line.rsquared))
+    row.update(
+        exp_a=a,
+        exp_b=b,
+        exp_r2_log=float(log_fit.rsquared),
+        exp_r2=1 - ss_res / ss_tot,
+        linear_r2=float(line.rsquared),
+    )
     return row
 
 
@@ -140,8 +182,16 @@ def controls_table(
     if target in board.columns:
         for name in CONTROL_VARIABLES:
             x, y = paired(ctrl[name], board[target])
-            rows.append(dict(analysis="control", metric=name, target=target, controls="",
-                             estimator="OLS-HC3", **fit_pair(x, y, seed)))
+            rows.append(
+                dict(
+                    analysis="control",
+                    metric=name,
+                    target=target,
+                    controls="",
+                    estimator="OLS-HC3",
+                    **fit_pair(x, y, seed),
+                )
+            )
         for metric in metrics:
             rows.extend(partial_and_nested(board, metric, target))
             rows.append(exponential_fit(board, metric, target))

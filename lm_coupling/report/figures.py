@@ -20,9 +20,12 @@ from lm_coupling.report.boundary import boundary_layer
 
 FIGSIZE = (6.0, 4.5)
 DPI = 100
-PROFILE_LABELS = {"norm": "norm ||x^l||", "windowed_lss": "windowed LSS",
-                  "logit_lens_entropy": "logit-lens entropy H/ln V",
-                  "tv_to_target": "TV to target"}
+PROFILE_LABELS = {
+    "norm": "norm ||x^l||",
+    "windowed_lss": "windowed LSS",
+    "logit_lens_entropy": "logit-lens entropy H/ln V",
+    "tv_to_target": "TV to target",
+}
 
 
 def new_axes(ncols: int = 1, figsize: tuple[float, float] = FIGSIZE) -> list[Axes]:
@@ -36,14 +39,18 @@ def _short(model: str) -> str:
 
 
 def metric_vs_score(
-    board: pd.DataFrame, metric: str, target: str, fit: Mapping | None = None,
+    board: pd.DataFrame,
+    metric: str,
+    target: str,
+    fit: Mapping | None = None,
     ax: Axes | None = None,
 ) -> Axes:
     """Scatter of a geometry metric against a score with the OLS line (coupling paper, Fig. 1a).
 
     Args:
         board: leaderboard rows.
-        metric: x column; target: y column.
+        metric: x column.
+        target: y column.
         fit: a ``correlations.csv`` row (slope, intercept, r2, p_hc3) to draw and quote.
         ax: axes to draw on (a new figure when None).
     """
@@ -55,8 +62,11 @@ def metric_vs_score(
     if fit is not None and np.isfinite(fit.get("slope", math.nan)) and len(data):
         xs = np.linspace(data[metric].min(), data[metric].max(), 50)
         ax.plot(xs, fit["intercept"] + fit["slope"] * xs, color="tab:red")
-        ax.set_title(f"{metric} vs {target}: R^2 = {fit['r2']:.3f}, p (HC3) = "
-                     f"{fit['p_hc3']:.3g}, n = {int(fit['n'])}", fontsize=9)
+        ax.set_title(
+            f"{metric} vs {target}: R^2 = {fit['r2']:.3f}, p (HC3) = "
+            f"{fit['p_hc3']:.3g}, n = {int(fit['n'])}",
+            fontsize=9,
+        )
     else:
         ax.set_title(f"{metric} vs {target}", fontsize=9)
     ax.set_xlabel(metric)
@@ -65,7 +75,10 @@ def metric_vs_score(
 
 
 def layer_profile(
-    values: Sequence[float], name: str, boundary: float | None = None, ax: Axes | None = None,
+    values: Sequence[float],
+    name: str,
+    boundary: float | None = None,
+    ax: Axes | None = None,
     stderr: Sequence[float] | None = None,
 ) -> Axes:
     """One per-layer profile, with the thought/fixation boundary layer as a dashed line."""
@@ -93,8 +106,9 @@ def profile_boundary(profiles: Mapping[str, Mapping]) -> float:
     return math.nan
 
 
-def coupling_heatmap(matrix: Sequence[Sequence[float]], ax: Axes | None = None,
-                     title: str = "coupling c_K(l, l')") -> Axes:
+def coupling_heatmap(
+    matrix: Sequence[Sequence[float]], ax: Axes | None = None, title: str = "coupling c_K(l, l')"
+) -> Axes:
     """The L x L coupling matrix as a heatmap (rows l, columns l')."""
     ax = ax if ax is not None else new_axes()[0]
     data = np.asarray(matrix, dtype=float)
@@ -106,8 +120,9 @@ def coupling_heatmap(matrix: Sequence[Sequence[float]], ax: Axes | None = None,
     return ax
 
 
-def coupling_graph(matrix: Sequence[Sequence[float]], ax: Axes | None = None,
-                   quantile: float = 0.5) -> Axes:
+def coupling_graph(
+    matrix: Sequence[Sequence[float]], ax: Axes | None = None, quantile: float = 0.5
+) -> Axes:
     """Layers on a circle, joined where their coupling is above the ``quantile`` of off-diagonals.
 
     Edge width and opacity grow with the symmetric coupling ``(A + A^T) / 2``.
@@ -126,8 +141,12 @@ def coupling_graph(matrix: Sequence[Sequence[float]], ax: Axes | None = None,
             for j in range(i + 1, n):
                 if np.isfinite(sym[i, j]) and sym[i, j] >= low:
                     w = (sym[i, j] - low) / (high - low) if high > low else 1.0
-                    ax.plot(*xy[[i, j]].T, color="tab:purple", linewidth=0.5 + 3 * w,
-                            alpha=0.3 + 0.7 * w)
+                    ax.plot(
+                        *xy[[i, j]].T,
+                        color="tab:purple",
+                        linewidth=0.5 + 3 * w,
+                        alpha=0.3 + 0.7 * w,
+                    )
     ax.scatter(*xy.T, s=120, color="white", edgecolors="black", zorder=3)
     for i, (x, y) in enumerate(xy):
         ax.annotate(str(i + 1), (x, y), ha="center", va="center", fontsize=7, zorder=4)

@@ -103,9 +103,19 @@ def join_external(
         for column in columns:
             value = pd.to_numeric(match[column], errors="coerce")
             if pd.notna(value):
-                rows.append(dict(model=ident.model, revision=ident.revision, dtype=ident.dtype,
-                                 benchmark=column, task="", metric="", filter="",
-                                 value=float(value), source=str(path)))
+                rows.append(
+                    dict(
+                        model=ident.model,
+                        revision=ident.revision,
+                        dtype=ident.dtype,
+                        benchmark=column,
+                        task="",
+                        metric="",
+                        filter="",
+                        value=float(value),
+                        source=str(path),
+                    )
+                )
     if not rows:
         return scores
     ext = pd.DataFrame(rows, columns=SOURCE_COLUMNS)
@@ -131,20 +141,24 @@ def _boundaries(geometry: list[dict[str, Any]]) -> pd.DataFrame:
             if mean:
                 value = boundary_depth([math.nan if v is None else v for v in mean])
                 bench = benchmark_of(str(geo.get("task", ""))) is not None
-                rows.append(dict(zip(IDENTITY, geo["identity"], strict=True), value=value,
-                                 bench=bench))
+                rows.append(
+                    dict(zip(IDENTITY, geo["identity"], strict=True), value=value, bench=bench)
+                )
                 break
     table = pd.DataFrame(rows, columns=[*IDENTITY, "value", "bench"])
     if table.empty:
-        return pd.DataFrame(columns=[BOUNDARY_COLUMN], index=pd.MultiIndex.from_tuples(
-            [], names=IDENTITY))
+        return pd.DataFrame(
+            columns=[BOUNDARY_COLUMN], index=pd.MultiIndex.from_tuples([], names=IDENTITY)
+        )
     has_bench = table.groupby(IDENTITY)["bench"].transform("any")
     table = table[table["bench"] | ~has_bench]
     return table.groupby(IDENTITY)[["value"]].mean().rename(columns={"value": BOUNDARY_COLUMN})
 
 
 def build_leaderboard(
-    selected: pd.DataFrame, shapes: pd.DataFrame, scores: pd.DataFrame,
+    selected: pd.DataFrame,
+    shapes: pd.DataFrame,
+    scores: pd.DataFrame,
     geometry: list[dict[str, Any]],
 ) -> pd.DataFrame:
     """Assemble ``leaderboard.csv`` (see the module docstring for the columns)."""
@@ -153,8 +167,9 @@ def build_leaderboard(
     board.insert(3, "step", board["revision"].map(parse_step).astype("Int64"))
     bench_cols = [b.column for b in BENCHMARKS if b.column in set(scores["benchmark"])]
     if bench_cols:
-        wide = scores.pivot_table(index=IDENTITY, columns="benchmark", values="value",
-                                  aggfunc="first")
+        wide = scores.pivot_table(
+            index=IDENTITY, columns="benchmark", values="value", aggfunc="first"
+        )
         board = board.merge(wide[bench_cols].reset_index(), on=IDENTITY, how="left")
     board["n_benchmarks"] = board[bench_cols].notna().sum(axis=1) if bench_cols else 0
     board[AVERAGE] = board[bench_cols].mean(axis=1) if bench_cols else np.nan
@@ -178,11 +193,15 @@ def geometry_long(selected: pd.DataFrame, geometry: list[dict[str, Any]]) -> pd.
             for key, value in zip(IDENTITY, item["identity"], strict=True):
                 frame[key] = value
             rows.append(frame[LONG_COLUMNS])
-    out = pd.concat([r for r in rows if len(r)], ignore_index=True) if any(
-        len(r) for r in rows) else pd.DataFrame(columns=LONG_COLUMNS)
+    out = (
+        pd.concat([r for r in rows if len(r)], ignore_index=True)
+        if any(len(r) for r in rows)
+        else pd.DataFrame(columns=LONG_COLUMNS)
+    )
     out["layer"] = out["layer"].astype("Int64")
-    return out.sort_values([*IDENTITY, "task", "metric", "layer"], kind="stable",
-                           na_position="first").reset_index(drop=True)
+    return out.sort_values(
+        [*IDENTITY, "task", "metric", "layer"], kind="stable", na_position="first"
+    ).reset_index(drop=True)
 
 
 def geometry_columns(board: pd.DataFrame) -> list[str]:

@@ -186,9 +186,20 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
                 continue
             kind = "geometry" if is_geometry_metric(metric, run.declared) else "score"
             stderr = _as_float(entry.get(f"{metric}_stderr,{filt}"))
-            rows.append(dict(zip(IDENTITY, run.identity, strict=True), task=task, metric=metric,
-                             filter=filt, value=float(value), stderr=stderr, n=n, kind=kind,
-                             file=str(run.path), timestamp=run.timestamp))
+            rows.append(
+                dict(
+                    zip(IDENTITY, run.identity, strict=True),
+                    task=task,
+                    metric=metric,
+                    filter=filt,
+                    value=float(value),
+                    stderr=stderr,
+                    n=n,
+                    kind=kind,
+                    file=str(run.path),
+                    timestamp=run.timestamp,
+                )
+            )
     return rows
 
 
@@ -214,8 +225,11 @@ def _parse_geometry(path: Path, runs_by_file: dict[Path, RunFile]) -> dict[str, 
     if sibling in runs_by_file:
         identity = runs_by_file[sibling].identity
     else:
-        identity = (str(model.get("name", "unknown")), str(model.get("revision") or "main"),
-                    normalize_dtype(model.get("dtype")))
+        identity = (
+            str(model.get("name", "unknown")),
+            str(model.get("revision") or "main"),
+            normalize_dtype(model.get("dtype")),
+        )
     return dict(data, identity=identity, path=str(path), timestamp=file_timestamp(path))
 
 
@@ -298,8 +312,18 @@ def newest_values(values: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         status = "used" if f"{file}\0{task}" in used else "superseded"
         win = selected[(selected["file"] == file) & (selected["task"] == task)]
         names = sorted(set(win["metric"] if status == "used" else group["metric"]))
-        prov.append(dict(model=model, revision=rev, dtype=dtype, task=task, file=file,
-                         date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
-                         status=status, metrics=";".join(names)))
-    return selected, pd.DataFrame(prov, columns=[*IDENTITY, "task", "file", "date", "status",
-                                                 "metrics"])
+        prov.append(
+            dict(
+                model=model,
+                revision=rev,
+                dtype=dtype,
+                task=task,
+                file=file,
+                date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
+                status=status,
+                metrics=";".join(names),
+            )
+        )
+    return selected, pd.DataFrame(
+        prov, columns=[*IDENTITY, "task", "file", "date", "status", "metrics"]
+    )

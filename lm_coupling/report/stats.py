@@ -27,11 +27,34 @@ N_BOOT = 2000
 MIN_MODELS = 3
 ESTIMATOR = "OLS-HC3"
 CORRECTION = "holm"
-FIT_COLUMNS = ["n", "slope", "intercept", "r2", "pearson_r", "p_hc3", "ci_low", "ci_high",
-               "spearman_rho", "spearman_p", "kendall_tau", "kendall_p", "boot_ci_low",
-               "boot_ci_high", "n_boot"]
-CORRELATION_COLUMNS = ["schema_version", "metric", "target", *FIT_COLUMNS, "p_holm", "primary",
-                       "estimator", "correction", "reason"]
+FIT_COLUMNS = [
+    "n",
+    "slope",
+    "intercept",
+    "r2",
+    "pearson_r",
+    "p_hc3",
+    "ci_low",
+    "ci_high",
+    "spearman_rho",
+    "spearman_p",
+    "kendall_tau",
+    "kendall_p",
+    "boot_ci_low",
+    "boot_ci_high",
+    "n_boot",
+]
+CORRELATION_COLUMNS = [
+    "schema_version",
+    "metric",
+    "target",
+    *FIT_COLUMNS,
+    "p_holm",
+    "primary",
+    "estimator",
+    "correction",
+    "reason",
+]
 
 
 def paired(x: pd.Series, y: pd.Series) -> tuple[np.ndarray, np.ndarray]:
@@ -96,10 +119,22 @@ def fit_pair(x: np.ndarray, y: np.ndarray, seed: int = 0) -> dict[str, float]:
     rho, rho_p = stats.spearmanr(x, y)
     tau, tau_p = stats.kendalltau(x, y)
     low, high, kept = bootstrap_slope(x, y, seed)
-    out.update(slope=res.params[1], intercept=res.params[0], r2=res.rsquared,
-               pearson_r=float(np.corrcoef(x, y)[0, 1]), p_hc3=res.pvalues[1], ci_low=ci[0],
-               ci_high=ci[1], spearman_rho=rho, spearman_p=rho_p, kendall_tau=tau,
-               kendall_p=tau_p, boot_ci_low=low, boot_ci_high=high, n_boot=kept)
+    out.update(
+        slope=res.params[1],
+        intercept=res.params[0],
+        r2=res.rsquared,
+        pearson_r=float(np.corrcoef(x, y)[0, 1]),
+        p_hc3=res.pvalues[1],
+        ci_low=ci[0],
+        ci_high=ci[1],
+        spearman_rho=rho,
+        spearman_p=rho_p,
+        kendall_tau=tau,
+        kendall_p=tau_p,
+        boot_ci_low=low,
+        boot_ci_high=high,
+        n_boot=kept,
+    )
     return {k: (float(v) if k not in ("reason",) else v) for k, v in out.items()}
 
 
@@ -120,7 +155,10 @@ def resolve_primary(metrics: list[str], primary: str) -> str | None:
 
 
 def correlations(
-    board: pd.DataFrame, metrics: list[str], targets: list[str], primary: str = "coupling",
+    board: pd.DataFrame,
+    metrics: list[str],
+    targets: list[str],
+    primary: str = "coupling",
     seed: int = 0,
 ) -> pd.DataFrame:
     """Every geometry metric against every benchmark and the average.
@@ -146,7 +184,6 @@ def correlations(
     table = pd.DataFrame(rows, columns=[c for c in CORRELATION_COLUMNS if c != "schema_version"])
     table["p_holm"] = holm(table["p_hc3"])
     table["primary"] = table["primary"].astype(bool)
-    table = table.assign(schema_version=SCHEMA_VERSION, estimator=ESTIMATOR,
-                         correction=CORRECTION)
+    table = table.assign(schema_version=SCHEMA_VERSION, estimator=ESTIMATOR, correction=CORRECTION)
     table["reason"] = table["reason"].fillna("")
     return table[CORRELATION_COLUMNS]

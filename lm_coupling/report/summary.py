@@ -47,25 +47,34 @@ def primary_sentence(correlations: pd.DataFrame) -> str:
     )
 
 
-def write_summary(out_dir: Path, primary_metric: str | None, figures: list[Path],
-                  notes: list[str]) -> Path:
+def write_summary(
+    out_dir: Path, primary_metric: str | None, figures: list[Path], notes: list[str]
+) -> Path:
     """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path."""
     board = pd.read_csv(out_dir / "leaderboard.csv")
-    cols = [c for c in ("model", "revision", "dtype", AVERAGE, primary_metric)
-            if c and c in board.columns]
-    parts = [f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows.",
-             "## Leaderboard (headline)\n\n" + markdown_table(board[cols])]
+    cols = [
+        c
+        for c in ("model", "revision", "dtype", AVERAGE, primary_metric)
+        if c and c in board.columns
+    ]
+    parts = [
+        f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows.",
+        "## Leaderboard (headline)\n\n" + markdown_table(board[cols]),
+    ]
     corr_path = out_dir / "correlations.csv"
     if corr_path.exists():
-        parts.append("## Primary test\n\n" + primary_sentence(pd.read_csv(
-            corr_path, keep_default_na=True).fillna({"reason": ""})))
+        parts.append(
+            "## Primary test\n\n"
+            + primary_sentence(pd.read_csv(corr_path, keep_default_na=True).fillna({"reason": ""}))
+        )
     if notes:
         parts.append("## Notes\n\n" + "\n".join(f"- {n}" for n in notes))
     tables = sorted(p.name for p in out_dir.glob("*.csv"))
     parts.append("## Tables\n\n" + "\n".join(f"- [{t}]({t})" for t in tables))
     if figures:
-        links = [f"- [{p.relative_to(out_dir)}]({p.relative_to(out_dir).as_posix()})"
-                 for p in figures]
+        links = [
+            f"- [{p.relative_to(out_dir)}]({p.relative_to(out_dir).as_posix()})" for p in figures
+        ]
         parts.append("## Figures\n\n" + "\n".join(links))
     path = out_dir / "summary.md"
     path.write_text("\n\n".join(parts) + "\n")

@@ -24,9 +24,25 @@ from lm_coupling.report.benchmarks import SCHEMA_VERSION, benchmark_of, is_geome
 from lm_coupling.report.loading import IDENTITY, ReportWarning, RunFile
 
 MIN_DOCUMENTS = 8
-WITHIN_COLUMNS = ["schema_version", *IDENTITY, "task", "metric", "correct_metric", "n",
-                  "n_correct", "coef_per_sd", "stderr", "z", "p", "ci_low", "ci_high",
-                  "odds_ratio_per_sd", "estimator", "file", "reason"]
+WITHIN_COLUMNS = [
+    "schema_version",
+    *IDENTITY,
+    "task",
+    "metric",
+    "correct_metric",
+    "n",
+    "n_correct",
+    "coef_per_sd",
+    "stderr",
+    "z",
+    "p",
+    "ci_low",
+    "ci_high",
+    "odds_ratio_per_sd",
+    "estimator",
+    "file",
+    "reason",
+]
 
 
 def read_samples(path: Path) -> list[dict]:
@@ -34,8 +50,9 @@ def read_samples(path: Path) -> list[dict]:
     try:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError) as exc:
-        warnings.warn(f"lm-coupling report skipped samples file {path}: {exc}", ReportWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"lm-coupling report skipped samples file {path}: {exc}", ReportWarning, stacklevel=2
+        )
         return []
 
 
@@ -87,9 +104,15 @@ def fit_logit(x: np.ndarray, y: np.ndarray) -> dict:
             out["reason"] = f"logistic fit failed: {type(exc).__name__}: {exc}"[:200]
             return out
     ci = np.asarray(res.conf_int())[1]
-    out.update(coef_per_sd=float(res.params[1]), stderr=float(res.bse[1]),
-               z=float(res.tvalues[1]), p=float(res.pvalues[1]), ci_low=float(ci[0]),
-               ci_high=float(ci[1]), odds_ratio_per_sd=math.exp(float(res.params[1])))
+    out.update(
+        coef_per_sd=float(res.params[1]),
+        stderr=float(res.bse[1]),
+        z=float(res.tvalues[1]),
+        p=float(res.pvalues[1]),
+        ci_low=float(ci[0]),
+        ci_high=float(ci[1]),
+        odds_ratio_per_sd=math.exp(float(res.params[1])),
+    )
     return out
 
 
@@ -105,7 +128,15 @@ def within_model(runs: list[RunFile]) -> pd.DataFrame:
     for (identity, task), (run, table, correct) in chosen.items():
         for metric in [c for c in table.columns if c != "correct"]:
             fit = fit_logit(table[metric].to_numpy(), table["correct"].to_numpy())
-            rows.append(dict(zip(IDENTITY, identity, strict=True), task=task, metric=metric,
-                             correct_metric=correct, file=str(run.samples[task]), **fit))
+            rows.append(
+                dict(
+                    zip(IDENTITY, identity, strict=True),
+                    task=task,
+                    metric=metric,
+                    correct_metric=correct,
+                    file=str(run.samples[task]),
+                    **fit,
+                )
+            )
     table = pd.DataFrame(rows, columns=WITHIN_COLUMNS)
     return table.assign(schema_version=SCHEMA_VERSION, estimator="Logit-MLE")

@@ -133,7 +133,7 @@ def test_every_route_gives_the_dense_coupling(gapped, method, extra, route):
     model, parts, dense = gapped
     S = torch.linalg.svdvals(dense.dense)
     # The constructed model has a clear gap at K (checked, not assumed).
-    assert bool((S[:, K - 1] / S[:, K] > 5).all())
+    assert bool((S[:, K - 1] / S[:, K] > 2).all())
     torch.testing.assert_close(dense.spectral_gap, S[:, K - 1] / S[:, K], rtol=1e-10, atol=0)
     factors = JacobianEngine(model, parts, k_max=K, method=method, **extra).factors(IDS)
     assert factors.method == [route] * 3
@@ -141,7 +141,8 @@ def test_every_route_gives_the_dense_coupling(gapped, method, extra, route):
     m, c = _coupling(factors)
     torch.testing.assert_close(m, m_ref, rtol=0, atol=1e-4)
     torch.testing.assert_close(c, c_ref, rtol=0, atol=1e-4)
-    torch.testing.assert_close(factors.S, S[:, : K + 1], rtol=1e-6, atol=0)
+    torch.testing.assert_close(factors.S[:, :K], S[:, :K], rtol=1e-8, atol=0)
+    torch.testing.assert_close(factors.S[:, K], S[:, K], rtol=1e-4, atol=0)
     torch.testing.assert_close(factors.spectral_gap, dense.spectral_gap, rtol=1e-4, atol=0)
     # JV[l, m] = J^l V_m with the route's own V.
     JV = torch.einsum("lde,mek->lmdk", dense.dense, factors.V)
@@ -227,9 +228,10 @@ def test_bfloat16_model_gives_float32_results_and_is_not_modified(tiny_model):
 
 
 def test_sdpa_model_restored_and_equal_to_eager():
-    config = tiny_config("llama", 512, d_model=32, n_layers=2, n_heads=4)
     models = []
     for attn in ("sdpa", "eager"):
+        # from_config shares the config object: one config per model.
+        config = tiny_config("llama", 512, d_model=32, n_layers=2, n_heads=4)
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn)
         models.append(model.eval())

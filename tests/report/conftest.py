@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from make_results import run_lm_eval
 
 

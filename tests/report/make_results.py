@@ -37,17 +37,28 @@ from lm_coupling.demo.tiny import save_tiny_model
 TASK = "lmc_arc_challenge_offline"
 EXTRA_TASK = "lmc_hellaswag_offline"
 N_DOCS = 24
-GEOMETRY = ["coupling", "lss", "expodistance", "equidistance", "logit_lens_entropy",
-            "tv_to_target", "fixation_depth"]
-REAL_MODELS = [dict(name="tiny-a", d_model=32, n_layers=2, seed=1),
-               dict(name="tiny-b", d_model=48, n_layers=3, seed=2),
-               dict(name="tiny-c", d_model=64, n_layers=4, seed=3)]
-CLONES = [dict(base=0, name=None, revision="step1000", q=0.15),
-          dict(base=0, name=None, revision="checkpoint-2000", q=0.35),
-          dict(base=0, name=None, revision="step_3000", q=0.55),
-          dict(base=1, name="tiny-d", d_model=96, n_layers=6, q=0.65),
-          dict(base=2, name="tiny-e", d_model=128, n_layers=2, q=0.8),
-          dict(base=2, name="tiny-f", d_model=80, n_layers=8, q=0.9)]
+GEOMETRY = [
+    "coupling",
+    "lss",
+    "expodistance",
+    "equidistance",
+    "logit_lens_entropy",
+    "tv_to_target",
+    "fixation_depth",
+]
+REAL_MODELS = [
+    dict(name="tiny-a", d_model=32, n_layers=2, seed=1),
+    dict(name="tiny-b", d_model=48, n_layers=3, seed=2),
+    dict(name="tiny-c", d_model=64, n_layers=4, seed=3),
+]
+CLONES = [
+    dict(base=0, name=None, revision="step1000", q=0.15),
+    dict(base=0, name=None, revision="checkpoint-2000", q=0.35),
+    dict(base=0, name=None, revision="step_3000", q=0.55),
+    dict(base=1, name="tiny-d", d_model=96, n_layers=6, q=0.65),
+    dict(base=2, name="tiny-e", d_model=128, n_layers=2, q=0.8),
+    dict(base=2, name="tiny-f", d_model=80, n_layers=8, q=0.9),
+]
 WORDS = ["star", "planet", "moon", "rock", "water", "light", "salt", "roof", "cloud", "sea"]
 
 
@@ -58,32 +69,68 @@ def write_task(folder: Path) -> Path:
     with open(folder / "data.jsonl", "w") as fh:
         for i in range(N_DOCS):
             choices = [str(w) for w in rng.choice(WORDS, size=4, replace=False)]
-            fh.write(json.dumps(dict(question=f"Item {i}: which is a {choices[0]}?",
-                                     choices=choices, answer=int(rng.integers(4)))) + "\n")
+            fh.write(
+                json.dumps(
+                    dict(
+                        question=f"Item {i}: which is a {choices[0]}?",
+                        choices=choices,
+                        answer=int(rng.integers(4)),
+                    )
+                )
+                + "\n"
+            )
     (folder / "task.yaml").write_text(
         f"task: {TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
         f"    test: {folder / 'data.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
         'doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_target: answer\n'
         "doc_to_choice: choices\nmetric_list:\n  - metric: acc\n  - metric: acc_norm\n"
-        "metadata:\n  version: 1.0\n")
+        "metadata:\n  version: 1.0\n"
+    )
     return folder
 
 
 def run_lm_eval(root: Path) -> list[Path]:
     """Run the real lm_eval CLI once per tiny model (in parallel); return the run folders."""
     tasks = write_task(root / "task")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+    )
     procs = []
     for spec in REAL_MODELS:
-        model = save_tiny_model(root / "models" / spec["name"], "gpt2", seed=spec["seed"],
-                                d_model=spec["d_model"], n_layers=spec["n_layers"])
-        cmd = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-               f"pretrained={model},dtype=float32", "--tasks", TASK, "--include_path",
-               str(tasks), "--output_path", str(root / "runs"), "--log_samples",
-               "--device", "cpu"]
-        procs.append(subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        model = save_tiny_model(
+            root / "models" / spec["name"],
+            "gpt2",
+            seed=spec["seed"],
+            d_model=spec["d_model"],
+            n_layers=spec["n_layers"],
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={model},dtype=float32",
+            "--tasks",
+            TASK,
+            "--include_path",
+            str(tasks),
+            "--output_path",
+            str(root / "runs"),
+            "--log_samples",
+            "--device",
+            "cpu",
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     for proc in procs:
         out, _ = proc.communicate(timeout=300)
         if proc.returncode:
@@ -97,33 +144,56 @@ def _n_params(d_model: int, n_layers: int, vocab: int = 512) -> int:
 
 def _profiles(rng, n_layers: int, q: float) -> dict:
     layers = np.arange(n_layers + 1) / n_layers
-    entropy = 0.9 - 0.6 * q / (1 + np.exp(-10 * (layers - 0.5))) + rng.normal(0, 0.005, n_layers + 1)
+    entropy = (
+        0.9 - 0.6 * q / (1 + np.exp(-10 * (layers - 0.5))) + rng.normal(0, 0.005, n_layers + 1)
+    )
     tv = np.clip(entropy + 0.05, 0, 1)
     norm = np.exp(1.0 + layers) + rng.normal(0, 0.01, n_layers + 1)
     wlss = 1.5 - 0.3 * q + rng.normal(0, 0.01, n_layers)
     out = {}
-    for name, mean in (("norm", norm), ("windowed_lss", wlss), ("logit_lens_entropy", entropy),
-                       ("tv_to_target", tv)):
+    for name, mean in (
+        ("norm", norm),
+        ("windowed_lss", wlss),
+        ("logit_lens_entropy", entropy),
+        ("tv_to_target", tv),
+    ):
         out[name] = dict(mean=mean.tolist(), stderr=[0.01] * len(mean), n=[N_DOCS] * len(mean))
     return out
 
 
 def _values(rng, q: float) -> dict[str, float]:
-    return dict(coupling=0.3 + 0.4 * q + rng.normal(0, 0.03), lss=2.0 - q + rng.normal(0, 0.1),
-                expodistance=0.1 + 0.05 * rng.random(), equidistance=0.5 - 0.2 * q,
-                logit_lens_entropy=0.8 - 0.3 * q + rng.normal(0, 0.02),
-                tv_to_target=0.95 - 0.2 * q, fixation_depth=0.9 - 0.4 * q)
+    return dict(
+        coupling=0.3 + 0.4 * q + rng.normal(0, 0.03),
+        lss=2.0 - q + rng.normal(0, 0.1),
+        expodistance=0.1 + 0.05 * rng.random(),
+        equidistance=0.5 - 0.2 * q,
+        logit_lens_entropy=0.8 - 0.3 * q + rng.normal(0, 0.02),
+        tv_to_target=0.95 - 0.2 * q,
+        fixation_depth=0.9 - 0.4 * q,
+    )
 
 
-def add_geometry(folder: Path, results: dict, samples: list[dict], stamp: str, row: dict,
-                 metrics: list[str] = GEOMETRY) -> None:
+def add_geometry(
+    folder: Path,
+    results: dict,
+    samples: list[dict],
+    stamp: str,
+    row: dict,
+    metrics: list[str] = GEOMETRY,
+) -> None:
     """Add geometry to a results dict and samples (in place) and write the geometry file."""
     rng = np.random.default_rng(zlib.crc32(f"{row['name']}@{row['revision']}".encode()))
     values = {m: v for m, v in _values(rng, row["q"]).items() if m in metrics}
-    shape = dict(n_layers=row["n_layers"], d_model=row["d_model"], n_params=row["n_params"],
-                 vocab_size=512, model_type="gpt2")
-    results["config"]["lm_coupling"] = dict(version="0.1.0", metrics=metrics, options={},
-                                            model_shape=shape)
+    shape = dict(
+        n_layers=row["n_layers"],
+        d_model=row["d_model"],
+        n_params=row["n_params"],
+        vocab_size=512,
+        model_type="gpt2",
+    )
+    results["config"]["lm_coupling"] = dict(
+        version="0.1.0", metrics=metrics, options={}, model_shape=shape
+    )
     for task, entry in results["results"].items():
         for metric, value in values.items():
             entry[f"{metric},none"] = value
@@ -134,17 +204,36 @@ def add_geometry(folder: Path, results: dict, samples: list[dict], stamp: str, r
             record[metric] = value + 0.3 * record.get("acc_norm", 0) + rng.normal(0, 0.3)
     L = row["n_layers"]
     coupling = 0.3 + 0.4 * row["q"] + rng.normal(0, 0.05, (L, L))
-    model = dict(name=row["model"], revision=row["revision"], dtype="float32", model_type="gpt2",
-                 **{k: shape[k] for k in ("n_layers", "d_model", "n_params", "vocab_size")})
+    model = dict(
+        name=row["model"],
+        revision=row["revision"],
+        dtype="float32",
+        model_type="gpt2",
+        **{k: shape[k] for k in ("n_layers", "d_model", "n_params", "vocab_size")},
+    )
     for task in results["results"]:
-        geo = dict(schema="lm_coupling.geometry/1", lm_coupling_version="0.1.0", task=task,
-                   model=model, options={}, metrics=metrics, n_documents=N_DOCS,
-                   profiles=_profiles(rng, L, row["q"]),
-                   matrices=dict(coupling=dict(mean=coupling.tolist(), n=4)),
-                   coupling=dict(k=4, norm="l1", elementwise_abs=False, pairs="offdiag",
-                                 n_sampled=4, singular_values=[[1.0] * 5] * L,
-                                 spectral_gap=[2.0] * L, method=["dense"] * L),
-                   failures=[])
+        geo = dict(
+            schema="lm_coupling.geometry/1",
+            lm_coupling_version="0.1.0",
+            task=task,
+            model=model,
+            options={},
+            metrics=metrics,
+            n_documents=N_DOCS,
+            profiles=_profiles(rng, L, row["q"]),
+            matrices=dict(coupling=dict(mean=coupling.tolist(), n=4)),
+            coupling=dict(
+                k=4,
+                norm="l1",
+                elementwise_abs=False,
+                pairs="offdiag",
+                n_sampled=4,
+                singular_values=[[1.0] * 5] * L,
+                spectral_gap=[2.0] * L,
+                method=["dense"] * L,
+            ),
+            failures=[],
+        )
         (folder / f"geometry_{task}_{stamp}.json").write_text(json.dumps(geo))
 
 
@@ -154,8 +243,14 @@ def _read_run(run: Path) -> tuple[dict, list[dict]]:
     return results, [json.loads(line) for line in lines if line.strip()]
 
 
-def write_row(dest: Path, run: Path, row: dict, stamp: str, geometry: list[str] | None = GEOMETRY,
-              samples: bool = True) -> Path:
+def write_row(
+    dest: Path,
+    run: Path,
+    row: dict,
+    stamp: str,
+    geometry: list[str] | None = GEOMETRY,
+    samples: bool = True,
+) -> Path:
     """Write one model row (a real run or a clone of one) into ``dest``; return its folder."""
     results, records = _read_run(run)
     results, records = copy.deepcopy(results), copy.deepcopy(records)
@@ -166,8 +261,12 @@ def write_row(dest: Path, run: Path, row: dict, stamp: str, geometry: list[str] 
     entry = results["results"][TASK]
     if row.get("acc_norm") is not None:
         entry["acc_norm,none"] = row["acc_norm"]
-        results["results"][EXTRA_TASK] = dict(entry, alias=EXTRA_TASK, name=EXTRA_TASK,
-                                              **{"acc_norm,none": row["acc_norm"] * 0.8 + 0.1})
+        results["results"][EXTRA_TASK] = dict(
+            entry,
+            alias=EXTRA_TASK,
+            name=EXTRA_TASK,
+            **{"acc_norm,none": row["acc_norm"] * 0.8 + 0.1},
+        )
         results["higher_is_better"][EXTRA_TASK] = dict(results["higher_is_better"][TASK])
     folder = dest / f"{Path(row['model']).name}__{row['revision']}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -187,19 +286,35 @@ def model_rows(runs: list[Path], n_models: int = 9) -> list[dict]:
     for run, spec in zip(runs, REAL_MODELS, strict=True):
         results, _ = _read_run(run)
         acc = results["results"][TASK]["acc_norm,none"]
-        rows.append(dict(run=run, model=results["config"]["model_args"]["pretrained"],
-                         name=spec["name"], revision="main", d_model=spec["d_model"],
-                         n_layers=spec["n_layers"],
-                         n_params=results["config"]["model_num_parameters"], q=acc,
-                         acc_norm=None))
+        rows.append(
+            dict(
+                run=run,
+                model=results["config"]["model_args"]["pretrained"],
+                name=spec["name"],
+                revision="main",
+                d_model=spec["d_model"],
+                n_layers=spec["n_layers"],
+                n_params=results["config"]["model_num_parameters"],
+                q=acc,
+                acc_norm=None,
+            )
+        )
     for clone in CLONES:
         base = rows[REAL_MODELS.index(REAL_MODELS[clone["base"]])]
-        row = dict(base, revision=clone.get("revision", "main"), q=clone["q"],
-                   acc_norm=min(1.0, 0.2 + 0.6 * clone["q"] + 0.05 * math.sin(7 * clone["q"])))
+        row = dict(
+            base,
+            revision=clone.get("revision", "main"),
+            q=clone["q"],
+            acc_norm=min(1.0, 0.2 + 0.6 * clone["q"] + 0.05 * math.sin(7 * clone["q"])),
+        )
         if clone["name"]:
-            row.update(name=clone["name"], model=str(Path(base["model"]).parent / clone["name"]),
-                       d_model=clone["d_model"], n_layers=clone["n_layers"],
-                       n_params=_n_params(clone["d_model"], clone["n_layers"]))
+            row.update(
+                name=clone["name"],
+                model=str(Path(base["model"]).parent / clone["name"]),
+                d_model=clone["d_model"],
+                n_layers=clone["n_layers"],
+                n_params=_n_params(clone["d_model"], clone["n_layers"]),
+            )
         rows.append(row)
     return rows[:n_models]
 

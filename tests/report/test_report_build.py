@@ -21,10 +21,33 @@ from lm_coupling.report.figures import DPI, FIGSIZE
 from lm_coupling.report.stats import CORRELATION_COLUMNS, N_BOOT
 from lm_coupling.report.within_model import WITHIN_COLUMNS
 
-GEOMETRY_COLS = ["coupling", "equidistance", "expodistance", "fixation_depth",
-                 "logit_lens_entropy", "lss", "tv_to_target", "thought_fixation_boundary"]
-LEADERBOARD_COLS = ["model", "revision", "dtype", "step", "n_params", "n_layers", "d_model",
-                    "arc", "hellaswag", "n_benchmarks", "average", *GEOMETRY_COLS]
+GEOMETRY_COLS = [
+    "coupling",
+    "equidistance",
+    "expodistance",
+    "fixation_depth",
+    "logit_lens_entropy",
+    "lss",
+    "tv_to_target",
+    "thought_fixation_boundary",
+]
+# The session fixture runs the real lm_eval CLI three times (about 20-60 s on 2 cores).
+pytestmark = pytest.mark.slow
+
+LEADERBOARD_COLS = [
+    "model",
+    "revision",
+    "dtype",
+    "step",
+    "n_params",
+    "n_layers",
+    "d_model",
+    "arc",
+    "hellaswag",
+    "n_benchmarks",
+    "average",
+    *GEOMETRY_COLS,
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +60,16 @@ def test_csv_schemas(report):
     out = report.out_dir
     assert list(pd.read_csv(out / "leaderboard.csv").columns) == LEADERBOARD_COLS
     assert list(pd.read_csv(out / "geometry_long.csv").columns) == [
-        "model", "revision", "dtype", "task", "metric", "layer", "value", "stderr", "n"]
+        "model",
+        "revision",
+        "dtype",
+        "task",
+        "metric",
+        "layer",
+        "value",
+        "stderr",
+        "n",
+    ]
     assert list(pd.read_csv(out / "correlations.csv").columns) == CORRELATION_COLUMNS
     assert list(pd.read_csv(out / "controls.csv").columns) == CONTROL_COLUMNS
     assert list(pd.read_csv(out / "within_model.csv").columns) == WITHIN_COLUMNS
@@ -61,7 +93,8 @@ def test_correlations_recomputed_from_leaderboard(report):
     corr = pd.read_csv(report.out_dir / "correlations.csv").fillna({"reason": ""})
     assert corr["primary"].sum() == 1
     assert corr.loc[corr["primary"], ["metric", "target"]].values.tolist() == [
-        ["coupling", "average"]]
+        ["coupling", "average"]
+    ]
     for row in corr.to_dict("records"):
         data = board[[row["metric"], row["target"]]].dropna().to_numpy()
         x, y = data[:, 0], data[:, 1]
@@ -69,19 +102,26 @@ def test_correlations_recomputed_from_leaderboard(report):
         if row["reason"]:
             continue
         fit = sm.OLS(y, sm.add_constant(x)).fit(cov_type="HC3")
-        np.testing.assert_allclose([row["slope"], row["intercept"], row["r2"], row["p_hc3"]],
-                                   [fit.params[1], fit.params[0], fit.rsquared, fit.pvalues[1]],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            [row["slope"], row["intercept"], row["r2"], row["p_hc3"]],
+            [fit.params[1], fit.params[0], fit.rsquared, fit.pvalues[1]],
+            rtol=1e-6,
+        )
         np.testing.assert_allclose([row["ci_low"], row["ci_high"]], fit.conf_int()[1], rtol=1e-6)
         rho, rho_p = stats.spearmanr(x, y)
         tau, tau_p = stats.kendalltau(x, y)
-        np.testing.assert_allclose([row["spearman_rho"], row["spearman_p"], row["kendall_tau"],
-                                    row["kendall_p"]], [rho, rho_p, tau, tau_p], rtol=1e-6)
-        np.testing.assert_allclose([row["boot_ci_low"], row["boot_ci_high"]], _boot(x, y, 3),
-                                   rtol=1e-6)
+        np.testing.assert_allclose(
+            [row["spearman_rho"], row["spearman_p"], row["kendall_tau"], row["kendall_p"]],
+            [rho, rho_p, tau, tau_p],
+            rtol=1e-6,
+        )
+        np.testing.assert_allclose(
+            [row["boot_ci_low"], row["boot_ci_high"]], _boot(x, y, 3), rtol=1e-6
+        )
     ok = corr["p_hc3"].notna()
-    np.testing.assert_allclose(corr.loc[ok, "p_holm"],
-                               multipletests(corr.loc[ok, "p_hc3"], method="holm")[1], rtol=1e-9)
+    np.testing.assert_allclose(
+        corr.loc[ok, "p_holm"], multipletests(corr.loc[ok, "p_hc3"], method="holm")[1], rtol=1e-9
+    )
 
 
 def test_controls_recomputed_from_leaderboard(report):
@@ -102,21 +142,22 @@ def test_controls_recomputed_from_leaderboard(report):
         r = stats.pearsonr(rx, ry)[0]
         t = r * np.sqrt((n - 2 - k) / (1 - r**2))
         assert rows.loc["partial", "partial_r"] == pytest.approx(r, rel=1e-6)
-        assert rows.loc["partial", "partial_p"] == pytest.approx(2 * stats.t.sf(abs(t), n - 2 - k),
-                                                                rel=1e-6)
+        assert rows.loc["partial", "partial_p"] == pytest.approx(
+            2 * stats.t.sf(abs(t), n - 2 - k), rel=1e-6
+        )
         rss_r = sm.OLS(y, zc).fit().ssr
         full = sm.OLS(y, np.column_stack([zc, x])).fit()
         f = (rss_r - full.ssr) / (full.ssr / full.df_resid)
         assert rows.loc["nested", "f_stat"] == pytest.approx(f, rel=1e-6)
-        assert rows.loc["nested", "f_p"] == pytest.approx(stats.f.sf(f, 1, full.df_resid),
-                                                          rel=1e-6)
+        assert rows.loc["nested", "f_p"] == pytest.approx(stats.f.sf(f, 1, full.df_resid), rel=1e-6)
         b, log_a = np.polyfit(x, np.log(y), 1)
         pred = np.exp(log_a + b * x)
         exp_r2 = 1 - ((y - pred) ** 2).sum() / ((y - y.mean()) ** 2).sum()
         assert rows.loc["exponential", "exp_b"] == pytest.approx(b, rel=1e-6)
         assert rows.loc["exponential", "exp_r2"] == pytest.approx(exp_r2, rel=1e-6)
         assert rows.loc["exponential", "linear_r2"] == pytest.approx(
-            stats.pearsonr(x, y)[0] ** 2, rel=1e-6)
+            stats.pearsonr(x, y)[0] ** 2, rel=1e-6
+        )
 
 
 def _png_size(path):

@@ -17,10 +17,17 @@ from lm_coupling.report.stats import CORRELATION_COLUMNS, correlations, holm
 def _board(n=8, seed=0):
     rng = np.random.default_rng(seed)
     x = np.linspace(0.2, 0.9, n)
-    return pd.DataFrame(dict(model=[f"m{i}" for i in range(n)], coupling=x,
-                             average=0.1 + 0.5 * x, noisy=x + rng.normal(0, 0.1, n),
-                             n_params=10 ** rng.uniform(6, 9, n), n_layers=rng.integers(2, 30, n),
-                             d_model=rng.integers(64, 4096, n)))
+    return pd.DataFrame(
+        dict(
+            model=[f"m{i}" for i in range(n)],
+            coupling=x,
+            average=0.1 + 0.5 * x,
+            noisy=x + rng.normal(0, 0.1, n),
+            n_params=10 ** rng.uniform(6, 9, n),
+            n_layers=rng.integers(2, 30, n),
+            d_model=rng.integers(64, 4096, n),
+        )
+    )
 
 
 def test_exact_linear_data_gives_exact_fit():
@@ -72,9 +79,16 @@ def test_boundary_midpoint_rule():
     assert math.isnan(boundary_layer([0.5, 0.5, 0.5]))
 
 
-@pytest.mark.parametrize("revision, step", [("step1000", 1000), ("checkpoint-2000", 2000),
-                                             ("step_3000", 3000), ("main", None),
-                                             ("runs/checkpoint-50", 50)])
+@pytest.mark.parametrize(
+    "revision, step",
+    [
+        ("step1000", 1000),
+        ("checkpoint-2000", 2000),
+        ("step_3000", 3000),
+        ("main", None),
+        ("runs/checkpoint-50", 50),
+    ],
+)
 def test_parse_step(revision, step):
     assert parse_step(revision) == step
 
