@@ -236,7 +236,9 @@ class JacobianEngine:
                     warm_start=previous_v,
                 )
                 route = "randomized"
-                if self.method == "auto" and not bool(found[1][k - 1] >= self.min_gap * found[1][k]):
+                if self.method == "auto" and not bool(
+                    found[1][k - 1] >= self.min_gap * found[1][k]
+                ):
                     route = "dense"
             if route == "dense":
                 J = dense_jacobian(f, x, chunk)
@@ -346,7 +348,6 @@ def _naive_rows(call: BlockCall) -> torch.Tensor:
         X = call.hidden.detach().clone().requires_grad_(True)
         out = call.run(X, params)[0, -1] - X[0, -1]
         rows = [
-            torch.autograd.grad(out[i], X, retain_graph=True)[0][0, -1]
-            for i in range(out.shape[0])
+            torch.autograd.grad(out[i], X, retain_graph=True)[0][0, -1] for i in range(out.shape[0])
         ]
     return torch.stack(rows)

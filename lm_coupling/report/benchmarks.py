@@ -44,11 +44,12 @@ GEOMETRY_METRICS = (
     "logit_lens_entropy",
     "tv_to_target",
     "fixation_depth",
+    "alignment_ratio",
 )
 BOUNDARY_COLUMN = "thought_fixation_boundary"
 _GEOMETRY_PATTERN = re.compile(r"^coupling_k[0-9.]+(_\w+)?$")
 _PREFIXES = ("lmc_", "leaderboard_")
-_SUFFIXES = ("_offline",)
+_SUFFIXES = ("_offline", "_sample")
 _STEP_PATTERN = re.compile(r"(?:^|[^a-z])(?:step|checkpoint|ckpt|iter)[-_]?(\d+)", re.IGNORECASE)
 
 

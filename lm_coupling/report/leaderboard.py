@@ -214,3 +214,19 @@ def geometry_columns(board: pd.DataFrame) -> list[str]:
 def target_columns(board: pd.DataFrame) -> list[str]:
     """Benchmark columns present, then ``average``."""
     return [c for c in (*[b.column for b in BENCHMARKS], AVERAGE) if c in board.columns]
+
+
+def write_leaderboard(results_dir: str | Path) -> Path:
+    """Rebuild ``results_dir/leaderboard.csv`` from every run in the folder.
+
+    The same table as the report's ``leaderboard.csv``, without the
+    statistics and figures: the run command refreshes it after every run.
+    """
+    from lm_coupling.report.loading import load_results, newest_values
+
+    loaded = load_results(results_dir)
+    selected, _ = newest_values(loaded.values)
+    board = build_leaderboard(selected, loaded.shapes, benchmark_scores(selected), loaded.geometry)
+    path = Path(results_dir) / "leaderboard.csv"
+    board.to_csv(path, index=False)
+    return path
