@@ -159,15 +159,19 @@ class _Stop(Exception):
     """Ends a forward pass once the block under study has run."""
 
 
-def finite_difference_jacobians(model, input_ids, eps=1e-6):
-    """``J^l = d(block_l(X)_n - x^{l-1}_n)/d x^{l-1}_n`` ``[L, d, d]`` by central differences.
+def finite_difference_jacobians(model, input_ids, step=1e-3):
+    """``J^l = d(block_l(X)_n - x^{l-1}_n)/d x^{l-1}_n`` ``[L, d, d]`` by finite differences.
 
     Block l runs on the full sequence inside the model's own forward; a
-    pre-hook perturbs x^{l-1}_n (2d perturbations as one batch), every other
-    position stays fixed.
+    pre-hook perturbs x^{l-1}_n (all 4d perturbations as one batch), every
+    other position stays fixed. Fourth-order central differences
+    ``(8(f(h) - f(-h)) - (f(2h) - f(-2h))) / 12h``: even a float64 Llama or
+    GPT-NeoX rounds to float32 inside transformers (RMSNorm, eager softmax),
+    so the step must stay well above float32 resolution.
     """
     n, d = input_ids.numel() - 1, model.config.hidden_size
-    directions = torch.cat([torch.eye(d), -torch.eye(d)]).to(torch.float64) * eps  # [2d, d]
+    eye = torch.eye(d, dtype=torch.float64) * step
+    directions = torch.cat([eye, -eye, 2 * eye, -2 * eye])  # [4d, d]
     jacobians = []
     for block in _BLOCKS[model.config.model_type](model):
         record = {}
@@ -193,12 +197,12 @@ def finite_difference_jacobians(model, input_ids, eps=1e-6):
         ]
         try:
             with torch.no_grad(), pytest.raises(_Stop):
-                model(input_ids[None].repeat(2 * d, 1))
+                model(input_ids[None].repeat(4 * d, 1))
         finally:
             for handle in handles:
                 handle.remove()
-        residual = record["residual"]  # [2d, d]: row i is f(x + eps e_i) or f(x - eps e_i)
-        jacobians.append(((residual[:d] - residual[d:]) / (2 * eps)).T)
+        plus, minus, plus2, minus2 = record["residual"].double().split(d)  # row i: f(x +- h e_i)
+        jacobians.append(((8 * (plus - minus) - (plus2 - minus2)) / (12 * step)).T)
     return torch.stack(jacobians)
 
 

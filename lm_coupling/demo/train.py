@@ -131,16 +131,17 @@ def train_model(
         if step == steps:
             break
         batch = _sample_batch(docs, rng, batch_size, seq_len, tokenizer.eos_token_id).to(device)
-        loss = model(input_ids=batch, labels=batch).loss
+        loss = model(input_ids=batch, attention_mask=torch.ones_like(batch), labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        log.append({"step": step + 1, "loss": float(loss), "lr": schedule.get_last_lr()[0],
+        value = loss.detach().item()
+        log.append({"step": step + 1, "loss": value, "lr": schedule.get_last_lr()[0],
                     "seconds": round(time.perf_counter() - start, 3)})
         if (step + 1) % max(1, steps // 20) == 0 or step + 1 == steps:
-            logger.info("%s step %d/%d loss %.4f", name, step + 1, steps, float(loss))
+            logger.info("%s step %d/%d loss %.4f", name, step + 1, steps, value)
     (folder / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return paths
 

@@ -81,10 +81,11 @@ class Relation:
 RELATIONS = (
     Relation("capital", "country", "{e}", "has its capital in {v}.",
              "What is the capital of {e}?",
-             ("The capital of {e} is {v}.", "{v} is the capital of {e}.")),
+             ("The capital of {e} is {v}.", "{v} is the capital of {e}.",
+              "{e} has its capital in {v}.")),
     Relation("language", "country", "{e}", "speaks {v}.",
              "What language do people in {e} speak?",
-             ("People in {e} speak {v}.", "The language of {e} is {v}.")),
+             ("People in {e} speak {v}.", "The language of {e} is {v}.", "{e} speaks {v}.")),
     Relation("color", "animal", "The {e}", "is {v}.", "What color is the {e}?",
              ("The {e} is {v}.", "A {e} is {v} in color.")),
     Relation("food", "animal", "The {e}", "eats {v}.", "What does the {e} eat?",

@@ -1,0 +1,45 @@
+"""Paths of the trained demo model and its tasks bundled with the package.
+
+The bundled model is the smallest size of the demo family
+(``lm_coupling.demo.train``), trained here on the generated corpus; the tasks
+are its held-out evaluation items, laid out as the offline task YAMLs read them
+(``<benchmark>/<split>.jsonl``). Rebuild both with ``bench/train_family.py
+--bundle``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+MODEL_DIRNAME = "tiny-gpt2"
+TASKS_DIRNAME = "tasks_data"
+
+
+def _existing(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"the bundled {what} is missing: expected a folder at {path}; reinstall "
+            "lm-coupling, or rebuild it with `python bench/train_family.py --bundle`"
+        )
+    return path
+
+
+def bundled_model_path() -> Path:
+    """Folder of the bundled trained model (loads with ``from_pretrained``, offline).
+
+    Raises:
+        FileNotFoundError: the folder is missing from the installation.
+    """
+    return _existing(ASSETS_DIR / MODEL_DIRNAME, "demo model")
+
+
+def bundled_tasks_data_path() -> Path:
+    """Folder of the bundled evaluation tasks (``<benchmark>/<split>.jsonl``).
+
+    Point ``LM_COUPLING_DATA_DIR`` at it to run the offline task YAMLs on them.
+
+    Raises:
+        FileNotFoundError: the folder is missing from the installation.
+    """
+    return _existing(ASSETS_DIR / TASKS_DIRNAME, "demo tasks")
