@@ -18,10 +18,12 @@ class BuildPyWithStartupHook(build_py):
     """Copy the start-up hook next to the package."""
 
     def run(self):
+        """Build the package, then copy the ``.pth`` file beside it."""
         super().run()
         self.copy_file(str(Path(__file__).parent / PTH), str(Path(self.build_lib) / PTH))
 
     def get_outputs(self, include_bytecode=True):
+        """List the ``.pth`` file among the build's outputs."""
         return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PTH)]
 
 

@@ -187,12 +187,17 @@ class GeometryRunner:
             sampled: also compute the Jacobian metrics.
         """
         input_ids = torch.as_tensor(input_ids).reshape(-1)
-        device = self.parts.blocks[0].weight.device if hasattr(self.parts.blocks[0], "weight") else None
-        device = device or next(self.model.parameters()).device
+        embedding_weight = getattr(self.parts.embedding, "weight", None)
+        device = (
+            embedding_weight.device
+            if embedding_weight is not None
+            else next(self.model.parameters()).device
+        )
         doc = DocumentGeometry()
         if self.collector is not None:
             last = torch.tensor([input_ids.numel() - 1])
-            with self.capture(last, torch.zeros(1, dtype=torch.long), torch.tensor([target_token])) as handle:
+            first = torch.zeros(1, dtype=torch.long)
+            with self.capture(last, first, torch.tensor([target_token])) as handle:
                 with torch.no_grad():
                     self.model(input_ids[None].to(device))
             (doc,) = self.compute(handle.states)

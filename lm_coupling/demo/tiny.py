@@ -25,22 +25,42 @@ SAMPLE_TEXT = (
 
 # Keys are `model_type`; values map our generic size names to each config's own.
 _SIZE_KEYS = {
-    "gpt2": {"d_model": "n_embd", "n_layers": "n_layer", "n_heads": "n_head",
-             "max_len": "n_positions", "d_ff": "n_inner"},
-    "gpt_neox": {"d_model": "hidden_size", "n_layers": "num_hidden_layers",
-                 "n_heads": "num_attention_heads", "max_len": "max_position_embeddings",
-                 "d_ff": "intermediate_size"},
-    "opt": {"d_model": "hidden_size", "n_layers": "num_hidden_layers",
-            "n_heads": "num_attention_heads", "max_len": "max_position_embeddings",
-            "d_ff": "ffn_dim"},
-    "falcon": {"d_model": "hidden_size", "n_layers": "num_hidden_layers",
-               "n_heads": "num_attention_heads", "max_len": "max_position_embeddings"},
+    "gpt2": {
+        "d_model": "n_embd",
+        "n_layers": "n_layer",
+        "n_heads": "n_head",
+        "max_len": "n_positions",
+        "d_ff": "n_inner",
+    },
+    "gpt_neox": {
+        "d_model": "hidden_size",
+        "n_layers": "num_hidden_layers",
+        "n_heads": "num_attention_heads",
+        "max_len": "max_position_embeddings",
+        "d_ff": "intermediate_size",
+    },
+    "opt": {
+        "d_model": "hidden_size",
+        "n_layers": "num_hidden_layers",
+        "n_heads": "num_attention_heads",
+        "max_len": "max_position_embeddings",
+        "d_ff": "ffn_dim",
+    },
+    "falcon": {
+        "d_model": "hidden_size",
+        "n_layers": "num_hidden_layers",
+        "n_heads": "num_attention_heads",
+        "max_len": "max_position_embeddings",
+    },
 }
-_LLAMA_LIKE = {"d_model": "hidden_size", "n_layers": "num_hidden_layers",
-               "n_heads": "num_attention_heads", "max_len": "max_position_embeddings",
-               "d_ff": "intermediate_size"}
-ARCHITECTURES = ("gpt2", "llama", "gpt_neox", "mistral", "qwen2", "gemma", "phi", "opt",
-                 "falcon")
+_LLAMA_LIKE = {
+    "d_model": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "max_len": "max_position_embeddings",
+    "d_ff": "intermediate_size",
+}
+ARCHITECTURES = ("gpt2", "llama", "gpt_neox", "mistral", "qwen2", "gemma", "phi", "opt", "falcon")
 
 
 def train_tokenizer(
@@ -92,8 +112,13 @@ def tiny_config(
     if model_type not in ARCHITECTURES:
         raise ValueError(f"unknown tiny architecture {model_type!r}; choose from {ARCHITECTURES}")
     keys = _SIZE_KEYS.get(model_type, _LLAMA_LIKE)
-    sizes = {"d_model": d_model, "n_layers": n_layers, "n_heads": n_heads, "max_len": max_len,
-             "d_ff": d_ff if d_ff is not None else 4 * d_model}
+    sizes = {
+        "d_model": d_model,
+        "n_layers": n_layers,
+        "n_heads": n_heads,
+        "max_len": max_len,
+        "d_ff": d_ff if d_ff is not None else 4 * d_model,
+    }
     kwargs = {keys[k]: v for k, v in sizes.items() if k in keys}
     kwargs["vocab_size"] = vocab_size
     if model_type in ("llama", "mistral", "qwen2", "gemma"):

@@ -24,13 +24,13 @@ def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[s
     config = results.get("config", {})
     model_args = config.get("model_args") or {}
     if isinstance(model_args, str):
-        model_args = dict(
-            pair.split("=", 1) for pair in model_args.split(",") if "=" in pair
-        )
+        model_args = dict(pair.split("=", 1) for pair in model_args.split(",") if "=" in pair)
     return {
         "name": model_args.get("pretrained", config.get("model")),
         "revision": config.get("model_revision") or model_args.get("revision", "main"),
-        "dtype": str(config.get("model_dtype") or model_args.get("dtype", "")),
+        "dtype": str(config.get("model_dtype") or model_args.get("dtype", "")).replace(
+            "torch.", ""
+        ),
         **session.model_shape,
     }
 
@@ -40,7 +40,11 @@ def _coupling_section(profiles: dict, records: TaskRecords, session: GeometrySes
     if "coupling" not in session.selection.metrics:
         return None
     methods = [doc.jacobian_methods for doc in records.documents if doc.jacobian_methods]
-    per_layer = [Counter(layer).most_common(1)[0][0] for layer in zip(*methods)] if methods else []
+    per_layer = (
+        [Counter(layer).most_common(1)[0][0] for layer in zip(*methods, strict=False)]
+        if methods
+        else []
+    )
     n_sampled = sum(np.isfinite(doc.values.get("coupling", np.nan)) for doc in records.documents)
     d_model = session.model_shape.get("d_model") or 1
     return {

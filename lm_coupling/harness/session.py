@@ -232,7 +232,9 @@ def profile_summary(arrays: list[np.ndarray]) -> dict[str, Any]:
     finite = np.isfinite(stack)
     n = finite.sum(axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, np.nansum(np.where(finite, stack, 0), axis=0) / np.maximum(n, 1), np.nan)
+        mean = np.where(
+            n > 0, np.nansum(np.where(finite, stack, 0), axis=0) / np.maximum(n, 1), np.nan
+        )
         sq = np.nansum(np.where(finite, (stack - mean) ** 2, 0), axis=0)
         std = np.sqrt(sq / np.maximum(n - 1, 1))
         stderr = np.where(n > 1, std / np.sqrt(np.maximum(n, 1)), np.nan)

@@ -97,7 +97,9 @@ def jacobian_k_max(options, d_model: int) -> int:
 def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, torch.Tensor]:
     k = min(resolve_k(options["k"], d_model), factors.U.shape[-1])
     A = coupling_matrices(factors.U[..., :k], factors.JV[..., :k])
-    m = miscoupling(A, factors.S[:, :k], norm=options["norm"], elementwise_abs=options["elementwise_abs"])
+    m = miscoupling(
+        A, factors.S[:, :k], norm=options["norm"], elementwise_abs=options["elementwise_abs"]
+    )
     gap = factors.S[:, k - 1] / factors.S[:, k] if factors.S.shape[1] > k else factors.spectral_gap
     return {
         "coupling": coupling_score(m, pairs=options["pairs"]),
@@ -124,8 +126,17 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
     if not wanted or not states.jacobians:
         return None
     L, d = states.n_layers, states.d_model
-    rows = {name: [] for name in ("coupling", "coupling_matrix", "singular_values",
-                                  "spectral_gap", "alignment_ratio", "alignment_matrix")}
+    rows = {
+        name: []
+        for name in (
+            "coupling",
+            "coupling_matrix",
+            "singular_values",
+            "spectral_gap",
+            "alignment_ratio",
+            "alignment_matrix",
+        )
+    }
     k = resolve_k(options.get("k", K.default), d)
     for factors in states.jacobians:
         nan_matrix = torch.full((L, L), math.nan)
