@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -150,13 +151,45 @@ def test_lens_metrics_match_the_model_output(
     torch.testing.assert_close(profile_tv[-1], own_tv, **tol)
     torch.testing.assert_close(profile_entropy, entropy, **tol)
     torch.testing.assert_close(profile_tv, tv, **tol)
-    torch.testing.assert_close(_as_tensor(doc.values["logit_lens_entropy"], entropy), entropy.mean(), **tol)
+    torch.testing.assert_close(
+        _as_tensor(doc.values["logit_lens_entropy"], entropy), entropy.mean(), **tol
+    )
     torch.testing.assert_close(_as_tensor(doc.values["tv_to_target"], tv), tv.mean(), **tol)
     assert 0 <= doc.values["logit_lens_entropy"] <= 1
 
 
 class _Stop(Exception):
     """Ends a forward pass once the block under study has run."""
+
+
+def _perturbed_residuals(model, block, input_ids, directions):
+    """``block(X + delta_i e_n)_n - (x_n + delta_i)`` for each row delta_i of ``directions``."""
+    n, record = input_ids.numel() - 1, {}
+
+    def perturb(module, args, kwargs):
+        key = "hidden_states" if not args else None
+        hidden = (kwargs[key] if key else args[0]).clone()
+        hidden[:, n] += directions.to(hidden.dtype)
+        record["input"] = hidden[:, n]
+        if key:
+            return args, {**kwargs, key: hidden}
+        return (hidden, *args[1:]), kwargs
+
+    def read(module, args, output):
+        record["residual"] = _hidden(output)[:, n] - record["input"]
+        raise _Stop
+
+    handles = [
+        block.register_forward_pre_hook(perturb, with_kwargs=True),
+        block.register_forward_hook(read),
+    ]
+    try:
+        with torch.no_grad(), pytest.raises(_Stop):
+            model(input_ids[None].repeat(directions.shape[0], 1))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return record["residual"]
 
 
 def finite_difference_jacobians(model, input_ids, step=1e-3):
@@ -169,39 +202,13 @@ def finite_difference_jacobians(model, input_ids, step=1e-3):
     GPT-NeoX rounds to float32 inside transformers (RMSNorm, eager softmax),
     so the step must stay well above float32 resolution.
     """
-    n, d = input_ids.numel() - 1, model.config.hidden_size
+    d = model.config.hidden_size
     eye = torch.eye(d, dtype=torch.float64) * step
     directions = torch.cat([eye, -eye, 2 * eye, -2 * eye])  # [4d, d]
     jacobians = []
     for block in _BLOCKS[model.config.model_type](model):
-        record = {}
-
-        def perturb(module, args, kwargs):
-            if args:
-                hidden = args[0].clone()
-                hidden[:, n] += directions
-                record["input"] = hidden[:, n]
-                return (hidden, *args[1:]), kwargs
-            hidden = kwargs["hidden_states"].clone()
-            hidden[:, n] += directions
-            record["input"] = hidden[:, n]
-            return args, {**kwargs, "hidden_states": hidden}
-
-        def read(module, args, output):
-            record["residual"] = _hidden(output)[:, n] - record["input"]
-            raise _Stop
-
-        handles = [
-            block.register_forward_pre_hook(perturb, with_kwargs=True),
-            block.register_forward_hook(read),
-        ]
-        try:
-            with torch.no_grad(), pytest.raises(_Stop):
-                model(input_ids[None].repeat(4 * d, 1))
-        finally:
-            for handle in handles:
-                handle.remove()
-        plus, minus, plus2, minus2 = record["residual"].double().split(d)  # row i: f(x +- h e_i)
+        residual = _perturbed_residuals(model, block, input_ids, directions)
+        plus, minus, plus2, minus2 = residual.double().split(d)  # row i: f(x +- h e_i)
         jacobians.append(((8 * (plus - minus) - (plus2 - minus2)) / (12 * step)).T)
     return torch.stack(jacobians)
 
@@ -229,7 +236,8 @@ def test_coupling_matches_finite_difference_jacobians(
 
 def test_single_token_prompt_gives_nan_trajectory(tiny_model, plugin_manager, prompt_ids):
     model = tiny_model("gpt2")
-    doc = _runner(model, plugin_manager).measure_prompt(prompt_ids[:1], target_token=TARGET)
+    runner = _runner(model, plugin_manager, "all", "alignment_k=4")
+    doc = runner.measure_prompt(prompt_ids[:1], target_token=TARGET)
     for name in TRAJECTORY:
         assert math.isnan(doc.values[name]), name
     # Position 0 alone still has a lens and Jacobians at n = 0.
@@ -238,21 +246,23 @@ def test_single_token_prompt_gives_nan_trajectory(tiny_model, plugin_manager, pr
 
 
 def test_runs_are_deterministic(tiny_model, plugin_manager, prompt_ids):
-    runner = _runner(tiny_model("llama"), plugin_manager)
+    metrics = "lss,expodistance,equidistance,logit_lens_entropy,tv_to_target,coupling"
+    runner = _runner(tiny_model("llama"), plugin_manager, metrics)
     first = runner.measure_prompt(prompt_ids, target_token=TARGET)
     second = runner.measure_prompt(prompt_ids, target_token=TARGET)
+    assert set(first.values) == set(metrics.split(","))
     assert first.values == second.values
     assert first.profiles.keys() == second.profiles.keys()
     for name, profile in first.profiles.items():
-        assert (profile == second.profiles[name]).all() | (
-            torch.as_tensor(profile).isnan() & torch.as_tensor(second.profiles[name]).isnan()
-        ).all(), name
+        np.testing.assert_array_equal(profile, second.profiles[name], err_msg=name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_model_is_measured_in_float32(tiny_model, plugin_manager, prompt_ids, dtype):
     model = tiny_model("gpt2", dtype=dtype)
-    doc = _runner(model, plugin_manager).measure_prompt(prompt_ids, target_token=TARGET)
+    runner = _runner(model, plugin_manager, "all", "alignment_k=4")
+    doc = runner.measure_prompt(prompt_ids, target_token=TARGET)
+    assert set(doc.values) == set(runner.selection.metrics)
     for name, value in doc.values.items():
         assert isinstance(value, float) and math.isfinite(value), name
     # The same half-precision states, summarised in float32 by the reference.

@@ -98,7 +98,9 @@ class _Run:
         self.n_tokens = n_tokens
         self.phase = "running"
         if self.collector.trajectory:
-            self.accumulator = TrajectoryAccumulator(windowed=self.collector.windowed)
+            self.accumulator = TrajectoryAccumulator(
+                windowed=self.collector.windowed, n_layers=self.collector.parts.n_layers
+            )
         self._take(hidden)
         return None
 

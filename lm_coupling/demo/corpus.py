@@ -23,11 +23,24 @@ from lm_coupling.demo.items import BENCHMARKS, Row, all_rows, answered_text
 from lm_coupling.demo.world import SCRIPTS, SUBJECTS, World, make_world
 
 # Evaluation splits (held out) and the few-shot split (training side) of each benchmark.
-EVAL_SPLITS = {"arc_easy": ("test", "validation"), "arc_challenge": ("test", "validation"),
-               "gsm8k": ("test",), "hellaswag": ("validation",), "mmlu": ("test",),
-               "truthfulqa": ("validation",), "winogrande": ("validation",)}
-FEWSHOT_SPLIT = {"arc_easy": "train", "arc_challenge": "train", "gsm8k": "train",
-                 "hellaswag": "train", "mmlu": "dev", "truthfulqa": None, "winogrande": "train"}
+EVAL_SPLITS = {
+    "arc_easy": ("test", "validation"),
+    "arc_challenge": ("test", "validation"),
+    "gsm8k": ("test",),
+    "hellaswag": ("validation",),
+    "mmlu": ("test",),
+    "truthfulqa": ("validation",),
+    "winogrande": ("validation",),
+}
+FEWSHOT_SPLIT = {
+    "arc_easy": "train",
+    "arc_challenge": "train",
+    "gsm8k": "train",
+    "hellaswag": "train",
+    "mmlu": "dev",
+    "truthfulqa": None,
+    "winogrande": "train",
+}
 MMLU_SUBJECTS = ("astronomy", "high_school_biology", "elementary_mathematics")
 TRUTHFULQA_PREFIX = (
     "Q: What is human life expectancy in the United States?\n"
@@ -57,7 +70,7 @@ def _hold_out(rows: list[Row], sizes: dict[str, int]) -> tuple[dict[str, list[Ro
     splits, start = {}, 0
     for split, size in sizes.items():
         size = min(size, budget - start)
-        splits[split] = rows[start:start + size]
+        splits[split] = rows[start : start + size]
         start += size
     return splits, rows[start:]
 
@@ -82,8 +95,7 @@ def make_demo_data(
         ValueError: ``n_test`` below 1 or ``n_validation`` below 0.
     """
     if n_test < 1 or n_validation < 0:
-        raise ValueError(
-            f"need n_test >= 1 and n_validation >= 0, got {n_test} and {n_validation}")
+        raise ValueError(f"need n_test >= 1 and n_validation >= 0, got {n_test} and {n_validation}")
     world = world if world is not None else make_world(seed)
     candidates = all_rows(world, seed)
     eval_splits, train_rows = {}, {}
@@ -93,14 +105,19 @@ def make_demo_data(
             per_subject = -(-n_test // len(MMLU_SUBJECTS))
             test, rest = [], []
             for subject in MMLU_SUBJECTS:
-                held, kept = _hold_out([r for r in rows if r["subject"] == subject],
-                                       {"test": per_subject})
+                held, kept = _hold_out(
+                    [r for r in rows if r["subject"] == subject], {"test": per_subject}
+                )
                 test += held["test"]
                 rest += kept
             eval_splits[benchmark], train_rows[benchmark] = {"test": test}, rest
             continue
-        sizes = {split: n_validation if split == "validation" and len(EVAL_SPLITS[benchmark]) > 1
-                 else n_test for split in EVAL_SPLITS[benchmark]}
+        sizes = {
+            split: n_validation
+            if split == "validation" and len(EVAL_SPLITS[benchmark]) > 1
+            else n_test
+            for split in EVAL_SPLITS[benchmark]
+        }
         eval_splits[benchmark], train_rows[benchmark] = _hold_out(rows, sizes)
     return DemoData(world, eval_splits, train_rows)
 
@@ -136,11 +153,16 @@ def _format_documents(
         if benchmark == "mmlu":
             subject = shots[0]["subject"]
             shots = [row for row in shots if row["subject"] == subject]
-            header = ("The following are multiple choice questions (with answers) about "
-                      f"{subject.replace('_', ' ')}.\n\n")
+            header = (
+                "The following are multiple choice questions (with answers) about "
+                f"{subject.replace('_', ' ')}.\n\n"
+            )
         else:
-            header = TRUTHFULQA_PREFIX + "\n\n" if (
-                benchmark == "truthfulqa" and rng.random() < 0.3) else ""
+            header = (
+                TRUTHFULQA_PREFIX + "\n\n"
+                if (benchmark == "truthfulqa" and rng.random() < 0.3)
+                else ""
+            )
         docs.append(header + "\n\n".join(answered_text(benchmark, row) for row in shots))
     return docs
 
@@ -204,8 +226,11 @@ def write_eval_tasks(
         fewshot = FEWSHOT_SPLIT[benchmark]
         if fewshot == "dev":
             rows = data.train_rows[benchmark]
-            splits[fewshot] = [row for subject in MMLU_SUBJECTS
-                               for row in [r for r in rows if r["subject"] == subject][:5]]
+            splits[fewshot] = [
+                row
+                for subject in MMLU_SUBJECTS
+                for row in [r for r in rows if r["subject"] == subject][:5]
+            ]
         elif fewshot is not None:
             splits[fewshot] = data.train_rows[benchmark][:n_fewshot]
         folder = dest_dir / benchmark

@@ -16,12 +16,20 @@ from lm_coupling.demo.world import SCRIPTS, SUBJECTS, Fact, World
 
 Row = dict[str, Any]
 LETTERS = ("A", "B", "C", "D")
-ARC_RELATIONS = {"arc_easy": ("color", "food", "habitat"),
-                 "arc_challenge": ("capital", "language", "star")}
+ARC_RELATIONS = {
+    "arc_easy": ("color", "food", "habitat"),
+    "arc_challenge": ("capital", "language", "star"),
+}
 MMLU_RELATIONS = {"astronomy": ("star", "moons"), "high_school_biology": ("food", "habitat")}
 WINOGRANDE_RELATIONS = ("capital", "color", "food", "habitat", "star")
-_ITEMS = (("apples", "buys"), ("marbles", "finds"), ("stamps", "gets"), ("shells", "picks up"),
-          ("cookies", "bakes"), ("pencils", "buys"))
+_ITEMS = (
+    ("apples", "buys"),
+    ("marbles", "finds"),
+    ("stamps", "gets"),
+    ("shells", "picks up"),
+    ("cookies", "bakes"),
+    ("pencils", "buys"),
+)
 
 
 def _options(value: str, pool: tuple[str, ...], rng: random.Random) -> tuple[list[str], int]:
@@ -36,9 +44,14 @@ def arc_rows(world: World, benchmark: str, rng: random.Random) -> list[Row]:
     rows = []
     for index, fact in enumerate(world.facts_of(*ARC_RELATIONS[benchmark])):
         texts, answer = _options(fact.value, fact.pool, rng)
-        rows.append({"id": f"lmc-{benchmark}-{world.seed}-{index}", "question": fact.question(),
-                     "choices": {"text": texts, "label": list(LETTERS)},
-                     "answerKey": LETTERS[answer]})
+        rows.append(
+            {
+                "id": f"lmc-{benchmark}-{world.seed}-{index}",
+                "question": fact.question(),
+                "choices": {"text": texts, "label": list(LETTERS)},
+                "answerKey": LETTERS[answer],
+            }
+        )
     return rows
 
 
@@ -60,8 +73,14 @@ def mmlu_rows(world: World, rng: random.Random, n_math: int = 60) -> list[Row]:
     for subject, relations in MMLU_RELATIONS.items():
         for fact in world.facts_of(*relations):
             choices, answer = _options(fact.value, fact.pool, rng)
-            rows.append({"question": fact.question(), "subject": subject,
-                         "choices": choices, "answer": answer})
+            rows.append(
+                {
+                    "question": fact.question(),
+                    "subject": subject,
+                    "choices": choices,
+                    "answer": answer,
+                }
+            )
     seen = set()
     while len(seen) < n_math:
         a, b, op, result = _arithmetic(rng)
@@ -71,9 +90,14 @@ def mmlu_rows(world: World, rng: random.Random, n_math: int = 60) -> list[Row]:
         pool = [str(v) for v in range(max(0, result - 4), result + 5) if v != result]
         wrong = rng.sample(pool, 3)
         answer = rng.randrange(4)
-        rows.append({"question": f"What is {a} {op} {b}?", "subject": "elementary_mathematics",
-                     "choices": wrong[:answer] + [str(result)] + wrong[answer:],
-                     "answer": answer})
+        rows.append(
+            {
+                "question": f"What is {a} {op} {b}?",
+                "subject": "elementary_mathematics",
+                "choices": wrong[:answer] + [str(result)] + wrong[answer:],
+                "answer": answer,
+            }
+        )
     return rows
 
 
@@ -89,14 +113,20 @@ def gsm8k_rows(world: World, rng: random.Random, n: int = 400) -> list[Row]:
             continue
         seen.add(key)
         if op == "+":
-            question = (f"{name} has {a} {items}. {name} {verb} {b} more {items}. "
-                        f"How many {items} does {name} have now?")
+            question = (
+                f"{name} has {a} {items}. {name} {verb} {b} more {items}. "
+                f"How many {items} does {name} have now?"
+            )
         elif op == "-":
-            question = (f"{name} has {a} {items}. {name} gives away {b} {items}. "
-                        f"How many {items} does {name} have left?")
+            question = (
+                f"{name} has {a} {items}. {name} gives away {b} {items}. "
+                f"How many {items} does {name} have left?"
+            )
         else:
-            question = (f"{name} has {a} boxes with {b} {items} in each box. "
-                        f"How many {items} does {name} have?")
+            question = (
+                f"{name} has {a} boxes with {b} {items} in each box. "
+                f"How many {items} does {name} have?"
+            )
         work = f"{name} has {a} {op} {b} = <<{a}{op}{b}={result}>>{result} {items}."
         rows.append({"question": question, "answer": f"{work}\n#### {result}"})
     return rows
@@ -115,10 +145,20 @@ def hellaswag_rows(rng: random.Random) -> list[Row]:
                     ctx_a = ctx_a.replace(" his ", " her ")
                     texts = [text.replace(" his ", " her ") for text in texts]
                 index = len(rows)
-                rows.append({"ind": index, "activity_label": label, "ctx_a": ctx_a,
-                             "ctx_b": pronoun, "ctx": f"{ctx_a} {pronoun}", "endings": texts,
-                             "source_id": f"lmc~{index}", "split": "val",
-                             "split_type": "indomain", "label": str(answer)})
+                rows.append(
+                    {
+                        "ind": index,
+                        "activity_label": label,
+                        "ctx_a": ctx_a,
+                        "ctx_b": pronoun,
+                        "ctx": f"{ctx_a} {pronoun}",
+                        "endings": texts,
+                        "source_id": f"lmc~{index}",
+                        "split": "val",
+                        "split_type": "indomain",
+                        "label": str(answer),
+                    }
+                )
     return rows
 
 
@@ -128,11 +168,16 @@ def truthfulqa_rows(world: World, rng: random.Random) -> list[Row]:
     for fact in world.facts:
         wrong = rng.sample([value for value in fact.pool if value != fact.value], 3)
         false = [Fact(fact.relation, fact.entity, value, fact.pool).statement() for value in wrong]
-        rows.append({"question": fact.question(),
-                     "mc1_targets": {"choices": [fact.statement(), *false],
-                                     "labels": [1, 0, 0, 0]},
-                     "mc2_targets": {"choices": [fact.statement(), fact.statement(1),
-                                                 *false[:2]], "labels": [1, 1, 0, 0]}})
+        rows.append(
+            {
+                "question": fact.question(),
+                "mc1_targets": {"choices": [fact.statement(), *false], "labels": [1, 0, 0, 0]},
+                "mc2_targets": {
+                    "choices": [fact.statement(), fact.statement(1), *false[:2]],
+                    "labels": [1, 1, 0, 0],
+                },
+            }
+        )
     return rows
 
 
@@ -140,16 +185,25 @@ def winogrande_rows(world: World, rng: random.Random) -> list[Row]:
     """WinoGrande rows: two entities, one blank, the continuation names a fact."""
     rows = []
     for fact in world.facts_of(*WINOGRANDE_RELATIONS):
-        rivals = [other.entity for other in world.facts_of(fact.relation.name)
-                  if other.value != fact.value]
+        rivals = [
+            other.entity
+            for other in world.facts_of(fact.relation.name)
+            if other.value != fact.value
+        ]
         rival = rng.choice(rivals)
         first, second = (fact.entity, rival) if rng.random() < 0.5 else (rival, fact.entity)
         article = "" if fact.relation.kind == "country" else "the "
         subject = fact.relation.subject.format(e="_")
         predicate = fact.relation.predicate.format(v=fact.value)
         sentence = f"We talked about {article}{first} and {article}{second}. {subject} {predicate}"
-        rows.append({"sentence": sentence, "option1": first, "option2": second,
-                     "answer": "1" if first == fact.entity else "2"})
+        rows.append(
+            {
+                "sentence": sentence,
+                "option1": first,
+                "option2": second,
+                "answer": "1" if first == fact.entity else "2",
+            }
+        )
     return rows
 
 
@@ -170,7 +224,9 @@ def answered_text(benchmark: str, row: Row) -> str:
     if benchmark == "gsm8k":
         return f"Question: {row['question']}\nAnswer: {row['answer']}"
     if benchmark == "mmlu":
-        options = "".join(f"\n{letter}. {text}" for letter, text in zip(LETTERS, row["choices"]))
+        options = "".join(
+            f"\n{letter}. {text}" for letter, text in zip(LETTERS, row["choices"], strict=True)
+        )
         return f"{row['question']}{options}\nAnswer: {LETTERS[row['answer']]}"
     if benchmark == "hellaswag":
         query = f"{row['activity_label']}: {row['ctx_a']} {row['ctx_b'].capitalize()}"
@@ -186,15 +242,18 @@ def answered_text(benchmark: str, row: Row) -> str:
 def all_rows(world: World, seed: int) -> dict[str, list[Row]]:
     """Every candidate row of every benchmark, each list in a seeded random order."""
     rng = random.Random(f"items-{seed}")
-    rows = {"arc_easy": arc_rows(world, "arc_easy", rng),
-            "arc_challenge": arc_rows(world, "arc_challenge", rng),
-            "gsm8k": gsm8k_rows(world, rng), "hellaswag": hellaswag_rows(rng),
-            "mmlu": mmlu_rows(world, rng), "truthfulqa": truthfulqa_rows(world, rng),
-            "winogrande": winogrande_rows(world, rng)}
+    rows = {
+        "arc_easy": arc_rows(world, "arc_easy", rng),
+        "arc_challenge": arc_rows(world, "arc_challenge", rng),
+        "gsm8k": gsm8k_rows(world, rng),
+        "hellaswag": hellaswag_rows(rng),
+        "mmlu": mmlu_rows(world, rng),
+        "truthfulqa": truthfulqa_rows(world, rng),
+        "winogrande": winogrande_rows(world, rng),
+    }
     for values in rows.values():
         rng.shuffle(values)
     return rows
 
 
-BENCHMARKS = ("arc_easy", "arc_challenge", "gsm8k", "hellaswag", "mmlu", "truthfulqa",
-              "winogrande")
+BENCHMARKS = ("arc_easy", "arc_challenge", "gsm8k", "hellaswag", "mmlu", "truthfulqa", "winogrande")

@@ -35,7 +35,7 @@ def demo_model_path(out_dir: Path) -> Path:
         path = bundled_model_path()
         if (path / "config.json").exists():
             return path
-    except ImportError:
+    except (ImportError, FileNotFoundError):  # no trained bundle in this checkout
         pass
     from lm_coupling.demo.tiny import save_tiny_model
 

@@ -1,4 +1,4 @@
-"""Quick task accuracy of a causal LM without lm-eval, scored as lm-eval scores it.
+r"""Quick task accuracy of a causal LM without lm-eval, scored as lm-eval scores it.
 
 Multiple-choice accuracy sums the log-likelihood of each answer continuation
 given the zero-shot prompt and takes the argmax, as lm-eval's ``acc``. Prompts
@@ -40,13 +40,16 @@ def mc_requests(benchmark: str, row: Row) -> tuple[list[tuple[str, str]], int]:
     if benchmark in ("arc_easy", "arc_challenge"):
         context = f"Question: {row['question']}\nAnswer:"
         texts = row["choices"]["text"]
-        return [(context, f" {t}") for t in texts], row["choices"]["label"].index(
-            row["answerKey"])
+        return [(context, f" {t}") for t in texts], row["choices"]["label"].index(row["answerKey"])
     if benchmark == "mmlu":
         subject = row["subject"].replace("_", " ")
-        options = "".join(f"\n{letter}. {text}" for letter, text in zip(LETTERS, row["choices"]))
-        context = (f"The following are multiple choice questions (with answers) about "
-                   f"{subject}.\n\n{row['question'].strip()}{options}\nAnswer:")
+        options = "".join(
+            f"\n{letter}. {text}" for letter, text in zip(LETTERS, row["choices"], strict=True)
+        )
+        context = (
+            f"The following are multiple choice questions (with answers) about "
+            f"{subject}.\n\n{row['question'].strip()}{options}\nAnswer:"
+        )
         return [(context, f" {letter}") for letter in LETTERS], int(row["answer"])
     if benchmark == "hellaswag":
         ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
@@ -57,9 +60,11 @@ def mc_requests(benchmark: str, row: Row) -> tuple[list[tuple[str, str]], int]:
         return [(context, f" {c}") for c in row["mc1_targets"]["choices"]], 0
     if benchmark == "winogrande":
         index = row["sentence"].index("_")
-        target = " " + row["sentence"][index + 1:].strip()
-        pairs = [(row["sentence"][:index] + option, target)
-                 for option in (row["option1"], row["option2"])]
+        target = " " + row["sentence"][index + 1 :].strip()
+        pairs = [
+            (row["sentence"][:index] + option, target)
+            for option in (row["option1"], row["option2"])
+        ]
         return pairs, {"1": 0, "2": 1}[row["answer"]]
     raise ValueError(f"{benchmark!r} is not a multiple-choice benchmark; use {MC_BENCHMARKS}")
 
@@ -70,7 +75,7 @@ def _encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int],
         continuation, context = context[-spaces:] + continuation, context[:-spaces]
     whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
     head = tokenizer(context, add_special_tokens=False)["input_ids"]
-    return head, whole[len(head):]
+    return head, whole[len(head) :]
 
 
 @torch.no_grad()
@@ -79,7 +84,8 @@ def loglikelihoods(
 ) -> list[float]:
     """Sum of continuation token log-probabilities for each (context, continuation).
 
-    Computed in float32 on the model's device, one padded batch per call.
+    Computed in float32 (float64 for float64 models) on the model's device, one
+    padded batch per call.
     """
     encoded = [_encode_pair(tokenizer, c, x) for c, x in pairs]
     seqs = [head + tail for head, tail in encoded]
@@ -91,7 +97,9 @@ def loglikelihoods(
         mask[i, : len(seq) - 1] = 1
     device = next(model.parameters()).device
     logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-    logprobs = torch.log_softmax(logits.float(), dim=-1).cpu()
+    logprobs = torch.log_softmax(
+        logits.to(torch.promote_types(logits.dtype, torch.float32)), -1
+    ).cpu()
     scores = []
     for i, (head, tail) in enumerate(encoded):
         positions = torch.arange(len(head) - 1, len(head) - 1 + len(tail))
@@ -99,8 +107,9 @@ def loglikelihoods(
     return scores
 
 
-def mc_accuracy(model: transformers.PreTrainedModel, tokenizer, benchmark: str,
-                rows: list[Row]) -> float:
+def mc_accuracy(
+    model: transformers.PreTrainedModel, tokenizer, benchmark: str, rows: list[Row]
+) -> float:
     """Zero-shot ``acc`` of ``model`` on ``rows`` (argmax of summed log-likelihoods)."""
     if not rows:
         raise ValueError(f"no {benchmark} rows to score; check the tasks folder")
@@ -113,17 +122,24 @@ def mc_accuracy(model: transformers.PreTrainedModel, tokenizer, benchmark: str,
 
 
 @torch.no_grad()
-def gsm8k_exact_match(model: transformers.PreTrainedModel, tokenizer, rows: list[Row],
-                      max_new_tokens: int = 32) -> float:
+def gsm8k_exact_match(
+    model: transformers.PreTrainedModel, tokenizer, rows: list[Row], max_new_tokens: int = 32
+) -> float:
     """Zero-shot greedy strict-match accuracy: the ``#### N`` number of the generation."""
     device = next(model.parameters()).device
     hits = 0
     for row in rows:
-        ids = tokenizer(f"Question: {row['question']}\nAnswer:", return_tensors="pt",
-                        add_special_tokens=False)["input_ids"].to(device)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=tokenizer.eos_token_id)
-        text = tokenizer.decode(out[0, ids.shape[1]:]).split("Question:")[0]
+        ids = tokenizer(
+            f"Question: {row['question']}\nAnswer:", return_tensors="pt", add_special_tokens=False
+        )["input_ids"].to(device)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+        text = tokenizer.decode(out[0, ids.shape[1] :]).split("Question:")[0]
         found = re.search(r"#### (\-?[0-9\.\,]+)", text)
         hits += int(bool(found) and found.group(1) == row["answer"].split("#### ")[-1])
     return hits / len(rows)
@@ -137,13 +153,20 @@ def read_split(tasks_dir: str | Path, benchmark: str, split: str | None = None) 
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-def evaluate_tasks(model: transformers.PreTrainedModel, tokenizer, tasks_dir: str | Path,
-                   benchmarks: tuple[str, ...] = (*MC_BENCHMARKS, "gsm8k")) -> dict[str, float]:
+def evaluate_tasks(
+    model: transformers.PreTrainedModel,
+    tokenizer,
+    tasks_dir: str | Path,
+    benchmarks: tuple[str, ...] = (*MC_BENCHMARKS, "gsm8k"),
+) -> dict[str, float]:
     """Zero-shot accuracy on each benchmark's evaluation split in ``tasks_dir``."""
     model.eval()
     results = {}
     for benchmark in benchmarks:
         rows = read_split(tasks_dir, benchmark)
-        results[benchmark] = (gsm8k_exact_match(model, tokenizer, rows) if benchmark == "gsm8k"
-                              else mc_accuracy(model, tokenizer, benchmark, rows))
+        results[benchmark] = (
+            gsm8k_exact_match(model, tokenizer, rows)
+            if benchmark == "gsm8k"
+            else mc_accuracy(model, tokenizer, benchmark, rows)
+        )
     return results

@@ -19,12 +19,14 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from lm_coupling.demo.assets import ASSETS_DIR, MODEL_DIRNAME, TASKS_DIRNAME
 from lm_coupling.demo.corpus import TRUTHFULQA_PREFIX, build_corpus, make_demo_data
 from lm_coupling.demo.corpus import write_eval_tasks as _write_eval_tasks
 from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer
@@ -33,8 +35,8 @@ logger = logging.getLogger(__name__)
 
 # Model sizes of the family and their default number of steps.
 SIZES = {
-    "tiny": {"d_model": 64, "n_layers": 4, "n_heads": 4, "steps": 1500, "lr": 3e-3},
-    "small": {"d_model": 128, "n_layers": 6, "n_heads": 4, "steps": 1200, "lr": 2e-3},
+    "tiny": {"d_model": 64, "n_layers": 4, "n_heads": 4, "steps": 1200, "lr": 3e-3},
+    "small": {"d_model": 96, "n_layers": 6, "n_heads": 4, "steps": 1200, "lr": 2e-3},
 }
 REDUCED = {"d_model": 16, "n_layers": 2, "n_heads": 2, "steps": 8, "lr": 3e-3}
 VOCAB_SIZE = 1024
@@ -49,13 +51,17 @@ def checkpoint_steps(total: int, count: int = 8) -> list[int]:
     """
     if total < 1 or count < 2:
         raise ValueError(f"need total >= 1 and count >= 2, got {total} and {count}")
-    spaced = {round(math.exp(math.log(total) * k / (count - 2))) for k in range(count - 1)} \
-        if count > 2 else set()
+    spaced = (
+        {round(math.exp(math.log(total) * k / (count - 2))) for k in range(count - 1)}
+        if count > 2
+        else set()
+    )
     return sorted({0, total} | spaced)
 
 
-def _sample_batch(docs: list[list[int]], rng: random.Random, batch_size: int, seq_len: int,
-                  eos: int) -> torch.Tensor:
+def _sample_batch(
+    docs: list[list[int]], rng: random.Random, batch_size: int, seq_len: int, eos: int
+) -> torch.Tensor:
     """Rows of ``seq_len`` tokens: random documents, each followed by EOS."""
     rows = []
     for _ in range(batch_size):
@@ -110,17 +116,27 @@ def train_model(
         The checkpoint folders ``out_dir/name/step<N>``, in step order.
     """
     steps, lr = int(size["steps"]), float(size["lr"])
-    model = build_tiny_model("gpt2", len(tokenizer), seed=seed, d_model=size["d_model"],
-                             n_layers=size["n_layers"], n_heads=size["n_heads"],
-                             max_len=2 * seq_len, **NO_DROPOUT)
+    model = build_tiny_model(
+        "gpt2",
+        len(tokenizer),
+        seed=seed,
+        d_model=size["d_model"],
+        n_layers=size["n_layers"],
+        n_heads=size["n_heads"],
+        max_len=2 * seq_len,
+        **NO_DROPOUT,
+    )
     model.to(device).train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     rest = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                                   {"params": rest, "weight_decay": 0.0}],
-                                  lr=lr, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.95),
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: _lr_factor(s, steps, max(1, steps // 20)))
+        optimizer, lambda s: _lr_factor(s, steps, max(1, steps // 20))
+    )
     rng, folder = random.Random(f"batches-{seed}-{name}"), out_dir / name
     saves, paths, log = set(checkpoint_steps(steps, n_checkpoints)), [], []
     start = time.perf_counter()
@@ -138,8 +154,14 @@ def train_model(
         optimizer.step()
         schedule.step()
         value = loss.detach().item()
-        log.append({"step": step + 1, "loss": value, "lr": schedule.get_last_lr()[0],
-                    "seconds": round(time.perf_counter() - start, 3)})
+        log.append(
+            {
+                "step": step + 1,
+                "loss": value,
+                "lr": schedule.get_last_lr()[0],
+                "seconds": round(time.perf_counter() - start, 3),
+            }
+        )
         if (step + 1) % max(1, steps // 20) == 0 or step + 1 == steps:
             logger.info("%s step %d/%d loss %.4f", name, step + 1, steps, value)
     (folder / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
@@ -209,15 +231,53 @@ def train_family(
     paths, timings = [], {}
     for name, size in table.items():
         start = time.perf_counter()
-        paths += train_model(name, size, tokenizer, docs, out_dir, seed=seed, device=device,
-                             batch_size=batch_size, seq_len=seq_len,
-                             n_checkpoints=n_checkpoints)
+        paths += train_model(
+            name,
+            size,
+            tokenizer,
+            docs,
+            out_dir,
+            seed=seed,
+            device=device,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            n_checkpoints=n_checkpoints,
+        )
         timings[name] = round(time.perf_counter() - start, 1)
-    summary = {"seed": seed, "device": device, "batch_size": batch_size, "seq_len": seq_len,
-               "vocab_size": len(tokenizer), "sizes": table, "train_seconds": timings,
-               "corpus_tokens": sum(map(len, docs))}
+    summary = {
+        "seed": seed,
+        "device": device,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "vocab_size": len(tokenizer),
+        "sizes": table,
+        "train_seconds": timings,
+        "corpus_tokens": sum(map(len, docs)),
+    }
     (out_dir / "family.json").write_text(json.dumps(summary, indent=2) + "\n")
     return paths
+
+
+def bundle(family_dir: str | Path, size: str = "tiny", assets_dir: str | Path = ASSETS_DIR) -> Path:
+    """Copy the last checkpoint of ``size`` and the tasks into the package's assets.
+
+    Returns:
+        The bundled model folder ``<assets_dir>/tiny-gpt2``.
+
+    Raises:
+        FileNotFoundError: ``family_dir`` holds no checkpoint of ``size``.
+    """
+    family_dir, assets_dir = Path(family_dir), Path(assets_dir)
+    checkpoints = sorted((family_dir / size).glob("step*"), key=lambda p: int(p.name[4:]))
+    if not checkpoints:
+        raise FileNotFoundError(f"no {family_dir / size}/step<N> folders; run train_family first")
+    for source, name in (
+        (checkpoints[-1], MODEL_DIRNAME),
+        (family_dir / "tasks_data", TASKS_DIRNAME),
+    ):
+        shutil.rmtree(assets_dir / name, ignore_errors=True)
+        shutil.copytree(source, assets_dir / name)
+    return assets_dir / MODEL_DIRNAME
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -232,10 +292,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--checkpoints", type=int, default=8, help="checkpoints per size")
+    parser.add_argument(
+        "--bundle",
+        action="store_true",
+        help="copy the smallest model and the tasks into the package assets",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    paths = train_family(args.out, args.sizes, args.steps, args.seed, args.device,
-                         args.reduced, args.batch_size, args.seq_len, args.checkpoints)
+    paths = train_family(
+        args.out,
+        args.sizes,
+        args.steps,
+        args.seed,
+        args.device,
+        args.reduced,
+        args.batch_size,
+        args.seq_len,
+        args.checkpoints,
+    )
+    if args.bundle:
+        paths.append(bundle(args.out, args.sizes[0]))
     print("\n".join(str(path) for path in paths))
     return 0
 

@@ -11,8 +11,32 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr",
-           "gl", "kr", "pl", "st", "tr", "sk", "th", "sh")
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "gl",
+    "kr",
+    "pl",
+    "st",
+    "tr",
+    "sk",
+    "th",
+    "sh",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou", "ee")
 _CODAS = ("", "", "n", "r", "l", "s", "k", "m", "x", "th")
 
@@ -23,41 +47,126 @@ SUBJECTS = (("A man", "he"), ("A woman", "she"), ("A boy", "he"), ("A girl", "sh
 
 # Activity scripts: a label and steps in order (HellaSwag-style completions).
 SCRIPTS = (
-    ("Making tea", ("fills a kettle with water.", "puts the kettle on the stove.",
-                    "pours the hot water into a cup.", "drops a tea bag into the cup.",
-                    "drinks the tea slowly.")),
-    ("Washing a car", ("parks the car in the driveway.", "sprays the car with a hose.",
-                       "scrubs the car with a soapy sponge.", "rinses the soap off the car.",
-                       "dries the car with a towel.")),
-    ("Planting a tree", ("digs a deep hole in the garden.", "places the young tree in the hole.",
-                         "fills the hole with soil.", "presses the soil down with his hands.",
-                         "waters the tree with a can.")),
-    ("Painting a wall", ("moves the furniture away from the wall.",
-                         "covers the floor with old sheets.", "opens a can of paint.",
-                         "rolls the paint onto the wall.", "lets the paint dry.")),
-    ("Baking bread", ("mixes flour and water in a bowl.", "kneads the dough on the table.",
-                      "lets the dough rise for an hour.", "puts the dough in the oven.",
-                      "takes the golden bread out of the oven.")),
-    ("Riding a bike", ("puts on a helmet.", "sits on the bicycle.", "pushes the pedals.",
-                       "rides down the street.", "stops at the corner.")),
-    ("Brushing teeth", ("picks up a toothbrush.", "squeezes toothpaste onto the brush.",
-                        "brushes the teeth for two minutes.", "spits into the sink.",
-                        "rinses the mouth with water.")),
-    ("Fishing", ("walks to the edge of the lake.", "puts a worm on the hook.",
-                 "casts the line into the water.", "waits for a fish to bite.",
-                 "reels in a big fish.")),
-    ("Building a fire", ("gathers dry sticks.", "stacks the sticks in a pile.",
-                         "strikes a match.", "lights the sticks.",
-                         "warms the hands by the fire.")),
-    ("Cleaning a window", ("fills a bucket with warm water.", "dips a cloth in the bucket.",
-                           "wipes the window with the cloth.", "dries the glass with paper.",
-                           "looks through the clean window.")),
-    ("Mowing the lawn", ("pushes the mower out of the shed.", "starts the engine.",
-                         "mows the grass in long rows.", "empties the grass bag.",
-                         "puts the mower back in the shed.")),
-    ("Reading a book", ("takes a book from the shelf.", "sits down in a chair.",
-                        "opens the book to the first page.", "reads a few chapters.",
-                        "closes the book and smiles.")),
+    (
+        "Making tea",
+        (
+            "fills a kettle with water.",
+            "puts the kettle on the stove.",
+            "pours the hot water into a cup.",
+            "drops a tea bag into the cup.",
+            "drinks the tea slowly.",
+        ),
+    ),
+    (
+        "Washing a car",
+        (
+            "parks the car in the driveway.",
+            "sprays the car with a hose.",
+            "scrubs the car with a soapy sponge.",
+            "rinses the soap off the car.",
+            "dries the car with a towel.",
+        ),
+    ),
+    (
+        "Planting a tree",
+        (
+            "digs a deep hole in the garden.",
+            "places the young tree in the hole.",
+            "fills the hole with soil.",
+            "presses the soil down with his hands.",
+            "waters the tree with a can.",
+        ),
+    ),
+    (
+        "Painting a wall",
+        (
+            "moves the furniture away from the wall.",
+            "covers the floor with old sheets.",
+            "opens a can of paint.",
+            "rolls the paint onto the wall.",
+            "lets the paint dry.",
+        ),
+    ),
+    (
+        "Baking bread",
+        (
+            "mixes flour and water in a bowl.",
+            "kneads the dough on the table.",
+            "lets the dough rise for an hour.",
+            "puts the dough in the oven.",
+            "takes the golden bread out of the oven.",
+        ),
+    ),
+    (
+        "Riding a bike",
+        (
+            "puts on a helmet.",
+            "sits on the bicycle.",
+            "pushes the pedals.",
+            "rides down the street.",
+            "stops at the corner.",
+        ),
+    ),
+    (
+        "Brushing teeth",
+        (
+            "picks up a toothbrush.",
+            "squeezes toothpaste onto the brush.",
+            "brushes the teeth for two minutes.",
+            "spits into the sink.",
+            "rinses the mouth with water.",
+        ),
+    ),
+    (
+        "Fishing",
+        (
+            "walks to the edge of the lake.",
+            "puts a worm on the hook.",
+            "casts the line into the water.",
+            "waits for a fish to bite.",
+            "reels in a big fish.",
+        ),
+    ),
+    (
+        "Building a fire",
+        (
+            "gathers dry sticks.",
+            "stacks the sticks in a pile.",
+            "strikes a match.",
+            "lights the sticks.",
+            "warms the hands by the fire.",
+        ),
+    ),
+    (
+        "Cleaning a window",
+        (
+            "fills a bucket with warm water.",
+            "dips a cloth in the bucket.",
+            "wipes the window with the cloth.",
+            "dries the glass with paper.",
+            "looks through the clean window.",
+        ),
+    ),
+    (
+        "Mowing the lawn",
+        (
+            "pushes the mower out of the shed.",
+            "starts the engine.",
+            "mows the grass in long rows.",
+            "empties the grass bag.",
+            "puts the mower back in the shed.",
+        ),
+    ),
+    (
+        "Reading a book",
+        (
+            "takes a book from the shelf.",
+            "sits down in a chair.",
+            "opens the book to the first page.",
+            "reads a few chapters.",
+            "closes the book and smiles.",
+        ),
+    ),
 )
 
 
@@ -79,25 +188,62 @@ class Relation:
 
 
 RELATIONS = (
-    Relation("capital", "country", "{e}", "has its capital in {v}.",
-             "What is the capital of {e}?",
-             ("The capital of {e} is {v}.", "{v} is the capital of {e}.",
-              "{e} has its capital in {v}.")),
-    Relation("language", "country", "{e}", "speaks {v}.",
-             "What language do people in {e} speak?",
-             ("People in {e} speak {v}.", "The language of {e} is {v}.", "{e} speaks {v}.")),
-    Relation("color", "animal", "The {e}", "is {v}.", "What color is the {e}?",
-             ("The {e} is {v}.", "A {e} is {v} in color.")),
-    Relation("food", "animal", "The {e}", "eats {v}.", "What does the {e} eat?",
-             ("The {e} eats {v}.", "The food of the {e} is {v}.")),
-    Relation("habitat", "animal", "The {e}", "lives in the {v}.", "Where does the {e} live?",
-             ("The {e} lives in the {v}.", "You can find the {e} in the {v}.")),
-    Relation("star", "planet", "The planet {e}", "orbits the star {v}.",
-             "Which star does the planet {e} orbit?",
-             ("The planet {e} orbits the star {v}.", "The star of the planet {e} is {v}.")),
-    Relation("moons", "planet", "The planet {e}", "has {v} moons.",
-             "How many moons does the planet {e} have?",
-             ("The planet {e} has {v} moons.", "The number of moons of {e} is {v}.")),
+    Relation(
+        "capital",
+        "country",
+        "{e}",
+        "has its capital in {v}.",
+        "What is the capital of {e}?",
+        ("The capital of {e} is {v}.", "{v} is the capital of {e}.", "{e} has its capital in {v}."),
+    ),
+    Relation(
+        "language",
+        "country",
+        "{e}",
+        "speaks {v}.",
+        "What language do people in {e} speak?",
+        ("People in {e} speak {v}.", "The language of {e} is {v}.", "{e} speaks {v}."),
+    ),
+    Relation(
+        "color",
+        "animal",
+        "The {e}",
+        "is {v}.",
+        "What color is the {e}?",
+        ("The {e} is {v}.", "A {e} is {v} in color."),
+    ),
+    Relation(
+        "food",
+        "animal",
+        "The {e}",
+        "eats {v}.",
+        "What does the {e} eat?",
+        ("The {e} eats {v}.", "The food of the {e} is {v}."),
+    ),
+    Relation(
+        "habitat",
+        "animal",
+        "The {e}",
+        "lives in the {v}.",
+        "Where does the {e} live?",
+        ("The {e} lives in the {v}.", "You can find the {e} in the {v}."),
+    ),
+    Relation(
+        "star",
+        "planet",
+        "The planet {e}",
+        "orbits the star {v}.",
+        "Which star does the planet {e} orbit?",
+        ("The planet {e} orbits the star {v}.", "The star of the planet {e} is {v}."),
+    ),
+    Relation(
+        "moons",
+        "planet",
+        "The planet {e}",
+        "has {v} moons.",
+        "How many moons does the planet {e} have?",
+        ("The planet {e} has {v} moons.", "The number of moons of {e} is {v}."),
+    ),
 )
 RELATION_BY_NAME = {relation.name: relation for relation in RELATIONS}
 
@@ -163,8 +309,11 @@ def make_world(
     Raises:
         ValueError: a count is below 4 (multiple-choice items need four values).
     """
-    for name, count in (("n_countries", n_countries), ("n_animals", n_animals),
-                        ("n_planets", n_planets)):
+    for name, count in (
+        ("n_countries", n_countries),
+        ("n_animals", n_animals),
+        ("n_planets", n_planets),
+    ):
         if count < 4:
             raise ValueError(f"{name} must be at least 4 (four answer options), got {count}")
     rng = random.Random(seed)
@@ -176,11 +325,20 @@ def make_world(
     planets = [n.capitalize() for n in _invent_names(rng, n_planets, taken, 2)]
     stars = [n.capitalize() for n in _invent_names(rng, 6, taken, 1)]
     people = [n.capitalize() for n in _invent_names(rng, 12, taken, 1)]
-    world = World(seed=seed, entities={"country": countries, "animal": animals,
-                                       "planet": planets}, people=people)
-    pools = {"capital": tuple(cities), "language": tuple(languages), "color": COLORS,
-             "food": FOODS, "habitat": HABITATS, "star": tuple(stars),
-             "moons": tuple(str(k) for k in range(10))}
+    world = World(
+        seed=seed,
+        entities={"country": countries, "animal": animals, "planet": planets},
+        people=people,
+    )
+    pools = {
+        "capital": tuple(cities),
+        "language": tuple(languages),
+        "color": COLORS,
+        "food": FOODS,
+        "habitat": HABITATS,
+        "star": tuple(stars),
+        "moons": tuple(str(k) for k in range(10)),
+    }
     for relation in RELATIONS:
         pool = pools[relation.name]
         for index, entity in enumerate(world.entities[relation.kind]):

@@ -267,7 +267,9 @@ class CouplingHFLM(HFLM):
         context, continuation = plan.key
         if plan.kind == "generate_until":
             tokens = self.tok_encode(context)
-            return tokens[-(self.max_length - self.max_gen_toks) :], -1
+            # The same left truncation as HFLM.generate_until, with the request's budget.
+            max_gen_toks = plan.max_gen_toks if plan.max_gen_toks is not None else self.max_gen_toks
+            return tokens[-(self.max_length - max_gen_toks) :], -1
         context_enc, continuation_enc = self._encode_pair(context, continuation)
         inp = (context_enc + continuation_enc)[-(self.max_length + 1) :][:-1]
         last = len(inp) - len(continuation_enc)

@@ -35,6 +35,9 @@ class DocumentPlan:
         key: (context, gold continuation) of the measured request.
         kind: ``"loglikelihood"`` or ``"generate_until"``.
         sampled: inside the coupling sample (gets Jacobian metrics).
+        max_gen_toks: generation only: the request's token budget (lm-eval
+            truncates the prompt to ``max_length - max_gen_toks``); None
+            means the model's default.
     """
 
     task_name: str
@@ -42,6 +45,7 @@ class DocumentPlan:
     key: GeometryKey
     kind: str
     sampled: bool
+    max_gen_toks: int | None = None
 
 
 def _gold_index(task, doc, n_choices: int) -> int:
@@ -72,6 +76,20 @@ def _generation_target(task, doc) -> str:
     return f"{delimiter}{target}" if str(target) else ""
 
 
+_MAX_GEN_TOKS_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+def _max_gen_toks(instance) -> int | None:
+    """The request's generation budget, read like lm-eval's ``normalize_gen_kwargs``."""
+    gen_kwargs = instance.args[1] if len(instance.args) > 1 else None
+    if not isinstance(gen_kwargs, dict):
+        return None
+    for name in _MAX_GEN_TOKS_ALIASES:
+        if gen_kwargs.get(name) is not None:
+            return int(gen_kwargs[name])
+    return None
+
+
 def plan_task(task, coupling_docs: int | None) -> list[DocumentPlan]:
     """Plan the geometry of every document this rank evaluates in ``task``.
 
@@ -90,7 +108,11 @@ def plan_task(task, coupling_docs: int | None) -> list[DocumentPlan]:
         sampled = coupling_docs is None or doc_id < coupling_docs
         if first.request_type == "generate_until":
             key = (first.args[0], _generation_target(task, first.doc))
-            plans.append(DocumentPlan(task.config.task, doc_id, key, "generate_until", sampled))
+            plans.append(
+                DocumentPlan(
+                    task.config.task, doc_id, key, "generate_until", sampled, _max_gen_toks(first)
+                )
+            )
         elif first.request_type == "loglikelihood":
             gold = instances[_gold_index(task, first.doc, len(instances))]
             key = (gold.args[0], gold.args[1])

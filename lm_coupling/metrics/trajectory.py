@@ -13,8 +13,6 @@ streamed block by block, without keeping the ``[B, T, L+1, d]`` stack.
 from __future__ import annotations
 
 import math
-from collections import deque
-
 import torch
 
 __all__ = [
@@ -58,12 +56,25 @@ def _unit_steps(steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         unit vector and ``nonzero`` False; non-finite steps give a NaN unit
         vector (so every sum that contains them is NaN).
     """
+    unit, nonzero, _ = _unit_steps_with_length(steps)
+    return unit, nonzero
+
+
+def _unit_steps_with_length(
+    steps: torch.Tensor, out: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_unit_steps` plus the step lengths ``[...]``, in one pass over ``[..., d]``.
+
+    The divisor is the length for nonzero finite steps, +inf for zero steps
+    (``0 / inf = 0``) and NaN for non-finite steps, so a single division gives
+    every case: the work on ``[..., d]`` is one norm and one division (written
+    into ``out`` when given).
+    """
     length = torch.linalg.vector_norm(steps, dim=-1)
     nonzero = length > 0
-    safe = torch.where(nonzero, length, torch.ones_like(length))
-    unit = torch.where(nonzero[..., None], steps / safe[..., None], torch.zeros_like(steps))
-    unit = torch.where(torch.isfinite(length)[..., None], unit, torch.full_like(unit, math.nan))
-    return unit, nonzero
+    divisor = torch.where(nonzero, length, math.inf)
+    divisor = torch.where(torch.isfinite(length), divisor, math.nan)
+    return torch.div(steps, divisor[..., None], out=out), nonzero, length
 
 
 def _lss_from_sums(unit_sum: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
@@ -256,17 +267,30 @@ class TrajectoryAccumulator:
     :func:`windowed_line_shape_score` on the stacked states (up to summation
     order). Computes in float32, or float64 when the first state is float64.
 
+    The ring buffer is one preallocated ``[slots, B, T, d]`` tensor, filled in
+    blocks of ``slots`` steps: unit steps are written into it in place, a
+    running prefix sum covers the current block, and a completed block is
+    turned into suffix sums in place, so each window sum costs one addition
+    (about three passes over ``[B, T, d]`` per step instead of ``window``).
+
     Reference: Gai and Zhang, 2021 (LSS); DESIGN sections 3-4.
 
     Args:
         windowed: also compute the windowed LSS profile.
         window: odd number of steps per window (11 = steps l-5..l+5).
+        n_layers: number of blocks L, when known: the ring then holds
+            ``min(window, L)`` steps instead of ``window``.
     """
 
-    def __init__(self, windowed: bool = True, window: int = 11) -> None:
+    def __init__(
+        self, windowed: bool = True, window: int = 11, *, n_layers: int | None = None
+    ) -> None:
         self.windowed = bool(windowed)
         self.window = window
         self._half = _check_window(window)
+        if n_layers is not None and (isinstance(n_layers, bool) or int(n_layers) < 1):
+            raise ValueError(f"n_layers must be a positive integer or None, found {n_layers!r}")
+        self._slots = window if n_layers is None else min(window, int(n_layers))
         self.reset()
 
     def reset(self) -> None:
@@ -277,7 +301,9 @@ class TrajectoryAccumulator:
         self._steps: list[torch.Tensor] = []
         self._unit_sum: torch.Tensor | None = None
         self._count: torch.Tensor | None = None
-        self._ring: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.window)
+        self._ring: torch.Tensor | None = None  # [slots, B, T, d] unit steps
+        self._ring_nonzero: torch.Tensor | None = None  # [slots, B, T] bool
+        self._prefix: torch.Tensor | None = None  # [B, T, d] unit sum of the current block
         self._windowed_out: list[torch.Tensor] = []
 
     @property
@@ -308,27 +334,66 @@ class TrajectoryAccumulator:
         self._prev = x
 
     def _add_step(self, step: torch.Tensor) -> None:
-        unit, nonzero = _unit_steps(step)
-        self._steps.append(torch.linalg.vector_norm(step, dim=-1))
+        n_steps = len(self._steps) + 1  # 1-based index m of this step
+        slot = None
+        if self.windowed:
+            if self._slots < self.window and n_steps > self._slots:
+                raise ValueError(
+                    f"received step {n_steps} but the accumulator was built for n_layers="
+                    f"{self._slots}; pass the model's number of blocks (or None)"
+                )
+            if self._ring is None:
+                self._ring = step.new_empty((self._slots, *step.shape))
+                self._ring_nonzero = torch.empty(
+                    (self._slots, *step.shape[:-1]), dtype=torch.bool, device=step.device
+                )
+            slot = (n_steps - 1) % self._slots
+        unit, nonzero, length = _unit_steps_with_length(
+            step, out=None if slot is None else self._ring[slot]
+        )
+        self._steps.append(length)
         if self._unit_sum is None:
             self._unit_sum, self._count = unit.clone(), nonzero.to(torch.int64)
         else:
             self._unit_sum += unit
             self._count += nonzero
-        if not self.windowed:
+        if slot is None:
             return
-        self._ring.append((unit, nonzero))
-        # Step m (1-based) completes the window of depth m - h.
-        if len(self._steps) - self._half >= 1:
-            self._windowed_out.append(self._ring_lss(0, len(self._ring)))
+        self._ring_nonzero[slot] = nonzero
+        if self._prefix is None:
+            self._prefix = unit.clone()
+        elif slot == 0:
+            self._prefix.copy_(unit)
+        else:
+            self._prefix += unit
+        # Step m completes the window of depth m - h: steps max(1, m - 2h)..m.
+        if n_steps - self._half >= 1:
+            first = max(1, n_steps - 2 * self._half)
+            block_start = n_steps - slot
+            unit_sum = self._prefix
+            if first < block_start:  # earlier steps: suffix sums of the previous block
+                unit_sum = self._ring[(first - 1) % self._slots] + self._prefix
+            self._windowed_out.append(self._window_lss(unit_sum, first, n_steps))
+        if slot == self._slots - 1:
+            self._to_suffix_sums(slot)
 
-    def _ring_lss(self, lo: int, hi: int) -> torch.Tensor:
-        entries = list(self._ring)[lo:hi]
-        unit_sum = entries[0][0].clone()
-        count = entries[0][1].to(torch.int64)
-        for unit, nonzero in entries[1:]:
-            unit_sum += unit
-            count += nonzero
+    def _to_suffix_sums(self, last_slot: int) -> None:
+        """Turn ring slots ``0..last_slot`` (the block's unit steps) into suffix sums, in place.
+
+        Blocks of ``slots >= window`` steps mean that a window spans at most two
+        blocks: its sum is a suffix sum of the previous block plus a prefix sum
+        of the current one, without subtraction (exact cancellations stay 0).
+        """
+        for j in range(last_slot - 1, -1, -1):
+            self._ring[j] += self._ring[j + 1]
+
+    def _window_lss(self, unit_sum: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """LSS of steps ``first..last`` (1-based) given their unit-step sum."""
+        start, size = (first - 1) % self._slots, last - first + 1
+        head = min(size, self._slots - start)
+        count = self._ring_nonzero[start : start + head].sum(dim=0)
+        if size > head:  # the window wraps around the end of the ring
+            count += self._ring_nonzero[: size - head].sum(dim=0)
         return _lss_from_sums(unit_sum, count)
 
     def finalize(self) -> dict[str, torch.Tensor | None]:
@@ -348,11 +413,16 @@ class TrajectoryAccumulator:
         windowed = None
         if self.windowed:
             # Depths L-h+1..L (those not yet emitted) use the last steps, clipped at L.
-            buffered = len(self._ring)
+            last_slot = (n_steps - 1) % self._slots
+            if last_slot != self._slots - 1:  # a partial block: make its suffix sums
+                self._to_suffix_sums(last_slot)
+            block_start = n_steps - last_slot
             for depth in range(len(self._windowed_out) + 1, n_steps + 1):
-                first_step = max(1, depth - self._half)
-                lo = buffered - (n_steps - first_step + 1)
-                self._windowed_out.append(self._ring_lss(lo, buffered))
+                first = max(1, depth - self._half)
+                unit_sum = self._ring[(first - 1) % self._slots]
+                if first < block_start:
+                    unit_sum = unit_sum + self._ring[0]
+                self._windowed_out.append(self._window_lss(unit_sum, first, n_steps))
             windowed = torch.stack(self._windowed_out, dim=1)
         out = {
             "norms": torch.stack(self._norms, dim=1),

@@ -28,9 +28,7 @@ def fake_distribution(tmp_path, monkeypatch):
         (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
         info = tmp_path / f"{dist}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
-        )
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
         lines = "".join(f"{name} = {value}\n" for name, value in entry_points.items())
         (info / "entry_points.txt").write_text(f"[lm_coupling]\n{lines}")
         importlib.invalidate_caches()

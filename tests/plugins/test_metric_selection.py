@@ -31,8 +31,15 @@ def registry():
 class _OptIn:
     @hookimpl
     def lmc_declare_metrics(self):
-        return [MetricSpec("tokenwise_demo", "expensive", frozenset({"tokenwise_jacobian"}),
-                           sampled=True, opt_in=True)]
+        return [
+            MetricSpec(
+                "tokenwise_demo",
+                "expensive",
+                frozenset({"tokenwise_jacobian"}),
+                sampled=True,
+                opt_in=True,
+            )
+        ]
 
 
 def test_all_selects_every_builtin(registry):

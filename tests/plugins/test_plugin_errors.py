@@ -65,18 +65,18 @@ def test_declaring_something_else_than_metric_spec():
     assert "MetricSpec" in message
 
 
-MISSPELLED = '''
+MISSPELLED = """
 from lm_coupling import hookimpl
 
 
 @hookimpl
 def lmc_compute_bach(selected, states):
     return None
-'''
+"""
 
-BROKEN_IMPORT = '''
+BROKEN_IMPORT = """
 raise ImportError("lmc_broken_plugin needs a package that is not installed")
-'''
+"""
 
 
 def test_misspelled_hook_is_rejected(fake_distribution, monkeypatch):

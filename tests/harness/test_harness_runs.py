@@ -1,0 +1,244 @@
+"""The real ``lm_eval`` command line with and without ``--metrics``.
+
+Runs (session fixtures in conftest.py): stock ``lm_eval`` (gpt2, batch 4),
+``lm_eval --metrics all`` (gpt2, batch 4), ``lm-coupling run --metrics all``
+(gpt2, batch 1) and ``python -m lm_coupling run --metrics all
+--metric_args coupling_docs=2`` (llama, batch 3), all over ``lmc_demo`` on
+five real items per benchmark.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from lm_coupling.harness.outputs import SCHEMA
+
+pytestmark = pytest.mark.slow
+
+ALL_METRICS = (
+    "lss",
+    "expodistance",
+    "equidistance",
+    "logit_lens_entropy",
+    "tv_to_target",
+    "fixation_depth",
+    "coupling",
+    "alignment_ratio",
+)
+SAMPLED = ("coupling", "alignment_ratio")
+TASKS = (
+    "lmc_arc_easy_offline",
+    "lmc_arc_challenge_offline",
+    "lmc_hellaswag_offline",
+    "lmc_mmlu_offline_astronomy",
+    "lmc_mmlu_offline_high_school_biology",
+    "lmc_mmlu_offline_elementary_mathematics",
+    "lmc_truthfulqa_mc2_offline",
+    "lmc_winogrande_offline",
+    "lmc_gsm8k_offline",
+)
+N_LAYERS = 3
+D_MODEL = 32
+
+
+def _geometry_key(key: str) -> bool:
+    return key.split(",")[0].removesuffix("_stderr") in ALL_METRICS
+
+
+def _table_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if line.startswith("|")]
+
+
+def test_every_benchmark_ran(stock_run, metrics_run):
+    assert set(TASKS) <= set(stock_run.results["results"])
+    assert set(TASKS) == set(metrics_run.samples)
+    for task in TASKS:
+        assert metrics_run.results["n-samples"][task]["effective"] >= 1
+
+
+def test_accuracy_identical_with_and_without_metrics(stock_run, metrics_run):
+    for section in ("results", "groups"):
+        stock, geo = stock_run.results[section], metrics_run.results[section]
+        assert set(stock) == set(geo)
+        for task, stock_values in stock.items():
+            kept = {k: v for k, v in geo[task].items() if not _geometry_key(k)}
+            assert kept == stock_values, task
+    for task in TASKS:
+        stock_docs, geo_docs = stock_run.docs(task), metrics_run.docs(task)
+        assert stock_docs.keys() == geo_docs.keys()
+        for doc_id, row in stock_docs.items():
+            assert geo_docs[doc_id]["resps"] == row["resps"], (task, doc_id)
+            assert geo_docs[doc_id]["filtered_resps"] == row["filtered_resps"]
+            for metric in row["metrics"]:
+                assert geo_docs[doc_id][metric] == row[metric], (task, doc_id, metric)
+
+
+def test_stock_output_has_no_geometry(stock_run):
+    assert "lm_coupling" not in stock_run.results["config"]
+    assert stock_run.results["config"]["model"] == "hf"
+    assert not stock_run.geometry
+    assert not list(stock_run.output_dir.glob("*/geometry_*.json"))
+    for values in stock_run.results["results"].values():
+        assert not [k for k in values if _geometry_key(k)]
+    for rows in stock_run.samples.values():
+        for row in rows:
+            assert not set(ALL_METRICS) & set(row)
+    for line in _table_lines(stock_run.stdout):
+        assert not any(f"|{name} " in line for name in ALL_METRICS), line
+
+
+def test_printed_table_is_stock_plus_geometry_rows(stock_run, metrics_run):
+    stock_lines = _table_lines(stock_run.stdout)
+    geo_lines = _table_lines(metrics_run.stdout)
+    assert stock_lines
+    # Every stock row is printed unchanged, in the same order.
+    positions = [geo_lines.index(line) for line in stock_lines]
+    assert positions == sorted(positions)
+    printed = {
+        cells[4].strip() for cells in (line.split("|") for line in geo_lines) if len(cells) > 5
+    }
+    assert set(ALL_METRICS) <= printed
+
+
+def test_results_json_carries_metrics_and_provenance(metrics_run):
+    results = metrics_run.results
+    for task in TASKS:
+        values = results["results"][task]
+        for name in ALL_METRICS:
+            assert math.isfinite(values[f"{name},none"]), (task, name)
+            assert f"{name}_stderr,none" in values
+    info = results["config"]["lm_coupling"]
+    import lm_coupling
+
+    assert info["version"] == lm_coupling.__version__
+    assert info["metrics"] == list(ALL_METRICS)
+    assert info["options"]["coupling_docs"] == 25 and info["options"]["k"] == 10
+    shape = info["model_shape"]
+    assert shape["model_type"] == "gpt2"
+    assert (shape["n_layers"], shape["d_model"]) == (N_LAYERS, D_MODEL)
+    assert shape["n_params"] == results["config"]["model_num_parameters"]
+    assert shape["vocab_size"] > 0
+    assert results["higher_is_better"]["lmc_arc_easy_offline"]["coupling"] is True
+    assert results["higher_is_better"]["lmc_arc_easy_offline"]["lss"] is False
+
+
+def test_samples_carry_per_document_geometry(metrics_run):
+    for task in TASKS:
+        for row in metrics_run.samples[task]:
+            for name in ALL_METRICS:
+                assert name in row["metrics"]
+            assert math.isfinite(row["lss"]) and row["lss"] >= 1.0 - 1e-6
+            assert 0.0 <= row["logit_lens_entropy"] <= 1.0 + 1e-6
+
+
+def _check_profile(summary: dict, length: int) -> None:
+    assert set(summary) == {"mean", "stderr", "n"}
+    assert len(summary["mean"]) == len(summary["stderr"]) == len(summary["n"]) == length
+
+
+def test_geometry_files_follow_the_schema(metrics_run):
+    assert set(metrics_run.geometry) == set(TASKS)
+    for task, document in metrics_run.geometry.items():
+        n_docs = len(metrics_run.docs(task))
+        assert document["schema"] == SCHEMA
+        assert document["task"] == task
+        model = document["model"]
+        expected = {"name", "revision", "dtype", "model_type", "n_layers", "d_model"}
+        assert expected | {"n_params", "vocab_size"} <= set(model)
+        assert model["n_layers"] == N_LAYERS and model["d_model"] == D_MODEL
+        assert document["metrics"] == list(ALL_METRICS)
+        assert document["options"] == metrics_run.results["config"]["lm_coupling"]["options"]
+        assert document["n_documents"] == n_docs
+        assert document["failures"] == []
+        profiles = document["profiles"]
+        for name, length in (
+            ("norm", N_LAYERS + 1),
+            ("windowed_lss", N_LAYERS),
+            ("logit_lens_entropy", N_LAYERS + 1),
+            ("tv_to_target", N_LAYERS + 1),
+        ):
+            _check_profile(profiles[name], length)
+            assert profiles[name]["n"] == [n_docs] * length
+        for name in ("coupling", "alignment_ratio"):
+            matrix = document["matrices"][name]
+            assert matrix["n"] == n_docs
+            assert len(matrix["mean"]) == N_LAYERS
+            assert all(len(row) == N_LAYERS for row in matrix["mean"])
+        coupling = document["coupling"]
+        assert coupling["k"] == 10 and coupling["n_sampled"] == n_docs
+        assert coupling["norm"] == "l1" and coupling["pairs"] == "offdiag"
+        assert len(coupling["spectral_gap"]) == N_LAYERS == len(coupling["method"])
+        assert len(coupling["singular_values"]) == N_LAYERS
+    stamps = {p.name.rsplit("_", 1)[-1] for p in metrics_run.output_dir.glob("*/geometry_*")}
+    assert stamps == {f"{metrics_run.timestamp}.json"}
+
+
+def test_geometry_file_means_match_results(metrics_run):
+    # The windowed profile and the per-document values aggregate the same documents.
+    for task in TASKS:
+        docs = metrics_run.docs(task)
+        mean = sum(row["lss"] for row in docs.values()) / len(docs)
+        assert metrics_run.results["results"][task]["lss,none"] == pytest.approx(mean, abs=1e-9)
+
+
+def _assert_matches_library(run, model_path, library_geometry, coupling_docs: int) -> int:
+    checked = 0
+    for task in TASKS:
+        rows_by_doc: dict[int, list[dict]] = {}
+        for row in run.samples[task]:
+            rows_by_doc.setdefault(row["doc_id"], []).append(row)
+        for doc_id, rows in rows_by_doc.items():
+            reference = library_geometry(model_path, rows[0])
+            for name in ALL_METRICS:
+                expected = reference.values[name]
+                for row in rows:
+                    if name in SAMPLED and doc_id >= coupling_docs:
+                        assert name not in row, (task, doc_id, name)
+                    elif math.isfinite(expected):
+                        assert row[name] == pytest.approx(expected, abs=1e-4), (task, doc_id, name)
+                    else:
+                        assert name not in row, (task, doc_id, name)
+            checked += 1
+    return checked
+
+
+def test_gpt2_batched_geometry_equals_each_prompt_alone(
+    metrics_run, harness_setup, library_geometry
+):
+    checked = _assert_matches_library(
+        metrics_run, harness_setup.models["gpt2"], library_geometry, coupling_docs=25
+    )
+    assert checked == sum(len(metrics_run.docs(t)) for t in TASKS)
+
+
+def test_llama_geometry_equals_each_prompt_alone(llama_run, harness_setup, library_geometry):
+    assert llama_run.results["config"]["lm_coupling"]["model_shape"]["model_type"] == "llama"
+    _assert_matches_library(llama_run, harness_setup.models["llama"], library_geometry, 2)
+    for task in TASKS:
+        n_docs = len(llama_run.docs(task))
+        coupling = llama_run.geometry[task]["coupling"]
+        assert coupling["n_sampled"] == min(2, n_docs)
+        assert llama_run.geometry[task]["matrices"]["coupling"]["n"] == min(2, n_docs)
+
+
+def test_batch_size_does_not_change_geometry(metrics_run, metrics_run_bs1):
+    assert metrics_run_bs1.results["config"]["batch_size"] == "1"
+    for task in TASKS:
+        batched, alone = metrics_run.docs(task), metrics_run_bs1.docs(task)
+        assert batched.keys() == alone.keys()
+        for doc_id, row in batched.items():
+            for name in ALL_METRICS:
+                assert alone[doc_id][name] == pytest.approx(row[name], abs=1e-5), (task, name)
+        for profile, summary in metrics_run.geometry[task]["profiles"].items():
+            other = metrics_run_bs1.geometry[task]["profiles"][profile]["mean"]
+            np.testing.assert_allclose(
+                np.asarray(other, dtype=float), np.asarray(summary["mean"], dtype=float), atol=1e-5
+            )
+
+
+def test_metrics_named_in_output_of_lm_coupling_run(metrics_run_bs1):
+    assert re.search(r"\|\s*coupling\s*\|", metrics_run_bs1.stdout)
