@@ -7,9 +7,12 @@ from lm_coupling.capture.architecture import (
     register_override,
 )
 from lm_coupling.capture.collector import CaptureHandle, StateCollector, capture_prompt_states
+from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
 
 __all__ = [
     "CaptureHandle",
+    "JacobianEngine",
+    "naive_block_jacobians",
     "StateCollector",
     "capture_prompt_states",
     "ModelParts",

@@ -10,6 +10,7 @@ is absent) on the bundled sample tasks of all six benchmark formats with
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -45,6 +46,16 @@ def demo_model_path(out_dir: Path) -> Path:
     return path
 
 
+def demo_tasks_data() -> Path | None:
+    """The trained model's bundled evaluation items (None: use the hand-written samples)."""
+    try:
+        from lm_coupling.demo.assets import bundled_tasks_data_path
+
+        return bundled_tasks_data_path()
+    except (ImportError, FileNotFoundError):
+        return None
+
+
 def demo_arguments(model: Path, out_dir: Path, limit: int | None, device: str) -> list[str]:
     """The ``lm_eval run`` arguments of the demo."""
     args = [
@@ -57,6 +68,9 @@ def demo_arguments(model: Path, out_dir: Path, limit: int | None, device: str) -
         "--output_path", str(out_dir),
         "--log_samples",
     ]  # fmt: skip
+    data = demo_tasks_data()
+    if data is not None:
+        args += ["--metadata", json.dumps({"lmc_data_dir": str(data)})]
     if limit is not None:
         args += ["--limit", str(limit)]
     return args
@@ -70,7 +84,7 @@ def run_demo(args: argparse.Namespace) -> None:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the demo always reads the bundled samples
+    os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the demo always reads the bundled items
     out_dir = Path(args.out)
     model = args.model or demo_model_path(out_dir)
     run_lm_eval(demo_arguments(Path(model), out_dir, args.limit, args.device))

@@ -13,6 +13,7 @@ streamed block by block, without keeping the ``[B, T, L+1, d]`` stack.
 from __future__ import annotations
 
 import math
+
 import torch
 
 __all__ = [
