@@ -25,7 +25,28 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    parser.add_argument(
+        "--family",
+        default=None,
+        metavar="DIR",
+        help="evaluate every checkpoint of the trained model family in DIR (training it "
+        "there first if DIR holds none; see lm_coupling.demo.train) and report geometry "
+        "and accuracy against training step",
+    )
+    parser.add_argument(
+        "--reduced", action="store_true", help="with --family: train a reduced family (minutes)"
+    )
     return parser
+
+
+def family_checkpoints(family_dir: Path) -> list[Path]:
+    """Checkpoint folders ``<family>/<size>/step<N>``, by size then step."""
+
+    def step(path: Path) -> int:
+        return int("".join(ch for ch in path.name if ch.isdigit()) or 0)
+
+    found = [p.parent for p in family_dir.glob("*/step*/config.json")]
+    return sorted(found, key=lambda p: (p.parent.name, step(p)))
 
 
 def demo_model_path(out_dir: Path) -> Path:
@@ -56,7 +77,9 @@ def demo_tasks_data() -> Path | None:
         return None
 
 
-def demo_arguments(model: Path, out_dir: Path, limit: int | None, device: str) -> list[str]:
+def demo_arguments(
+    model: Path, out_dir: Path, limit: int | None, device: str, data: Path | None = None
+) -> list[str]:
     """The ``lm_eval run`` arguments of the demo."""
     args = [
         "--model", "hf",
@@ -68,7 +91,7 @@ def demo_arguments(model: Path, out_dir: Path, limit: int | None, device: str) -
         "--output_path", str(out_dir),
         "--log_samples",
     ]  # fmt: skip
-    data = demo_tasks_data()
+    data = data if data is not None else demo_tasks_data()
     if data is not None:
         args += ["--metadata", json.dumps({"lmc_data_dir": str(data)})]
     if limit is not None:
@@ -86,6 +109,26 @@ def run_demo(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the demo always reads the bundled items
     out_dir = Path(args.out)
-    model = args.model or demo_model_path(out_dir)
-    run_lm_eval(demo_arguments(Path(model), out_dir, args.limit, args.device))
+    if args.family:
+        run_family(Path(args.family), out_dir, args)
+    else:
+        model = args.model or demo_model_path(out_dir)
+        run_lm_eval(demo_arguments(Path(model), out_dir, args.limit, args.device))
     print(format_result(build_report(out_dir)))
+
+
+def run_family(family_dir: Path, out_dir: Path, args: argparse.Namespace) -> None:
+    """Evaluate every checkpoint of a trained family with ``--metrics all``."""
+    from lm_coupling.cli import run_lm_eval
+
+    if not family_checkpoints(family_dir):
+        from lm_coupling.demo.train import train_family
+
+        train_family(family_dir, device=args.device, reduced=args.reduced)
+    data = family_dir / "tasks_data"
+    for checkpoint in family_checkpoints(family_dir):
+        run_lm_eval(
+            demo_arguments(
+                checkpoint, out_dir, args.limit, args.device, data if data.is_dir() else None
+            )
+        )

@@ -116,7 +116,23 @@ def run_identity(data: dict[str, Any]) -> tuple[str, str, str]:
     model = args.get("pretrained") or args.get("model") or data.get("model_name") or "unknown"
     revision = config.get("model_revision") or args.get("revision") or "main"
     dtype = config.get("model_dtype") or args.get("dtype")
-    return str(model), str(revision), normalize_dtype(dtype)
+    model, revision = _split_local_checkpoint(str(model), str(revision))
+    return model, revision, normalize_dtype(dtype)
+
+
+def _split_local_checkpoint(model: str, revision: str) -> tuple[str, str]:
+    """``/runs/tiny/step400`` (revision main) -> (``/runs/tiny``, ``step400``).
+
+    Local checkpoints of one training run are revisions of one model, as hub
+    revisions such as Pythia's ``step1000`` are.
+    """
+    from lm_coupling.report.benchmarks import parse_step
+
+    path = model.rstrip("/")
+    head, _, last = path.rpartition("/")
+    if revision == "main" and head and parse_step(last) is not None:
+        return head, last
+    return model, revision
 
 
 def _local_config_shape(model: str) -> dict[str, float]:
