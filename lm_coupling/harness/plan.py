@@ -51,7 +51,9 @@ class DocumentPlan:
 def _gold_index(task, doc, n_choices: int) -> int:
     """Index of the gold choice, as lm-eval's multiple-choice scoring reads it."""
     try:
-        gold = task.doc_to_target(doc)
+        # Tasks whose choices are contexts (WinoGrande): lm-eval's gold is doc_to_text.
+        multiple_input = getattr(task, "multiple_input", 0)
+        gold = task.doc_to_text(doc) if multiple_input else task.doc_to_target(doc)
     except Exception:  # a task without a target still gets its geometry
         return 0
     if isinstance(gold, list):

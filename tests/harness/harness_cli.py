@@ -181,3 +181,8 @@ def prompt_of(hflm, row: dict[str, Any]) -> tuple[list[int], int]:
     inp = (context_enc + continuation_enc)[-(hflm.max_length + 1) :][:-1]
     last = len(inp) - len(continuation_enc)
     return inp[: last + 1], continuation_enc[0]
+
+
+def result_key(task: str, metric: str) -> str:
+    """The results-JSON key of ``metric`` (GSM8K reports per filter)."""
+    return f"{metric},{'strict-match' if 'gsm8k' in task else 'none'}"

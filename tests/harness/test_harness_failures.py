@@ -57,7 +57,9 @@ def failing_run(harness_setup):
             with geometry_run(session):
                 from lm_coupling.harness.model import CouplingHFLM
 
-                model = CouplingHFLM(pretrained=str(harness_setup.models["gpt2"]), batch_size=1)
+                model = CouplingHFLM(
+                    pretrained=str(harness_setup.models["gpt2"]), batch_size=1, device="cpu"
+                )
                 manager = TaskManager(
                     include_path=str(TASKS_DIR),
                     include_defaults=False,
