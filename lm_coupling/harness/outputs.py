@@ -13,7 +13,7 @@ import numpy as np
 
 import lm_coupling
 from lm_coupling.harness.session import GeometrySession, TaskRecords, profile_summary
-from lm_coupling.metrics.coupling import resolve_k
+from lm_coupling.plugins.builtin.coupling import clamped_k
 
 SCHEMA = "lm_coupling.geometry/1"
 MATRIX_PROFILES = ("coupling", "alignment_ratio")
@@ -48,7 +48,7 @@ def _coupling_section(profiles: dict, records: TaskRecords, session: GeometrySes
     n_sampled = sum(np.isfinite(doc.values.get("coupling", np.nan)) for doc in records.documents)
     d_model = session.model_shape.get("d_model") or 1
     return {
-        "k": resolve_k(options["k"], d_model),
+        "k": clamped_k(options["k"], d_model),
         "norm": options["norm"],
         "elementwise_abs": options["elementwise_abs"],
         "pairs": options["pairs"],

@@ -107,6 +107,8 @@ def run_cli(program: str, args: list[str], cwd: Path, timeout: int = RUN_TIMEOUT
     done = subprocess.run(
         command, cwd=cwd, env=offline_env(), capture_output=True, text=True, timeout=timeout
     )
+    (cwd / "stdout.txt").write_text(done.stdout, encoding="utf-8")  # kept for debugging
+    (cwd / "stderr.txt").write_text(done.stderr, encoding="utf-8")
     out = RunOutput(done.returncode, done.stdout, done.stderr, cwd / "results")
     return read_outputs(out)
 

@@ -86,16 +86,28 @@ def lmc_declare_metrics():
     ]
 
 
+def clamped_k(k: int | float, d_model: int) -> int:
+    """K for a model of width ``d_model``: an integer K is capped at d_model - 1.
+
+    One less than the width leaves ``s_{K+1}`` for the spectral gap; a small
+    model is then measured with every singular vector but one, rather than
+    failing.
+    """
+    if isinstance(k, int):
+        k = min(k, max(d_model - 1, 1))
+    return max(1, min(resolve_k(k, d_model), max(d_model - 1, 1)))
+
+
 def jacobian_k_max(options, d_model: int) -> int:
     """Largest K the selected coupling metrics need (at most d_model - 1)."""
-    wanted = [resolve_k(options.get("k", K.default), d_model)]
+    wanted = [clamped_k(options.get("k", K.default), d_model)]
     if "alignment_k" in options:
-        wanted.append(resolve_k(options["alignment_k"], d_model))
-    return max(1, min(max(wanted), d_model - 1))
+        wanted.append(clamped_k(options["alignment_k"], d_model))
+    return max(wanted)
 
 
 def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, torch.Tensor]:
-    k = min(resolve_k(options["k"], d_model), factors.U.shape[-1])
+    k = min(clamped_k(options["k"], d_model), factors.U.shape[-1])
     A = coupling_matrices(factors.U[..., :k], factors.JV[..., :k])
     m = miscoupling(
         A, factors.S[:, :k], norm=options["norm"], elementwise_abs=options["elementwise_abs"]
@@ -110,7 +122,7 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
 
 
 def _alignment_one(factors: JacobianFactors, options, d_model: int) -> torch.Tensor:
-    k = min(resolve_k(options["alignment_k"], d_model), factors.U.shape[-1])
+    k = min(clamped_k(options["alignment_k"], d_model), factors.U.shape[-1])
     return alignment_ratio(coupling_matrices(factors.U[..., :k], factors.JV[..., :k]))
 
 
@@ -137,7 +149,7 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
             "alignment_matrix",
         )
     }
-    k = resolve_k(options.get("k", K.default), d)
+    k = clamped_k(options.get("k", K.default), d)
     for factors in states.jacobians:
         nan_matrix = torch.full((L, L), math.nan)
         if "coupling" in wanted:
