@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -113,7 +114,8 @@ def run_with_geometry(args: argparse.Namespace, execute: Callable) -> None:
             execute(args)
         except LmCouplingError as exc:
             _fail(str(exc))
-    update_leaderboard(Path(args.output_path))
+    if int(os.environ.get("RANK", "0")) == 0:  # one writer under data parallelism
+        update_leaderboard(Path(args.output_path))
 
 
 @contextlib.contextmanager
