@@ -8,4 +8,11 @@ from lm_coupling.report.build import ReportResult, build_report
 from lm_coupling.report.leaderboard import write_leaderboard
 from lm_coupling.report.loading import ReportInputError, ReportWarning
 
-__all__ = ["SCHEMA_VERSION", "ReportInputError", "ReportResult", "ReportWarning", "build_report", "write_leaderboard"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "ReportInputError",
+    "ReportResult",
+    "ReportWarning",
+    "build_report",
+    "write_leaderboard",
+]
