@@ -144,7 +144,7 @@ def geometry_run(session: GeometrySession) -> Iterator[GeometrySession]:
             for path in write_geometry_files(directory, date_id, session, results):
                 log.info("lm-coupling: wrote %s", path)
 
-    sampled_filter = _SampledMetricsFilter(session)
+    sampled_filter = _SampledMetricsFilter()
     evaluator_log = logging.getLogger("lm_eval.evaluator_utils")
     TaskManager.load = load
     EvaluationTracker.save_results_aggregated = save_results_aggregated
@@ -165,10 +165,6 @@ class _SampledMetricsFilter(logging.Filter):
     Coupling is measured on a sample of documents by design; the geometry
     file records how many (``coupling.n_sampled``).
     """
-
-    def __init__(self, session: GeometrySession):
-        super().__init__()
-        self.session = session
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Metrics were not scored on the same number" not in record.getMessage()

@@ -101,6 +101,27 @@ def self_coupling(
     return [(layer, t) for layer, t, _ in keys], c
 
 
+def _context_coupling(
+    jacobians: PositionJacobians,
+    layer: int,
+    fixed_axis: int,
+    fixed_token: int,
+    k: int,
+    norm: str,
+    elementwise_abs: bool,
+) -> tuple[list[int], torch.Tensor]:
+    """Couple ``J^l_{t1 t2}`` over the free token, the token at ``fixed_axis`` held fixed.
+
+    ``fixed_axis`` indexes the ``(layer, t_in, t_out)`` key: 1 fixes t_in, 2 fixes t_out.
+    """
+    free_axis = 3 - fixed_axis
+    keys = sorted(k_ for k_ in jacobians if k_[0] == layer and k_[fixed_axis] == fixed_token)
+    name = "t_in" if fixed_axis == 1 else "t_out"
+    stacked = _stack(jacobians, keys, f"layer={layer}, {name}={fixed_token}")
+    c = pairwise_coupling(stacked, k, norm=norm, elementwise_abs=elementwise_abs)
+    return [key[free_axis] for key in keys], c
+
+
 def context_coupling_fixed_input(
     jacobians: PositionJacobians,
     layer: int,
@@ -125,12 +146,7 @@ def context_coupling_fixed_input(
     Returns:
         ``(t_outs, c)``: sorted output tokens t2 >= t1 and the ``[N, N]`` coupling.
     """
-    keys = sorted(key for key in jacobians if key[0] == layer and key[1] == t_in)
-    what = f"layer={layer}, t_in={t_in}"
-    c = pairwise_coupling(
-        _stack(jacobians, keys, what), k, norm=norm, elementwise_abs=elementwise_abs
-    )
-    return [key[2] for key in keys], c
+    return _context_coupling(jacobians, layer, 1, t_in, k, norm, elementwise_abs)
 
 
 def context_coupling_fixed_output(
@@ -157,9 +173,4 @@ def context_coupling_fixed_output(
     Returns:
         ``(t_ins, c)``: sorted input tokens t1 <= t2 and the ``[N, N]`` coupling.
     """
-    keys = sorted(key for key in jacobians if key[0] == layer and key[2] == t_out)
-    what = f"layer={layer}, t_out={t_out}"
-    c = pairwise_coupling(
-        _stack(jacobians, keys, what), k, norm=norm, elementwise_abs=elementwise_abs
-    )
-    return [key[1] for key in keys], c
+    return _context_coupling(jacobians, layer, 2, t_out, k, norm, elementwise_abs)
