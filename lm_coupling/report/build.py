@@ -26,6 +26,9 @@ from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
 from lm_coupling.report.within_model import within_model
 
+# Geometry drawn over training when revisions name steps (besides the primary metric).
+TRAINING_METRICS = ("coupling", "lss", "expodistance")
+
 
 @dataclass
 class ReportResult:
@@ -100,11 +103,12 @@ def _figures(board, corr, primary, geometry, out_dir: Path) -> list[Path]:
     paths += _per_model_figures(geometry, out_dir)
     steps = board.assign(_s=board["revision"].map(parse_step)).dropna(subset=["_s"])
     if len(steps) >= 2 and steps.groupby("model")["_s"].nunique().max() >= 2:
-        shown = [c for c in (primary, AVERAGE) if c and c in board.columns]
-        axes = fig.new_axes(len(shown), figsize=(5.0 * len(shown), 4.5))
-        for ax, metric in zip(axes, shown, strict=True):
-            fig.metric_vs_step(board, metric, ax=ax)
-        paths += _save(axes[0], out_dir, "emergence")
+        if AVERAGE in board.columns:
+            shown = [c for c in dict.fromkeys((primary, *TRAINING_METRICS)) if c in board.columns]
+            axes = fig.training_dynamics(board, shown, AVERAGE)
+            paths += _save(axes[0][0], out_dir, "emergence")
+        elif primary in board.columns:
+            paths += _save(fig.metric_vs_step(board, primary), out_dir, "emergence")
     return paths
 
 

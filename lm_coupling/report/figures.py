@@ -34,6 +34,12 @@ def new_axes(ncols: int = 1, figsize: tuple[float, float] = FIGSIZE) -> list[Axe
     return [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 
+def new_grid(nrows: int, ncols: int, cell: tuple[float, float] = (4.0, 3.4)) -> np.ndarray:
+    """A fresh figure with an ``nrows x ncols`` array of axes, ``cell`` inches each."""
+    fig = Figure(figsize=(cell[0] * ncols, cell[1] * nrows), dpi=DPI, layout="constrained")
+    return np.asarray(fig.subplots(nrows, ncols, squeeze=False))
+
+
 def _short(model: str) -> str:
     return model.rstrip("/").split("/")[-1]
 
@@ -169,3 +175,55 @@ def metric_vs_step(board: pd.DataFrame, metric: str, ax: Axes | None = None) -> 
     if len(data):
         ax.legend(fontsize=7)
     return ax
+
+
+def _spans_decades(values: pd.Series, decades: float = 2.0) -> bool:
+    """True when ``values`` are positive and span more than ``decades`` powers of ten."""
+    values = values.dropna()
+    return bool(len(values)) and values.min() > 0 and values.max() / values.min() > 10**decades
+
+
+def training_dynamics(board: pd.DataFrame, metrics: Sequence[str], target: str) -> np.ndarray:
+    """Score and geometry over training, and geometry against score, per model.
+
+    Top row: ``target`` and each of ``metrics`` against training step (from
+    the revision, e.g. ``step512``; symmetric-log axis so that the
+    initialisation, step 0, is shown). Bottom row: each metric against
+    ``target``, the checkpoints of a model joined in step order and its last
+    one ringed, so that the path from initialisation to the trained model reads
+    left to right or right to left (the papers' emergence plots). A metric
+    whose values span more than two decades (expodistance at initialisation)
+    gets a log axis.
+
+    Returns:
+        The ``2 x (len(metrics) + 1)`` axes array (the bottom-left one is off).
+    """
+    columns = [target, *metrics]
+    data = board.assign(_step=board["revision"].map(parse_step)).dropna(subset=["_step"])
+    axes = new_grid(2, len(columns))
+    for ax, column in zip(axes[0], columns, strict=True):
+        for model, group in data.dropna(subset=[column]).groupby("model"):
+            group = group.sort_values("_step")
+            ax.plot(group["_step"], group[column], marker="o", ms=3, label=_short(str(model)))
+        ax.set_xscale("symlog", linthresh=1.0)
+        if _spans_decades(data[column]):
+            ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_title(f"{column} over training", fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].set_axis_off()
+    for ax, column in zip(axes[1][1:], metrics, strict=True):
+        for model, group in data.dropna(subset=[column, target]).groupby("model"):
+            group = group.sort_values("_step")
+            line = ax.plot(group[column], group[target], marker="o", ms=3, label=_short(str(model)))
+            last = group.iloc[-1]
+            ax.scatter(
+                [last[column]], [last[target]], s=60, facecolors="none",
+                edgecolors=line[0].get_color(), zorder=3,
+            )  # fmt: skip
+        if _spans_decades(data[column]):
+            ax.set_xscale("log")
+        ax.set_xlabel(column)
+        ax.set_ylabel(target)
+        ax.set_title(f"{target} vs {column} (ring: last step)", fontsize=9)
+    return axes

@@ -1,0 +1,57 @@
+"""Figure functions drawn from small leaderboards whose values are known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from lm_coupling.report.benchmarks import AVERAGE
+from lm_coupling.report.figures import training_dynamics
+
+
+def _family_board() -> pd.DataFrame:
+    rows = []
+    for model, scale in (("fam/tiny", 1.0), ("fam/small", 2.0)):
+        # Revisions out of order on purpose: lines must follow the step, not the row order.
+        for step in (64, 0, 8, 1):
+            rows.append(
+                {
+                    "model": model,
+                    "revision": f"step{step}",
+                    AVERAGE: 0.25 + 0.001 * step * scale,
+                    "coupling": 0.5 + 0.004 * step,
+                    "lss": 2.0 - 0.01 * step,
+                    "expodistance": 1e4 / (1 + step) ** 2,
+                }
+            )
+    rows.append({"model": "other", "revision": "main", AVERAGE: 0.9, "coupling": 0.1})
+    return pd.DataFrame(rows)
+
+
+def test_training_dynamics_draws_each_model_in_step_order():
+    board = _family_board()
+    axes = training_dynamics(board, ["coupling", "lss", "expodistance"], AVERAGE)
+    assert axes.shape == (2, 4)
+    steps = [0, 1, 8, 64]
+    for ax, column in zip(axes[0], [AVERAGE, "coupling", "lss", "expodistance"], strict=True):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == {"tiny", "small"}  # "other" has no step revision
+        for model in ("tiny", "small"):
+            expected = (
+                board[board["model"] == f"fam/{model}"]
+                .assign(s=lambda d: d["revision"].str[4:].astype(int))
+                .sort_values("s")[column]
+            )
+            np.testing.assert_array_equal(lines[model].get_xdata(), steps)
+            np.testing.assert_allclose(lines[model].get_ydata(), expected.to_numpy())
+        assert ax.get_xscale() == "symlog"  # step 0 stays on the axis
+    assert axes[0][3].get_yscale() == "log"  # expodistance spans four decades
+    assert axes[0][1].get_yscale() == "linear"
+    assert not axes[1][0].axison
+    for ax, column in zip(axes[1][1:], ["coupling", "lss", "expodistance"], strict=True):
+        tiny = next(line for line in ax.get_lines() if line.get_label() == "tiny")
+        rows = board[board["model"] == "fam/tiny"].set_index("revision")
+        order = [f"step{s}" for s in steps]
+        np.testing.assert_allclose(tiny.get_xdata(), rows.loc[order, column])
+        np.testing.assert_allclose(tiny.get_ydata(), rows.loc[order, AVERAGE])
+    assert axes[1][3].get_xscale() == "log"
