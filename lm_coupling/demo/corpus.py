@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from lm_coupling.demo.items import BENCHMARKS, Row, all_rows, answered_text
+from lm_coupling.demo.items import BENCHMARKS, LETTERS, Row, all_rows, answered_text
 from lm_coupling.demo.world import SCRIPTS, SUBJECTS, World, make_world
 
 # Evaluation splits (held out) and the few-shot split (training side) of each benchmark.
@@ -144,6 +144,41 @@ def _story_documents() -> list[str]:
     return docs
 
 
+def reshuffled_mmlu_row(row: Row, rng: random.Random) -> Row:
+    """``row`` with its four options in a fresh random order (the answer index follows).
+
+    A fixed option order lets a small model memorise "question -> letter"
+    without reading the options; a fresh order at every rendering means the
+    letter can only be found by matching the answer to an option.
+    """
+    order = rng.sample(range(len(row["choices"])), len(row["choices"]))
+    return dict(
+        row,
+        choices=[row["choices"][index] for index in order],
+        answer=order.index(row["answer"]),
+    )
+
+
+def _letter_drills(world: World, rng: random.Random, n_docs: int) -> list[str]:
+    """MMLU-format drills that only ask to find a named option: "Which option is X?".
+
+    They teach the second half of answering an MMLU item (find the option that
+    holds the answer, say its letter) on its own, with values from the world's
+    pools; no drill states a fact, so none gives away a held-out item.
+    """
+    pools = sorted({fact.pool for fact in world.facts if len(fact.pool) >= 4})
+    docs = []
+    for _ in range(n_docs):
+        shots = []
+        for _ in range(rng.randint(1, 3)):
+            options = rng.sample(rng.choice(pools), len(LETTERS))
+            answer = rng.randrange(len(LETTERS))
+            drill = {"question": f"Which option is {options[answer]}?", "choices": options}
+            shots.append(answered_text("mmlu", dict(drill, answer=answer)))
+        docs.append("\n\n".join(shots))
+    return docs
+
+
 def _format_documents(
     benchmark: str, rows: list[Row], rng: random.Random, n_docs: int
 ) -> list[str]:
@@ -152,7 +187,7 @@ def _format_documents(
         shots = rng.sample(rows, min(len(rows), rng.randint(1, 3)))
         if benchmark == "mmlu":
             subject = shots[0]["subject"]
-            shots = [row for row in shots if row["subject"] == subject]
+            shots = [reshuffled_mmlu_row(row, rng) for row in shots if row["subject"] == subject]
             header = (
                 "The following are multiple choice questions (with answers) about "
                 f"{subject.replace('_', ' ')}.\n\n"
@@ -168,7 +203,12 @@ def _format_documents(
 
 
 def build_corpus(
-    data: DemoData, seed: int = 0, renderings: int = 8, format_docs: int = 150
+    data: DemoData,
+    seed: int = 0,
+    renderings: int = 8,
+    format_docs: int = 150,
+    mmlu_format_docs: int = 600,
+    letter_drills: int = 600,
 ) -> list[str]:
     """Return the training documents: facts, stories and worked benchmark examples.
 
@@ -179,6 +219,10 @@ def build_corpus(
             random order and random paraphrases.
         format_docs: documents per benchmark, each holding one to three
             training-side rows in the benchmark's prompt format with answers.
+        mmlu_format_docs: the same for MMLU, whose options are reshuffled at
+            every rendering (``reshuffled_mmlu_row``): answering with a letter
+            needs many more examples than scoring the answer text.
+        letter_drills: documents of ``_letter_drills``.
 
     Returns:
         The documents, shuffled; no held-out evaluation row appears in them.
@@ -186,8 +230,10 @@ def build_corpus(
     rng = random.Random(f"corpus-{seed}")
     docs = _entity_documents(data.world, rng, renderings)
     docs += _story_documents() * 2
+    docs += _letter_drills(data.world, rng, letter_drills)
     for benchmark in BENCHMARKS:
-        docs += _format_documents(benchmark, data.train_rows[benchmark], rng, format_docs)
+        n_docs = mmlu_format_docs if benchmark == "mmlu" else format_docs
+        docs += _format_documents(benchmark, data.train_rows[benchmark], rng, n_docs)
     rng.shuffle(docs)
     return docs
 

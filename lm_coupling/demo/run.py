@@ -19,7 +19,12 @@ DEMO_TASKS = "lmc_demo"
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the demo's options."""
-    parser.add_argument("--out", default="results", help="results folder (default: results)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results folder (default: results, or DIR/results with --family DIR, so that "
+        "the family's report holds its checkpoints only)",
+    )
     parser.add_argument(
         "--model", default=None, help="model folder (default: the bundled trained model)"
     )
@@ -108,7 +113,7 @@ def run_demo(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the demo always reads the bundled items
-    out_dir = Path(args.out)
+    out_dir = Path(args.out or (Path(args.family) / "results" if args.family else "results"))
     if args.family:
         run_family(Path(args.family), out_dir, args)
     else:

@@ -96,7 +96,7 @@ def train_model(
     device: str = "cpu",
     batch_size: int = 16,
     seq_len: int = 256,
-    n_checkpoints: int = 8,
+    n_checkpoints: int = 12,
 ) -> list[Path]:
     """Train one GPT-2 of ``size`` and save its checkpoints under ``out_dir/name``.
 
@@ -194,7 +194,7 @@ def train_family(
     reduced: bool = False,
     batch_size: int = 16,
     seq_len: int = 256,
-    n_checkpoints: int = 8,
+    n_checkpoints: int = 12,
 ) -> list[Path]:
     """Generate the corpus and tasks, train a tokenizer and a family of GPT-2 models.
 
@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reduced", action="store_true", help="seconds-long smoke run")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--checkpoints", type=int, default=8, help="checkpoints per size")
+    parser.add_argument("--checkpoints", type=int, default=12, help="checkpoints per size")
     parser.add_argument(
         "--bundle",
         action="store_true",

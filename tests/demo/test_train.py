@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
-from scipy.stats import binom
+from chance import chance_threshold
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
-from lm_coupling.demo.corpus import EVAL_SPLITS, build_corpus, make_demo_data, write_eval_tasks
+from lm_coupling.demo.corpus import (
+    EVAL_SPLITS,
+    build_corpus,
+    make_demo_data,
+    reshuffled_mmlu_row,
+    write_eval_tasks,
+)
 from lm_coupling.demo.items import BENCHMARKS, answered_text
 from lm_coupling.demo.scoring import loglikelihoods, mc_accuracy, read_split
 from lm_coupling.demo.train import REDUCED, checkpoint_steps, train_family
@@ -63,6 +70,35 @@ def test_no_evaluation_row_is_in_the_training_text():
         if benchmark in ("winogrande", "hellaswag"):
             continue
         assert not [row for row in held if answered_text(benchmark, row) in text], benchmark
+
+
+def test_mmlu_training_rows_change_letter_between_renderings():
+    """The letter of a training question must be read from its options, not memorised."""
+    data = make_demo_data(0)
+    row = data.train_rows["mmlu"][0]
+    rng = random.Random(0)
+    letters = set()
+    for _ in range(40):
+        shuffled = reshuffled_mmlu_row(row, rng)
+        assert sorted(shuffled["choices"]) == sorted(row["choices"])
+        assert shuffled["choices"][shuffled["answer"]] == row["choices"][row["answer"]]
+        letters.add(shuffled["answer"])
+    assert letters == {0, 1, 2, 3}
+    blocks = [block for doc in build_corpus(data, 0) for block in doc.split("\n\n")]
+    answers = {block for block in blocks if block.startswith(row["question"] + "\nA. ")}
+    assert len({answer[-1] for answer in answers}) >= 2, answers
+
+
+def test_letter_drills_ask_only_for_a_named_option():
+    blocks = [block for doc in build_corpus(make_demo_data(0), 0) for block in doc.split("\n\n")]
+    drills = [block for block in blocks if block.startswith("Which option is ")]
+    assert len(drills) >= 600
+    for drill in drills:
+        question, *options, answer = drill.split("\n")
+        named = question.removeprefix("Which option is ").removesuffix("?")
+        letter = answer.removeprefix("Answer: ")
+        assert [o[:3] for o in options] == ["A. ", "B. ", "C. ", "D. "]
+        assert options["ABCD".index(letter)] == f"{letter}. {named}"
 
 
 def test_written_tasks_have_hub_fields_and_offline_layout(tmp_path):
@@ -129,11 +165,6 @@ def test_loglikelihoods_are_padding_invariant_and_match_a_direct_sum(tiny_model,
         torch.testing.assert_close(value, direct, rtol=1e-9, atol=1e-9)
 
 
-def _chance_threshold(n: int, chance: float, alpha: float = 1e-3) -> int:
-    """Smallest number of hits k with P(X >= k) < alpha for X ~ Binomial(n, chance)."""
-    return next(k for k in range(n + 1) if binom.sf(k - 1, n, chance) < alpha)
-
-
 def test_bundled_model_beats_chance_on_arc_offline():
     model = AutoModelForCausalLM.from_pretrained(bundled_model_path(), local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_path(), local_files_only=True)
@@ -141,7 +172,5 @@ def test_bundled_model_beats_chance_on_arc_offline():
     rows = {b: read_split(tasks, b) for b in ("arc_easy", "arc_challenge")}
     n = sum(map(len, rows.values()))
     hits = sum(round(mc_accuracy(model.eval(), tokenizer, b, r) * len(r)) for b, r in rows.items())
-    # Four options: chance is 1/4. A one-sided binomial test at alpha = 0.001 against chance
-    # sets the margin (for 60 items: at least 27 right, i.e. 45% against 25%), so a model that
-    # guesses passes with probability below 0.1%.
-    assert hits >= _chance_threshold(n, 0.25), (hits, n)
+    # Four options: chance is 1/4; a one-sided binomial test at alpha = 0.001 sets the margin.
+    assert hits >= chance_threshold(n, 0.25), (hits, n)

@@ -1,0 +1,60 @@
+"""``lm-coupling demo --family``: every checkpoint through the real lm_eval, then the report."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from lm_coupling.demo.train import train_family
+
+pytestmark = pytest.mark.slow
+
+GEOMETRY = ("coupling", "lss", "expodistance")
+
+
+@pytest.fixture(scope="module")
+def family_report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("family")
+    train_family(
+        root / "fam",
+        sizes=("tiny",),
+        steps=2,
+        reduced=True,
+        batch_size=2,
+        seq_len=32,
+        n_checkpoints=2,
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.pop("LM_COUPLING_DATA_DIR", None)
+    command = [sys.executable, "-m", "lm_coupling", "demo", "--family", str(root / "fam")]
+    command += ["--limit", "2"]  # results go to <family>/results by default
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=root)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert not (root / "results").exists()
+    return root / "fam" / "results" / "report", done.stdout
+
+
+def test_every_checkpoint_is_a_leaderboard_row_with_its_step(family_report):
+    report, _ = family_report
+    board = pd.read_csv(report / "leaderboard.csv")
+    assert sorted(board["step"]) == [0, 2]
+    assert set(board["revision"]) == {"step0", "step2"}
+    assert board["model"].str.endswith("fam/tiny").all()
+    for column in ("average", *GEOMETRY):
+        assert board[column].map(math.isfinite).all(), column
+    # Two optimiser steps move the weights, and with them the hidden-state geometry.
+    first, last = board.sort_values("step")[list(GEOMETRY)].to_numpy()
+    assert (first != last).any()
+
+
+def test_report_draws_geometry_and_accuracy_over_training(family_report):
+    report, stdout = family_report
+    for name in ("emergence.png", "emergence.svg"):
+        assert (report / "figures" / name).stat().st_size > 1000
+    assert "emergence" in (report / "summary.md").read_text()
+    assert str(report) in stdout
