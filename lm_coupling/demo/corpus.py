@@ -3,7 +3,9 @@
 The training text states every fact of the world (``lm_coupling.demo.world``)
 in several paraphrases, tells the activity scripts as stories, and shows
 worked examples in each benchmark's prompt format, so that a small model learns
-both the facts and the formats. Evaluation items ask about the same facts in
+both the facts and the formats. MMLU-format examples get their options
+reshuffled at every rendering, and "Which option is X?" drills practise
+answering with a letter on its own. Evaluation items ask about the same facts in
 the benchmark format, but no evaluation item is in the training text: for each
 benchmark a seeded part of the candidate items is held out, and only the rest
 appears as worked examples (and in the few-shot split files).

@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -36,11 +37,13 @@ GEOMETRY = ("lss", "expodistance", "equidistance", "logit_lens_entropy")
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "results"
+    root = tmp_path_factory.mktemp("demo")
+    out = root / "results"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.pop("LM_COUPLING_DATA_DIR", None)
     command = [sys.executable, "-m", "lm_coupling", "demo", "--out", str(out)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    # Run outside the checkout, so that `-m` imports the installed package, as the test does.
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=root)
     assert done.returncode == 0, done.stderr[-4000:]
     (results,) = out.glob("*/results_*.json")
     return out, json.loads(results.read_text())
@@ -49,7 +52,11 @@ def demo_run(tmp_path_factory):
 def test_bundled_model_beats_chance_through_lm_eval(demo_run):
     _, data = demo_run
     results, n_samples = data["results"], data["n-samples"]
-    assert str(bundled_model_path()) in str(data["config"]["model_args"])
+    # The bundled model, from whichever copy of the package the run imported.
+    evaluated = Path(data["config"]["model_args"]["pretrained"])
+    assert evaluated.parts[-4:] == bundled_model_path().parts[-4:]
+    weights = "model.safetensors"
+    assert (evaluated / weights).read_bytes() == (bundled_model_path() / weights).read_bytes()
     for task, chance in MULTIPLE_CHOICE.items():
         n = n_samples[task]["effective"]
         assert n >= 20, task
