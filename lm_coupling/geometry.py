@@ -187,20 +187,9 @@ class GeometryRunner:
             sampled: also compute the Jacobian metrics.
         """
         input_ids = torch.as_tensor(input_ids).reshape(-1)
-        embedding_weight = getattr(self.parts.embedding, "weight", None)
-        device = (
-            embedding_weight.device
-            if embedding_weight is not None
-            else next(self.model.parameters()).device
-        )
         doc = DocumentGeometry()
         if self.collector is not None:
-            last = torch.tensor([input_ids.numel() - 1])
-            first = torch.zeros(1, dtype=torch.long)
-            with self.capture(last, first, torch.tensor([target_token])) as handle:
-                with torch.no_grad():
-                    self.model(input_ids[None].to(device))
-            (doc,) = self.compute(handle.states)
+            (doc,) = self.compute(self.collector.capture_prompt(input_ids, target_token))
         if sampled and self.sampled_metrics:
             doc.merge(self.compute_sampled(input_ids))
         return doc

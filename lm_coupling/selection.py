@@ -81,8 +81,8 @@ def parse_metric_args(text: str | dict | None, specs: dict[str, MetricSpec]) -> 
     Raises:
         ConfigurationError: malformed pair, unknown option, or a bad value.
     """
-    options = {opt.name: opt.default for spec in specs.values() for opt in spec.options}
     by_name = {opt.name: opt for spec in specs.values() for opt in spec.options}
+    options = {name: opt.default for name, opt in by_name.items()}
     if text is None or text == "":
         return options
     pairs = text.items() if isinstance(text, dict) else _split_pairs(text)

@@ -30,6 +30,7 @@ __all__ = [
     "block_output_hidden",
     "locate_model_parts",
     "register_override",
+    "work_dtype",
 ]
 
 FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "model_norm")
@@ -97,6 +98,11 @@ def register_override(
     _OVERRIDES[model_type] = entry
 
 
+def work_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; every other dtype is computed in float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def block_output_hidden(output) -> torch.Tensor:
     """Return the hidden states ``[B, T, d]`` from a decoder block's return value.
 
@@ -162,6 +168,15 @@ class ModelParts:
         """The number of unembedding rows V."""
         return self.unembed_weight.shape[0]
 
+    @property
+    def input_device(self) -> torch.device:
+        """The device token ids go to: the input embedding's (else block 1's, else CPU)."""
+        for module in (self.embedding, self.blocks[0]):
+            param = next(module.parameters(), None)
+            if param is not None:
+                return param.device
+        return torch.device("cpu")
+
     def _norm_in(self, dtype: torch.dtype) -> nn.Module:
         """The final norm with parameters in ``dtype``: the model's own or a cached copy."""
         params = list(self.final_norm.parameters()) + list(self.final_norm.buffers())
@@ -185,7 +200,7 @@ class ModelParts:
             ``[..., d]`` ``N(x)`` in float32 (float64 for float64 input), on the
             norm's device; ``x`` converted when there is no final norm.
         """
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        dtype = work_dtype(x)
         if self.final_norm is None:
             return x.to(dtype)
         norm = self._norm_in(dtype)
@@ -207,7 +222,7 @@ class ModelParts:
         Returns:
             ``[..., V]`` logits on the unembedding weight's device.
         """
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+        dtype = work_dtype(x)
         weight = self.unembed_weight
         x = x.to(device=weight.device, dtype=dtype)
         with torch.no_grad():
@@ -236,14 +251,6 @@ def _resolve(root: nn.Module, path: str):
         else:
             obj = getattr(obj, part, None)
     return obj
-
-
-def _module_path(root: nn.Module, module: nn.Module) -> str:
-    """The dotted path of ``module`` inside ``root`` (for messages)."""
-    for name, sub in root.named_modules():
-        if sub is module:
-            return name or "<model>"
-    return f"<{type(module).__name__} outside the model>"
 
 
 def _text_config(model: nn.Module):

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.metrics.lens import lens_summary
 from lm_coupling.metrics.trajectory import TrajectoryAccumulator
@@ -47,11 +47,6 @@ class CaptureHandle:
     states: GeometryStates | None = None
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """float64 stays float64; every other dtype is summarised in float32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
 def _as_index(values, name: str) -> torch.Tensor:
     """A 1-D int64 CPU tensor from a sequence or tensor of indices."""
     tensor = torch.as_tensor(values).detach().cpu()
@@ -73,6 +68,7 @@ class _Run:
         self.n_tokens = 0
         self.accumulator = None
         self.lens_rows: list[torch.Tensor] = []
+        self.row_index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
@@ -116,16 +112,25 @@ class _Run:
     def _take(self, hidden: torch.Tensor) -> None:
         """Reduce one state ``[B, T, d]`` and keep only the reductions."""
         hidden = hidden.detach()
-        dtype, device = _compute_dtype(hidden), self.collector.device
+        dtype, device = work_dtype(hidden), self.collector.device
         rows = None
         if self.collector.lens or self.collector.tokens == "last":
-            batch = torch.arange(hidden.shape[0], device=hidden.device)
-            rows = hidden[batch, self.last.to(hidden.device)]  # [B, d]
+            rows = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)  # [B, d]
         if self.collector.lens:
-            self.lens_rows.append(rows.to(device=device, dtype=dtype))
+            self.lens_rows.append(rows)
         if self.accumulator is not None:
-            state = rows[:, None] if self.collector.tokens == "last" else hidden
-            self.accumulator.update(state.to(device=device, dtype=dtype))
+            if self.collector.tokens == "last":
+                self.accumulator.update(rows[:, None])
+            else:
+                self.accumulator.update(hidden.to(device=device, dtype=dtype))
+
+    def _index_at_n(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(arange(B), last)`` on ``device``, made once per device (blocks may be spread)."""
+        index = self.row_index.get(device)
+        if index is None:
+            batch = torch.arange(len(self.last), device=device)
+            index = self.row_index[device] = (batch, self.last.to(device))
+        return index
 
     def finish(self) -> GeometryStates:
         """Finalize the summaries of a complete forward."""
@@ -276,6 +281,41 @@ class StateCollector:
             for hook in hooks:
                 hook.remove()
 
+    def capture_prompt(
+        self, input_ids: Sequence[int] | torch.Tensor, target_token: int = -1
+    ) -> GeometryStates:
+        """Capture the geometry of one prompt alone, without padding (the reference route).
+
+        The target position n is the last token ``T - 1``; the token mask covers
+        positions 1..T-1 (or T-1 alone with ``tokens="last"``).
+
+        Args:
+            input_ids: ``[T]`` token ids of the prompt.
+            target_token: gold next token at n, -1 for none.
+
+        Returns:
+            :class:`GeometryStates` with B = 1.
+
+        Raises:
+            ValueError: ``input_ids`` is not a non-empty 1-D sequence.
+            LmCouplingError: the forward did not run every block through the hooks.
+        """
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point():
+            raise ValueError(
+                f"input_ids must be a non-empty 1-D integer sequence, got shape {tuple(ids.shape)}"
+            )
+        n = ids.numel() - 1
+        with torch.no_grad(), self.capture([n], [0], [target_token]) as handle:
+            ids = ids[None].to(device=self.parts.input_device, dtype=torch.int64)
+            self.model(ids, use_cache=False)
+        if handle.states is None:
+            raise LmCouplingError(
+                "the forward pass did not run every decoder block through its hooks; "
+                "check the model's override (register_override)"
+            )
+        return handle.states
+
 
 def _bind(post_hook, layer: int):
     """A forward hook that calls ``post_hook(layer, module, args, output)``."""
@@ -293,10 +333,9 @@ def capture_prompt_states(
     target_token: int = -1,
     **collector_kwargs,
 ) -> GeometryStates:
-    """Capture the geometry of one prompt alone, without padding (the reference route).
+    """Capture the geometry of one prompt alone with a new :class:`StateCollector`.
 
-    The target position n is the last token ``T - 1``; the token mask covers
-    positions 1..T-1 (or T-1 alone with ``tokens="last"``).
+    See :meth:`StateCollector.capture_prompt`.
 
     Args:
         model: the causal LM.
@@ -312,22 +351,7 @@ def capture_prompt_states(
     Raises:
         ValueError: ``input_ids`` is not a non-empty 1-D sequence.
     """
-    ids = torch.as_tensor(input_ids)
-    if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point():
-        raise ValueError(
-            f"input_ids must be a non-empty 1-D integer sequence, got shape {tuple(ids.shape)}"
-        )
     collector_kwargs.setdefault("trajectory", True)
     collector_kwargs.setdefault("lens", True)
     collector = StateCollector(model, parts, **collector_kwargs)
-    weight = getattr(parts.embedding, "weight", None)
-    device = weight.device if isinstance(weight, torch.Tensor) else collector.device
-    n = ids.numel() - 1
-    with torch.no_grad(), collector.capture([n], [0], [target_token]) as handle:
-        model(ids[None].to(device=device, dtype=torch.int64), use_cache=False)
-    if handle.states is None:
-        raise LmCouplingError(
-            "the forward pass did not run every decoder block through its hooks; "
-            "check the model's override (register_override)"
-        )
-    return handle.states
+    return collector.capture_prompt(input_ids, target_token)

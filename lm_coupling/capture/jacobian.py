@@ -83,10 +83,6 @@ def _check_int(name: str, value, low: int, high: int | None = None) -> int:
     return value
 
 
-def _model_device(parts: ModelParts) -> torch.device:
-    return next(parts.embedding.parameters()).device
-
-
 class JacobianEngine:
     """Block Jacobians at the target position n of one prompt, block by block.
 
@@ -157,7 +153,8 @@ class JacobianEngine:
         )
 
     def _record_last(self, input_ids: torch.Tensor) -> list[BlockCall]:
-        ids = _check_ids(input_ids).to(_model_device(self.parts))
+        """The last-token block calls of checked ids ``[T]`` (see :func:`_check_ids`)."""
+        ids = input_ids.to(self.parts.input_device)
         return record_last_token(self.model, self.parts, ids, self.dtype)
 
     def dense_jacobians(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -170,9 +167,10 @@ class JacobianEngine:
             ``[L, d, d]`` J^l (rows: output coordinates), float32 (float64 for
             a float64 model), on the last block's device.
         """
+        ids = _check_ids(input_ids)
         with engine_mode(self.model):
-            calls = self._record_last(input_ids)
-            context = _check_ids(input_ids).shape[0]
+            calls = self._record_last(ids)
+            context = ids.shape[0]
             jacobians = []
             for call in calls:
                 f, x = call.last_token_map()
@@ -255,9 +253,9 @@ class JacobianEngine:
     ) -> torch.Tensor:
         """``[L, d, K]`` with ``[m] = J^l V_m``: a matrix product, or one batched JVP."""
         L, d, k = V.shape
-        tangents = V.permute(1, 0, 2).reshape(d, L * k).to(J.device if J is not None else V.device)
+        tangents = V.permute(1, 0, 2).reshape(d, L * k)
         if J is not None:
-            out = J @ tangents
+            out = J @ tangents.to(J.device)
         else:
             f, x = call.last_token_map()
             out = jvp_columns(f, x, tangents.to(x.device), self._chunk(x, context))
@@ -307,7 +305,7 @@ class JacobianEngine:
                 f"found t_in={t_in}, t_out={t_out}; the Jacobian is zero there"
             )
         with engine_mode(self.model):
-            device = _model_device(self.parts)
+            device = self.parts.input_device
             call = record_full_sequence(self.model, self.parts, ids.to(device), self.dtype)[layer]
             f, x = call.position_map(t_in, t_out)
             return dense_jacobian(f, x, self._chunk(x, T * T))
@@ -337,7 +335,7 @@ def naive_block_jacobians(
     ids = _check_ids(input_ids)
     dtype = compute_dtype(parts)
     with engine_mode(model):
-        calls = record_full_sequence(model, parts, ids.to(_model_device(parts)), dtype)
+        calls = record_full_sequence(model, parts, ids.to(parts.input_device), dtype)
         return torch.stack([_naive_rows(call) for call in calls])
 
 

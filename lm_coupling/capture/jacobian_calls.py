@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.errors import LmCouplingError
 
 __all__ = [
@@ -38,8 +38,8 @@ __all__ = [
 
 def compute_dtype(parts: ModelParts) -> torch.dtype:
     """The engine's dtype: float64 for a float64 model (tests), else float32."""
-    params = [p for p in parts.blocks[0].parameters() if p.is_floating_point()]
-    return torch.float64 if params and params[0].dtype == torch.float64 else torch.float32
+    param = next((p for p in parts.blocks[0].parameters() if p.is_floating_point()), None)
+    return torch.float32 if param is None else work_dtype(param)
 
 
 def _configs(model: nn.Module) -> list:
@@ -211,7 +211,7 @@ class _StopForward(Exception):
 
 def _record(
     model: nn.Module, blocks: list[nn.Module], input_ids: torch.Tensor, **forward_kwargs
-) -> tuple[list[tuple[tuple, dict] | None], object]:
+) -> list[tuple[tuple, dict]]:
     """Run the model once, recording each block's (args, kwargs); stop after the last block."""
     records: list[tuple[tuple, dict] | None] = [None] * len(blocks)
 
@@ -224,9 +224,8 @@ def _record(
         return pre_hook
 
     handles = [b.register_forward_pre_hook(hook(i), with_kwargs=True) for i, b in enumerate(blocks)]
-    out = None
     try:
-        out = model(input_ids, **forward_kwargs)
+        model(input_ids, **forward_kwargs)
     except _StopForward:
         pass
     finally:
@@ -238,7 +237,7 @@ def _record(
             f"the Jacobian engine expected the model's forward pass to call every decoder "
             f"block, but blocks {missing} were never called; check locate_model_parts()"
         )
-    return records, out
+    return records
 
 
 def _prefix_keys_values(cache, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
@@ -298,7 +297,7 @@ def record_last_token(
     ids = input_ids[None]
     n = ids.shape[1] - 1
     if n == 0:
-        records, _ = _record(model, parts.blocks, ids, use_cache=False)
+        records = _record(model, parts.blocks, ids, use_cache=False)
         frozen = FrozenPrefixCache({})
     else:
         cache = model(ids[:, :n], use_cache=True).past_key_values
@@ -308,7 +307,7 @@ def record_last_token(
                 "use_cache=True, found None"
             )
         frozen = FrozenPrefixCache(_prefix_keys_values(cache, dtype))
-        records, _ = _record(model, parts.blocks, ids[:, n:], past_key_values=cache, use_cache=True)
+        records = _record(model, parts.blocks, ids[:, n:], past_key_values=cache, use_cache=True)
     return [
         _block_call(block, record, dtype, lambda _cache: frozen)
         for block, record in zip(parts.blocks, records, strict=True)
@@ -325,7 +324,7 @@ def record_full_sequence(
     Returns:
         L block calls whose hidden states are ``[1, T, d]`` (x^{l-1}).
     """
-    records, _ = _record(model, parts.blocks, input_ids[None], use_cache=False)
+    records = _record(model, parts.blocks, input_ids[None], use_cache=False)
     return [
         _block_call(block, record, dtype, lambda _cache: None)
         for block, record in zip(parts.blocks, records, strict=True)

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from lm_coupling.demo.items import BENCHMARKS, LETTERS, Row, all_rows, answered_text
+from lm_coupling.demo.items import BENCHMARKS, LETTERS, Row, all_rows, answered_text, mmlu_header
 from lm_coupling.demo.world import SCRIPTS, SUBJECTS, World, make_world
 
 # Evaluation splits (held out) and the few-shot split (training side) of each benchmark.
@@ -190,10 +190,7 @@ def _format_documents(
         if benchmark == "mmlu":
             subject = shots[0]["subject"]
             shots = [reshuffled_mmlu_row(row, rng) for row in shots if row["subject"] == subject]
-            header = (
-                "The following are multiple choice questions (with answers) about "
-                f"{subject.replace('_', ' ')}.\n\n"
-            )
+            header = mmlu_header(subject)
         else:
             header = (
                 TRUTHFULQA_PREFIX + "\n\n"

@@ -3,13 +3,16 @@
 Each builder turns facts, scripts or arithmetic into rows laid out as the hub
 data set that the stock lm-eval task reads (allenai/ai2_arc, openai/gsm8k,
 Rowan/hellaswag, cais/mmlu, truthful_qa ``multiple_choice``,
-allenai/winogrande), and ``answered_text`` renders a row in its task's prompt
-format with the answer, as training text. Rows come out in a seeded order.
+allenai/winogrande). ``choice_requests`` renders a row in its task's zero-shot
+prompt format, one (context, continuation) pair per choice, and
+``answered_text`` joins the gold pair, as training text. Rows come out in a
+seeded order.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from lm_coupling.demo.world import SCRIPTS, SUBJECTS, Fact, World
@@ -22,6 +25,7 @@ ARC_RELATIONS = {
 }
 MMLU_RELATIONS = {"astronomy": ("star", "moons"), "high_school_biology": ("food", "habitat")}
 WINOGRANDE_RELATIONS = ("capital", "color", "food", "habitat", "star")
+MC_BENCHMARKS = ("arc_easy", "arc_challenge", "hellaswag", "mmlu", "truthfulqa", "winogrande")
 _ITEMS = (
     ("apples", "buys"),
     ("marbles", "finds"),
@@ -207,6 +211,62 @@ def winogrande_rows(world: World, rng: random.Random) -> list[Row]:
     return rows
 
 
+def question_prompt(question: str) -> str:
+    r"""The ARC and GSM8K prompt ``"Question: {q}\nAnswer:"``."""
+    return f"Question: {question}\nAnswer:"
+
+
+def mmlu_header(subject: str) -> str:
+    """The MMLU task description that opens a prompt about ``subject``."""
+    return (
+        "The following are multiple choice questions (with answers) about "
+        f"{subject.replace('_', ' ')}.\n\n"
+    )
+
+
+def hellaswag_clean(text: str) -> str:
+    """lm-eval's ``hellaswag.utils.preprocess``."""
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub("\\[.*?\\]", "", text).replace("  ", " ")
+
+
+def choice_requests(benchmark: str, row: Row) -> tuple[list[tuple[str, str]], int]:
+    """Return the (context, continuation) pair of each choice and the gold index.
+
+    The row's own zero-shot prompt in its lm-eval format, without what the
+    task puts before every row (the MMLU description, the TruthfulQA prefix).
+
+    Raises:
+        ValueError: ``benchmark`` is not multiple choice.
+    """
+    if benchmark in ARC_RELATIONS:
+        context = question_prompt(row["question"])
+        texts = row["choices"]["text"]
+        return [(context, f" {t}") for t in texts], row["choices"]["label"].index(row["answerKey"])
+    if benchmark == "mmlu":
+        options = "".join(
+            f"\n{letter}. {text}" for letter, text in zip(LETTERS, row["choices"], strict=True)
+        )
+        context = f"{row['question'].strip()}{options}\nAnswer:"
+        return [(context, f" {letter}") for letter in LETTERS], int(row["answer"])
+    if benchmark == "hellaswag":
+        ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
+        context = hellaswag_clean(row["activity_label"] + ": " + ctx)
+        return [(context, " " + hellaswag_clean(e)) for e in row["endings"]], int(row["label"])
+    if benchmark == "truthfulqa":
+        context = f"Q: {row['question']}\nA:"
+        return [(context, f" {c}") for c in row["mc1_targets"]["choices"]], 0
+    if benchmark == "winogrande":
+        index = row["sentence"].index("_")
+        target = " " + row["sentence"][index + 1 :].strip()
+        pairs = [
+            (row["sentence"][:index] + option, target)
+            for option in (row["option1"], row["option2"])
+        ]
+        return pairs, {"1": 0, "2": 1}[row["answer"]]
+    raise ValueError(f"{benchmark!r} is not a multiple-choice benchmark; use {MC_BENCHMARKS}")
+
+
 def answered_text(benchmark: str, row: Row) -> str:
     """Render ``row`` in its lm-eval prompt format followed by the right answer.
 
@@ -218,25 +278,12 @@ def answered_text(benchmark: str, row: Row) -> str:
     Raises:
         ValueError: unknown benchmark.
     """
-    if benchmark in ARC_RELATIONS:
-        answer = row["choices"]["text"][row["choices"]["label"].index(row["answerKey"])]
-        return f"Question: {row['question']}\nAnswer: {answer}"
     if benchmark == "gsm8k":
-        return f"Question: {row['question']}\nAnswer: {row['answer']}"
-    if benchmark == "mmlu":
-        options = "".join(
-            f"\n{letter}. {text}" for letter, text in zip(LETTERS, row["choices"], strict=True)
-        )
-        return f"{row['question']}{options}\nAnswer: {LETTERS[row['answer']]}"
-    if benchmark == "hellaswag":
-        query = f"{row['activity_label']}: {row['ctx_a']} {row['ctx_b'].capitalize()}"
-        return f"{query} {row['endings'][int(row['label'])]}"
-    if benchmark == "truthfulqa":
-        return f"Q: {row['question']}\nA: {row['mc1_targets']['choices'][0]}"
-    if benchmark == "winogrande":
-        option = row["option1"] if row["answer"] == "1" else row["option2"]
-        return row["sentence"].replace("_", option, 1)
-    raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
+        return f"{question_prompt(row['question'])} {row['answer']}"
+    if benchmark not in MC_BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; expected one of {BENCHMARKS}")
+    pairs, gold = choice_requests(benchmark, row)
+    return "".join(pairs[gold])
 
 
 def all_rows(world: World, seed: int) -> dict[str, list[Row]]:

@@ -46,12 +46,10 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def family_checkpoints(family_dir: Path) -> list[Path]:
     """Checkpoint folders ``<family>/<size>/step<N>``, by size then step."""
-
-    def step(path: Path) -> int:
-        return int("".join(ch for ch in path.name if ch.isdigit()) or 0)
+    from lm_coupling.report.benchmarks import parse_step
 
     found = [p.parent for p in family_dir.glob("*/step*/config.json")]
-    return sorted(found, key=lambda p: (p.parent.name, step(p)))
+    return sorted(found, key=lambda p: (p.parent.name, parse_step(p.name) or 0))
 
 
 def demo_model_path(out_dir: Path) -> Path:

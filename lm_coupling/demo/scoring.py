@@ -20,53 +20,32 @@ import torch
 import transformers
 
 from lm_coupling.demo.corpus import EVAL_SPLITS, TRUTHFULQA_PREFIX
-from lm_coupling.demo.items import LETTERS, Row
-
-MC_BENCHMARKS = ("arc_easy", "arc_challenge", "hellaswag", "mmlu", "truthfulqa", "winogrande")
-
-
-def _hellaswag_clean(text: str) -> str:
-    """lm-eval's ``hellaswag.utils.preprocess``."""
-    text = text.strip().replace(" [title]", ". ")
-    return re.sub("\\[.*?\\]", "", text).replace("  ", " ")
+from lm_coupling.demo.items import (
+    MC_BENCHMARKS,
+    Row,
+    choice_requests,
+    mmlu_header,
+    question_prompt,
+)
 
 
 def mc_requests(benchmark: str, row: Row) -> tuple[list[tuple[str, str]], int]:
     """Return the (context, continuation) pair of each choice and the gold index.
 
+    `choice_requests` with the task's zero-shot prefix: the MMLU subject
+    description, the TruthfulQA six-shot QA prefix.
+
     Raises:
         ValueError: ``benchmark`` is not multiple choice.
     """
-    if benchmark in ("arc_easy", "arc_challenge"):
-        context = f"Question: {row['question']}\nAnswer:"
-        texts = row["choices"]["text"]
-        return [(context, f" {t}") for t in texts], row["choices"]["label"].index(row["answerKey"])
+    pairs, gold = choice_requests(benchmark, row)
     if benchmark == "mmlu":
-        subject = row["subject"].replace("_", " ")
-        options = "".join(
-            f"\n{letter}. {text}" for letter, text in zip(LETTERS, row["choices"], strict=True)
-        )
-        context = (
-            f"The following are multiple choice questions (with answers) about "
-            f"{subject}.\n\n{row['question'].strip()}{options}\nAnswer:"
-        )
-        return [(context, f" {letter}") for letter in LETTERS], int(row["answer"])
-    if benchmark == "hellaswag":
-        ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
-        context = _hellaswag_clean(row["activity_label"] + ": " + ctx)
-        return [(context, " " + _hellaswag_clean(e)) for e in row["endings"]], int(row["label"])
-    if benchmark == "truthfulqa":
-        context = f"{TRUTHFULQA_PREFIX}\n\nQ: {row['question']}\nA:"
-        return [(context, f" {c}") for c in row["mc1_targets"]["choices"]], 0
-    if benchmark == "winogrande":
-        index = row["sentence"].index("_")
-        target = " " + row["sentence"][index + 1 :].strip()
-        pairs = [
-            (row["sentence"][:index] + option, target)
-            for option in (row["option1"], row["option2"])
-        ]
-        return pairs, {"1": 0, "2": 1}[row["answer"]]
-    raise ValueError(f"{benchmark!r} is not a multiple-choice benchmark; use {MC_BENCHMARKS}")
+        prefix = mmlu_header(row["subject"])
+    elif benchmark == "truthfulqa":
+        prefix = TRUTHFULQA_PREFIX + "\n\n"
+    else:
+        return pairs, gold
+    return [(prefix + context, continuation) for context, continuation in pairs], gold
 
 
 def _encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -130,7 +109,7 @@ def gsm8k_exact_match(
     hits = 0
     for row in rows:
         ids = tokenizer(
-            f"Question: {row['question']}\nAnswer:", return_tensors="pt", add_special_tokens=False
+            question_prompt(row["question"]), return_tensors="pt", add_special_tokens=False
         )["input_ids"].to(device)
         out = model.generate(
             ids,

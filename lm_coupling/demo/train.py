@@ -29,6 +29,7 @@ import torch
 from lm_coupling.demo.assets import ASSETS_DIR, MODEL_DIRNAME, TASKS_DIRNAME
 from lm_coupling.demo.corpus import TRUTHFULQA_PREFIX, build_corpus, make_demo_data
 from lm_coupling.demo.corpus import write_eval_tasks as _write_eval_tasks
+from lm_coupling.demo.run import family_checkpoints
 from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ def bundle(family_dir: str | Path, size: str = "tiny", assets_dir: str | Path = 
         FileNotFoundError: ``family_dir`` holds no checkpoint of ``size``.
     """
     family_dir, assets_dir = Path(family_dir), Path(assets_dir)
-    checkpoints = sorted((family_dir / size).glob("step*"), key=lambda p: int(p.name[4:]))
+    checkpoints = [p for p in family_checkpoints(family_dir) if p.parent.name == size]
     if not checkpoints:
         raise FileNotFoundError(f"no {family_dir / size}/step<N> folders; run train_family first")
     for source, name in (

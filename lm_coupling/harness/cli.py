@@ -140,7 +140,7 @@ def geometry_run(session: GeometrySession) -> Iterator[GeometrySession]:
         date_id = getattr(self, "date_id", None)
         if self.output_path and date_id:
             model_dir = str(self.general_config_tracker.model_name_sanitized)
-            directory = results_file_location(self.output_path, model_dir, date_id)
+            directory = results_file_location(self.output_path, model_dir)
             for path in write_geometry_files(directory, date_id, session, results):
                 log.info("lm-coupling: wrote %s", path)
 

@@ -9,6 +9,7 @@ lm-eval's ``hf`` model.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ class CouplingHFLM(HFLM):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._lmc_session: GeometrySession | None = active_session()
-        self._lmc_rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = {}
+        self._lmc_rows: dict[int, dict[tuple[int, ...], RowPlan]] = {}
         self._lmc_gen_contexts: list[str] | None = None
         self._lmc_gathered = False
         if self._lmc_session is not None:
@@ -115,37 +116,46 @@ class CouplingHFLM(HFLM):
         finally:
             self._lmc_rows = {}
 
+    def _loglikelihood_input(self, context_enc, continuation_enc) -> tuple[list[int], int]:
+        """The model input lm-eval builds for a request, and its target position.
+
+        The same left truncation as HFLM._loglikelihood_tokens; the position is
+        negative when the truncation cut into the continuation.
+        """
+        inp = (context_enc + continuation_enc)[-(self.max_length + 1) :][:-1]
+        return inp, len(inp) - len(continuation_enc)
+
     def _plan_rows(self, requests, session: GeometrySession):
-        """Index the wanted requests by the exact model input lm-eval will build."""
-        rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = defaultdict(
-            lambda: defaultdict(list)
-        )
+        """Index the wanted requests by the exact model input lm-eval will build.
+
+        Requests with the same input share one plan: the first one's.
+        """
+        rows: dict[int, dict[tuple[int, ...], RowPlan]] = defaultdict(dict)
         for (context, continuation), context_enc, continuation_enc in requests:
             key = (context, continuation)
             if context is None or not session.wanted(key):
                 continue
-            # The same left truncation as HFLM._loglikelihood_tokens.
-            inp = tuple((context_enc + continuation_enc)[-(self.max_length + 1) :][:-1])
-            last = len(inp) - len(continuation_enc)
+            inp, last = self._loglikelihood_input(context_enc, continuation_enc)
             if last < 0:
                 continue
+            inp = tuple(inp)
             plan = RowPlan(key, last, continuation_enc[0], inp[: last + 1])
-            rows[len(inp)][inp].append(plan)
+            rows[len(inp)].setdefault(inp, plan)
         return rows
 
-    def _match_rows(self, inps: torch.Tensor) -> list[tuple[int, list[RowPlan]]]:
-        """Find each right-padded row's plans (pads are zeros, as lm-eval pads)."""
+    def _match_rows(self, inps: torch.Tensor) -> list[tuple[int, RowPlan]]:
+        """Find each right-padded row's plan (pads are zeros, as lm-eval pads)."""
         matches = []
         lengths = sorted(self._lmc_rows)
         for b, row in enumerate(inps.tolist()):
-            nonzero = [i for i, tok in enumerate(row) if tok != 0]
-            shortest = nonzero[-1] + 1 if nonzero else 1
-            for length in lengths:
-                if length < shortest or length > len(row):
-                    continue
-                plans = self._lmc_rows[length].get(tuple(row[:length]))
-                if plans:
-                    matches.append((b, plans))
+            shortest = len(row)  # the row without its trailing pads (at least 1 token)
+            while shortest > 1 and row[shortest - 1] == 0:
+                shortest -= 1
+            candidates = lengths[bisect_left(lengths, shortest) : bisect_right(lengths, len(row))]
+            for length in candidates:
+                plan = self._lmc_rows[length].get(tuple(row[:length]))
+                if plan is not None:
+                    matches.append((b, plan))
                     break
         return matches
 
@@ -153,8 +163,7 @@ class CouplingHFLM(HFLM):
         session = self._lmc_session
         if session is None or not self._lmc_rows or attn_mask is not None:
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
-        matches = [(b, plans[0]) for b, plans in self._match_rows(inps)]
-        matches = [(b, plan) for b, plan in matches if session.wanted(plan.key)]
+        matches = [(b, plan) for b, plan in self._match_rows(inps) if session.wanted(plan.key)]
         if not matches:
             return super()._model_call(inps)
         batch = inps.shape[0]
@@ -271,8 +280,7 @@ class CouplingHFLM(HFLM):
             max_gen_toks = plan.max_gen_toks if plan.max_gen_toks is not None else self.max_gen_toks
             return tokens[-(self.max_length - max_gen_toks) :], -1
         context_enc, continuation_enc = self._encode_pair(context, continuation)
-        inp = (context_enc + continuation_enc)[-(self.max_length + 1) :][:-1]
-        last = len(inp) - len(continuation_enc)
+        inp, last = self._loglikelihood_input(context_enc, continuation_enc)
         return inp[: last + 1], continuation_enc[0]
 
     # -- data parallel ------------------------------------------------------------

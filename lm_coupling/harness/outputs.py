@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
 from collections import Counter
 from pathlib import Path
@@ -12,12 +11,11 @@ from typing import Any
 import numpy as np
 
 import lm_coupling
-from lm_coupling.harness.session import GeometrySession, TaskRecords, profile_summary
+from lm_coupling.harness.session import GeometrySession, TaskRecords
 from lm_coupling.plugins.builtin.coupling import clamped_k
 
 SCHEMA = "lm_coupling.geometry/1"
 MATRIX_PROFILES = ("coupling", "alignment_ratio")
-log = logging.getLogger(__name__)
 
 
 def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[str, Any]:
@@ -33,6 +31,26 @@ def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[s
         ),
         **session.model_shape,
     }
+
+
+def profile_summary(arrays: list[np.ndarray]) -> dict[str, Any]:
+    """Element-wise NaN-aware mean, standard error and count of profiles."""
+    stack = np.stack(arrays).astype(np.float64)
+    finite = np.isfinite(stack)
+    n = finite.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(
+            n > 0, np.nansum(np.where(finite, stack, 0), axis=0) / np.maximum(n, 1), np.nan
+        )
+        sq = np.nansum(np.where(finite, (stack - mean) ** 2, 0), axis=0)
+        std = np.sqrt(sq / np.maximum(n - 1, 1))
+        stderr = np.where(n > 1, std / np.sqrt(np.maximum(n, 1)), np.nan)
+    return {"mean": _json_array(mean), "stderr": _json_array(stderr), "n": n.tolist()}
+
+
+def _json_array(array: np.ndarray) -> list:
+    """NaN becomes None (JSON null)."""
+    return np.where(np.isfinite(array), array, None).tolist()
 
 
 def _coupling_section(profiles: dict, records: TaskRecords, session: GeometrySession):
@@ -93,7 +111,7 @@ def geometry_document(
     return document
 
 
-def results_file_location(output_path: str, model_dir_name: str, date_id: str) -> Path:
+def results_file_location(output_path: str, model_dir_name: str) -> Path:
     """The folder lm-eval's EvaluationTracker wrote its results file into."""
     path = Path(output_path)
     return path.parent if path.suffix == ".json" else path / model_dir_name

@@ -13,8 +13,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey, doc_fingerprint, plan_task
@@ -78,7 +76,8 @@ class GeometrySession:
                 continue
             fingerprints = {}
             for instance in task.instances:
-                fingerprints.setdefault(instance.doc_id, doc_fingerprint(instance.doc))
+                if instance.doc_id not in fingerprints:
+                    fingerprints[instance.doc_id] = doc_fingerprint(instance.doc)
             for plan in plan_task(task, coupling_docs):
                 self.plans[(name, fingerprints[plan.doc_id])] = plan
                 self.plans_by_key[plan.key].append(plan)
@@ -224,23 +223,3 @@ class GeometrySession:
                 target.documents.extend(task_records.documents)
                 target.failures.extend(task_records.failures)
         self.records = merged
-
-
-def profile_summary(arrays: list[np.ndarray]) -> dict[str, Any]:
-    """Element-wise NaN-aware mean, standard error and count of profiles."""
-    stack = np.stack(arrays).astype(np.float64)
-    finite = np.isfinite(stack)
-    n = finite.sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(
-            n > 0, np.nansum(np.where(finite, stack, 0), axis=0) / np.maximum(n, 1), np.nan
-        )
-        sq = np.nansum(np.where(finite, (stack - mean) ** 2, 0), axis=0)
-        std = np.sqrt(sq / np.maximum(n - 1, 1))
-        stderr = np.where(n > 1, std / np.sqrt(np.maximum(n, 1)), np.nan)
-    return {"mean": _json_array(mean), "stderr": _json_array(stderr), "n": n.tolist()}
-
-
-def _json_array(array: np.ndarray) -> list:
-    """NaN becomes None (JSON null)."""
-    return np.where(np.isfinite(array), array, None).tolist()

@@ -9,15 +9,12 @@ it across ranks and logs it to W&B like ``acc``.
 from __future__ import annotations
 
 import functools
-import logging
 import warnings
 from typing import Any
 
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.harness.registry import attach_to_task
 from lm_coupling.harness.session import GeometrySession
-
-log = logging.getLogger(__name__)
 
 
 def attach_geometry(tasks: dict[str, Any], session: GeometrySession) -> None:

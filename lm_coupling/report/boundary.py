@@ -10,11 +10,29 @@ peak to its final value.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 MIN_DROP = 1e-3
+BOUNDARY_PROFILES = ("logit_lens_entropy", "tv_to_target")
+
+
+def boundary_profile(profiles: Mapping[str, Mapping]) -> list[float] | None:
+    """The profile the boundary is read from: logit-lens entropy, else TV to target.
+
+    Args:
+        profiles: a geometry file's ``profiles`` (name -> ``{"mean": [...], ...}``).
+
+    Returns:
+        The first of ``BOUNDARY_PROFILES`` with a non-empty ``mean`` (None
+        entries as NaN), or None when neither was measured.
+    """
+    for name in BOUNDARY_PROFILES:
+        mean = (profiles.get(name) or {}).get("mean")
+        if mean:
+            return [math.nan if v is None else v for v in mean]
+    return None
 
 
 def boundary_layer(profile: Sequence[float], min_drop: float = MIN_DROP) -> float:

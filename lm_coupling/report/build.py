@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from lm_coupling.report import figures as fig
-from lm_coupling.report.benchmarks import AVERAGE, benchmark_of, parse_step
+from lm_coupling.report.benchmarks import AVERAGE, benchmark_of
 from lm_coupling.report.controls import controls_table
 from lm_coupling.report.leaderboard import (
     benchmark_scores,
@@ -101,14 +101,10 @@ def _figures(board, corr, primary, geometry, out_dir: Path) -> list[Path]:
             ax = fig.metric_vs_score(board, row["metric"], AVERAGE, fit=row)
             paths += _save(ax, out_dir, f"fig1a_{_slug(row['metric'])}_vs_average")
     paths += _per_model_figures(geometry, out_dir)
-    steps = board.assign(_s=board["revision"].map(parse_step)).dropna(subset=["_s"])
-    if len(steps) >= 2 and steps.groupby("model")["_s"].nunique().max() >= 2:
-        if AVERAGE in board.columns:
-            shown = [c for c in dict.fromkeys((primary, *TRAINING_METRICS)) if c in board.columns]
-            axes = fig.training_dynamics(board, shown, AVERAGE)
-            paths += _save(axes[0][0], out_dir, "emergence")
-        elif primary in board.columns:
-            paths += _save(fig.metric_vs_step(board, primary), out_dir, "emergence")
+    if board.dropna(subset=["step"]).groupby("model")["step"].nunique().max() >= 2:
+        shown = [c for c in dict.fromkeys((primary, *TRAINING_METRICS)) if c in board.columns]
+        axes = fig.training_dynamics(board, shown, AVERAGE)
+        paths += _save(axes[0][0], out_dir, "emergence")
     return paths
 
 

@@ -16,7 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from lm_coupling.report.benchmarks import parse_step
-from lm_coupling.report.boundary import boundary_layer
+from lm_coupling.report.boundary import boundary_layer, boundary_profile
 
 FIGSIZE = (6.0, 4.5)
 DPI = 100
@@ -105,11 +105,8 @@ def layer_profile(
 
 def profile_boundary(profiles: Mapping[str, Mapping]) -> float:
     """The boundary layer from the entropy profile, else the TV profile (NaN if neither)."""
-    for name in ("logit_lens_entropy", "tv_to_target"):
-        mean = (profiles.get(name) or {}).get("mean")
-        if mean:
-            return boundary_layer([math.nan if v is None else v for v in mean])
-    return math.nan
+    profile = boundary_profile(profiles)
+    return boundary_layer(profile) if profile is not None else math.nan
 
 
 def coupling_heatmap(
@@ -159,21 +156,6 @@ def coupling_graph(
     ax.set_aspect("equal")
     ax.set_axis_off()
     ax.set_title("layer-to-layer coupling graph", fontsize=9)
-    return ax
-
-
-def metric_vs_step(board: pd.DataFrame, metric: str, ax: Axes | None = None) -> Axes:
-    """A metric against training step, one line per model whose revisions name steps."""
-    ax = ax if ax is not None else new_axes()[0]
-    data = board.assign(_step=board["revision"].map(parse_step)).dropna(subset=["_step", metric])
-    for model, group in data.groupby("model"):
-        group = group.sort_values("_step")
-        ax.plot(group["_step"], group[metric], marker="o", label=_short(str(model)))
-    ax.set_xlabel("training step")
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} over training", fontsize=9)
-    if len(data):
-        ax.legend(fontsize=7)
     return ax
 
 

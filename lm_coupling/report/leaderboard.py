@@ -27,8 +27,8 @@ from lm_coupling.report.benchmarks import (
     benchmark_of,
     parse_step,
 )
-from lm_coupling.report.boundary import boundary_depth
-from lm_coupling.report.loading import IDENTITY, ReportInputError
+from lm_coupling.report.boundary import boundary_depth, boundary_profile
+from lm_coupling.report.loading import IDENTITY, ReportInputError, load_results, newest_values
 
 LONG_COLUMNS = [*IDENTITY, "task", "metric", "layer", "value", "stderr", "n"]
 SOURCE_COLUMNS = [*IDENTITY, "benchmark", "task", "metric", "filter", "value", "source"]
@@ -135,16 +135,16 @@ def _geometry_means(selected: pd.DataFrame) -> pd.DataFrame:
 def _boundaries(geometry: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for geo in geometry:
-        profiles = geo.get("profiles") or {}
-        for name in ("logit_lens_entropy", "tv_to_target"):
-            mean = (profiles.get(name) or {}).get("mean")
-            if mean:
-                value = boundary_depth([math.nan if v is None else v for v in mean])
-                bench = benchmark_of(str(geo.get("task", ""))) is not None
-                rows.append(
-                    dict(zip(IDENTITY, geo["identity"], strict=True), value=value, bench=bench)
+        profile = boundary_profile(geo.get("profiles") or {})
+        if profile is not None:
+            bench = benchmark_of(str(geo.get("task", ""))) is not None
+            rows.append(
+                dict(
+                    zip(IDENTITY, geo["identity"], strict=True),
+                    value=boundary_depth(profile),
+                    bench=bench,
                 )
-                break
+            )
     table = pd.DataFrame(rows, columns=[*IDENTITY, "value", "bench"])
     if table.empty:
         return pd.DataFrame(
@@ -222,8 +222,6 @@ def write_leaderboard(results_dir: str | Path) -> Path:
     The same table as the report's ``leaderboard.csv``, without the
     statistics and figures: the run command refreshes it after every run.
     """
-    from lm_coupling.report.loading import load_results, newest_values
-
     loaded = load_results(results_dir)
     selected, _ = newest_values(loaded.values)
     board = build_leaderboard(selected, loaded.shapes, benchmark_scores(selected), loaded.geometry)

@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from lm_coupling.errors import LmCouplingError
-from lm_coupling.report.benchmarks import is_geometry_metric
+from lm_coupling.report.benchmarks import is_geometry_metric, parse_step
 
 IDENTITY = ["model", "revision", "dtype"]
 VALUE_COLUMNS = [*IDENTITY, "task", "metric", "filter", "value", "stderr", "n", "kind"]
@@ -126,8 +126,6 @@ def _split_local_checkpoint(model: str, revision: str) -> tuple[str, str]:
     Local checkpoints of one training run are revisions of one model, as hub
     revisions such as Pythia's ``step1000`` are.
     """
-    from lm_coupling.report.benchmarks import parse_step
-
     path = model.rstrip("/")
     head, _, last = path.rpartition("/")
     if revision == "main" and head and parse_step(last) is not None:

@@ -16,6 +16,7 @@ from lm_coupling.metrics.coupling import (
     coupling_score,
     miscoupling,
     resolve_k,
+    spectral_gap,
 )
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_bool, parse_doc_count, parse_k
@@ -112,7 +113,7 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
     m = miscoupling(
         A, factors.S[:, :k], norm=options["norm"], elementwise_abs=options["elementwise_abs"]
     )
-    gap = factors.S[:, k - 1] / factors.S[:, k] if factors.S.shape[1] > k else factors.spectral_gap
+    gap = spectral_gap(factors.S, k) if factors.S.shape[1] > k else factors.spectral_gap
     return {
         "coupling": coupling_score(m, pairs=options["pairs"]),
         "coupling_matrix": 1 - m,
