@@ -41,6 +41,12 @@ class MetricSpec:
         options: the options it reads.
         profiles: names of per-document profiles (per-layer vectors or L x L
             matrices) it stores in the geometry file.
+        matrices: the names in ``profiles`` that are matrices (L x L or any
+            2-D array) rather than per-layer vectors; the geometry file keeps
+            them under ``matrices``.
+        k_option: the option holding the number of singular vectors the
+            metric uses (``"k"``), for metrics that sample a top-K subspace;
+            the results record the K actually used on the model.
         sampled: computed on the coupling sample of documents only.
         higher_is_better: for lm-eval's table; None when neither is better.
         opt_in: excluded from ``--metrics all`` (expensive, asks by name).
@@ -51,6 +57,8 @@ class MetricSpec:
     needs: frozenset[Need]
     options: tuple[OptionSpec, ...] = ()
     profiles: tuple[str, ...] = ()
+    matrices: tuple[str, ...] = ()
+    k_option: str | None = None
     sampled: bool = False
     higher_is_better: bool | None = None
     opt_in: bool = False
