@@ -47,6 +47,8 @@ class MetricSpec:
         k_option: the option holding the number of singular vectors the
             metric uses (``"k"``), for metrics that sample a top-K subspace;
             the results record the K actually used on the model.
+        sample_option: for a sampled metric, the option holding how many
+            documents per task get it (None: ``coupling_docs``).
         sampled: computed on the coupling sample of documents only.
         higher_is_better: for lm-eval's table; None when neither is better.
         opt_in: excluded from ``--metrics all`` (expensive, asks by name).
@@ -59,6 +61,7 @@ class MetricSpec:
     profiles: tuple[str, ...] = ()
     matrices: tuple[str, ...] = ()
     k_option: str | None = None
+    sample_option: str | None = None
     sampled: bool = False
     higher_is_better: bool | None = None
     opt_in: bool = False
