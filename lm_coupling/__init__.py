@@ -9,4 +9,13 @@ from lm_coupling.plugins.markers import hookimpl, hookspec
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "hookimpl", "hookspec"]
+__all__ = ["__version__", "evaluate", "hookimpl", "hookspec"]
+
+
+def __getattr__(name: str):
+    """``lm_coupling.evaluate``, imported on first use (``import lm_coupling`` stays light)."""
+    if name == "evaluate":
+        from lm_coupling.harness.evaluate import evaluate
+
+        return evaluate
+    raise AttributeError(f"module 'lm_coupling' has no attribute {name!r}")

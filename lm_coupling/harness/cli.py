@@ -56,7 +56,7 @@ def patch_run_command() -> None:
         stock_add_args(self)
         add_geometry_arguments(self._parser)
 
-    def _execute(args: argparse.Namespace) -> None:
+    def _execute(args: argparse.Namespace) -> dict | None:
         if getattr(args, "metrics", None) is None:
             for name in ("metrics", "metric_args"):
                 if hasattr(args, name):
@@ -98,8 +98,12 @@ def prepare_arguments(args: argparse.Namespace) -> GeometrySession:
     return GeometrySession(selection)
 
 
-def run_with_geometry(args: argparse.Namespace, execute: Callable) -> None:
-    """Run lm-eval's command with geometry capture, then refresh the leaderboard."""
+def run_with_geometry(args: argparse.Namespace, execute: Callable) -> dict | None:
+    """Run lm-eval's command with geometry capture, then refresh the leaderboard.
+
+    Returns:
+        lm-eval's results (with ``samples`` when logged); None off rank 0.
+    """
     try:
         session = prepare_arguments(args)
     except LmCouplingError as exc:
@@ -116,6 +120,7 @@ def run_with_geometry(args: argparse.Namespace, execute: Callable) -> None:
             _fail(str(exc))
     if int(os.environ.get("RANK", "0")) == 0:  # one writer under data parallelism
         update_leaderboard(Path(args.output_path))
+    return session.results
 
 
 @contextlib.contextmanager
@@ -137,6 +142,7 @@ def geometry_run(session: GeometrySession) -> Iterator[GeometrySession]:
 
     def save_results_aggregated(self, results, samples=None):
         stock_save(self, results, samples)
+        session.results = results if samples is None else {**results, "samples": samples}
         date_id = getattr(self, "date_id", None)
         if self.output_path and date_id:
             model_dir = str(self.general_config_tracker.model_name_sanitized)

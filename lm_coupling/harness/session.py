@@ -57,6 +57,7 @@ class GeometrySession:
         self.model = None  # the CouplingHFLM measuring this run
         self.cache_path_prefix: str | None = None  # lm-eval's --use_cache path
         self.generation_keys: dict[str, GeometryKey] = {}
+        self.results: dict[str, Any] | None = None  # lm-eval's results, once saved
         self._scored: set[tuple[str, int]] = set()
         self._warned: set[tuple[str, int]] = set()
         self._planned = False
