@@ -3,6 +3,11 @@
 Documents that lm-eval answers from its cache never reach the model, so their
 geometry is read from here: an interrupted run, rerun with the same command,
 ends with the same numbers as an uninterrupted one.
+
+An entry is served only to a run of the same identity: model, revision,
+weights fingerprint (a checkpoint retrained in place is a new identity),
+dtype, context length, metrics, options, and the lm-coupling and plugin
+versions. An entry that lacks a metric the document needs is recomputed.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import sqlite3
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from lm_coupling.geometry import DocumentGeometry
 from lm_coupling.harness.plan import GeometryKey
@@ -31,8 +37,12 @@ class GeometryCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._identity = json.dumps(identity, sort_keys=True, default=str)
-        self._db = sqlite3.connect(str(self.path))
-        self._db.execute("CREATE TABLE IF NOT EXISTS geometry (key TEXT PRIMARY KEY, value TEXT)")
+        # Runs sharing the file wait for each other's writes (up to a minute).
+        self._db = sqlite3.connect(str(self.path), timeout=60.0)
+        with self._db:
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS geometry (key TEXT PRIMARY KEY, value TEXT)"
+            )
 
     def _hash(self, key: GeometryKey) -> str:
         text = json.dumps([self._identity, *key], ensure_ascii=False)
@@ -65,3 +75,25 @@ class GeometryCache:
             profiles={k: np.asarray(v, dtype=np.float64) for k, v in data["profiles"].items()},
             jacobian_methods=data["jacobian_methods"],
         )
+
+
+_FINGERPRINT_ELEMENTS = 1024
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A cheap hash of a model's weights.
+
+    It covers every tensor's name, shape and dtype and its first and last
+    1024 elements: any training step changes it, and the whole model is never
+    read. Tensors on the meta device (offloaded) count by name and shape only.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        if tensor.is_meta or tensor.numel() == 0:
+            continue
+        flat = tensor.detach().reshape(-1)
+        ends = [flat[:_FINGERPRINT_ELEMENTS], flat[-_FINGERPRINT_ELEMENTS:]]
+        for part in ends:
+            digest.update(part.to("cpu", torch.float64).numpy().tobytes())
+    return digest.hexdigest()

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lm_eval.api.instance import Instance
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
@@ -48,6 +50,7 @@ class CouplingHFLM(HFLM):
         self._lmc_rows: dict[int, dict[tuple[int, ...], RowPlan]] = {}
         self._lmc_gen_contexts: list[str] | None = None
         self._lmc_gathered = False
+        self._lmc_probing = False
         if self._lmc_session is not None:
             runner = GeometryRunner(self.model, self._lmc_session.selection)
             self._lmc_session.runner = runner
@@ -59,15 +62,18 @@ class CouplingHFLM(HFLM):
         """Open the geometry cache beside lm-eval's ``--use_cache`` database."""
         if not session.cache_path_prefix:
             return
-        from lm_coupling.harness.cache import GeometryCache
+        from lm_coupling.harness.cache import GeometryCache, weights_fingerprint
 
         identity = {
             "model": self.pretrained if isinstance(self.pretrained, str) else None,
             "revision": self.revision,
+            "weights": weights_fingerprint(self.model),
             "dtype": str(self.model.dtype),
             "max_length": self.max_length,
             "metrics": session.selection.metrics,
             "options": session.selection.options,
+            "lm_coupling": lm_coupling.__version__,
+            "plugins": session.plugin_versions(),
         }
         path = f"{session.cache_path_prefix}_geometry_rank{self.rank}.db"
         session.cache = GeometryCache(path, identity)
@@ -85,28 +91,41 @@ class CouplingHFLM(HFLM):
             "n_params": sum(p.numel() for p in self.model.parameters()),
         }
 
-    def get_model_info(self) -> dict:
-        """lm-eval's model info plus lm-coupling's version, options and model shape."""
+    def get_model_info(self) -> dict[str, Any]:
+        """lm-eval's model info plus lm-coupling's provenance.
+
+        Adds the version, the options (each K as used), the model shape and,
+        per task, the capture counts and the documents each metric was
+        measured on.
+        """
         info = super().get_model_info()
         session = self._lmc_session
         if session is not None:
+            report = session.capture_report()
             info["lm_coupling"] = {
                 "version": lm_coupling.__version__,
                 "metrics": list(session.selection.metrics),
-                "options": dict(session.selection.options),
+                "options": session.options_used(),
+                "options_requested": session.options_changed(),
                 "model_shape": session.model_shape,
                 "plugins": session.plugin_versions(),
+                "capture": {task: part["capture"] for task, part in report.items()},
+                "n_measured": {task: part["n_measured"] for task, part in report.items()},
             }
         return info
 
     # -- log-likelihood requests --------------------------------------------
-    def loglikelihood(self, requests, disable_tqdm: bool = False):
-        """Plan every document's geometry, then run lm-eval's loglikelihood."""
+    def loglikelihood(
+        self, requests: list[Instance], disable_tqdm: bool = False
+    ) -> list[tuple[float, bool]]:
+        """Plan the requests' documents, then run lm-eval's loglikelihood."""
         if self._lmc_session is not None:
-            self._lmc_session.plan()
+            self._lmc_session.plan_requests(requests)
         return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None):
+    def _loglikelihood_tokens(
+        self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None
+    ) -> list[tuple[float, bool]]:
         session = self._lmc_session
         if session is None:
             return super()._loglikelihood_tokens(requests, disable_tqdm, override_bs)
@@ -116,7 +135,9 @@ class CouplingHFLM(HFLM):
         finally:
             self._lmc_rows = {}
 
-    def _loglikelihood_input(self, context_enc, continuation_enc) -> tuple[list[int], int]:
+    def _loglikelihood_input(
+        self, context_enc: list[int], continuation_enc: list[int]
+    ) -> tuple[list[int], int]:
         """The model input lm-eval builds for a request, and its target position.
 
         The same left truncation as HFLM._loglikelihood_tokens; the position is
@@ -125,7 +146,9 @@ class CouplingHFLM(HFLM):
         inp = (context_enc + continuation_enc)[-(self.max_length + 1) :][:-1]
         return inp, len(inp) - len(continuation_enc)
 
-    def _plan_rows(self, requests, session: GeometrySession):
+    def _plan_rows(
+        self, requests: list[Any], session: GeometrySession
+    ) -> dict[int, dict[tuple[int, ...], RowPlan]]:
         """Index the wanted requests by the exact model input lm-eval will build.
 
         Requests with the same input share one plan: the first one's.
@@ -159,8 +182,15 @@ class CouplingHFLM(HFLM):
                     break
         return matches
 
-    def _model_call(self, inps, attn_mask=None, labels=None):
+    def _model_call(
+        self,
+        inps: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         session = self._lmc_session
+        if self._lmc_probing and attn_mask is None:
+            return self._probe_call(inps)
         if session is None or not self._lmc_rows or attn_mask is not None:
             return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
         matches = [(b, plan) for b, plan in self._match_rows(inps) if session.wanted(plan.key)]
@@ -184,18 +214,20 @@ class CouplingHFLM(HFLM):
         return logits
 
     # -- generation ------------------------------------------------------------
-    def generate_until(self, requests, disable_tqdm: bool = False):
-        """Plan every document's geometry, then run lm-eval's generate_until."""
+    def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
+        """Plan the requests' documents, then run lm-eval's generate_until."""
         if self._lmc_session is not None:
-            self._lmc_session.plan()
+            self._lmc_session.plan_requests(requests)
         return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
-    def tok_batch_encode(self, strings, *args, **kwargs):
+    def tok_batch_encode(self, strings: list[str], *args: Any, **kwargs: Any) -> Any:
         """Remember the contexts of the batch lm-eval is about to generate for."""
         self._lmc_gen_contexts = list(strings)
         return super().tok_batch_encode(strings, *args, **kwargs)
 
-    def _model_generate(self, context, max_length, stop, **generation_kwargs):
+    def _model_generate(
+        self, context: torch.Tensor, max_length: int, stop: list[str], **generation_kwargs: Any
+    ) -> torch.Tensor:
         session = self._lmc_session
         contexts, self._lmc_gen_contexts = self._lmc_gen_contexts, None
         call = lambda: super(CouplingHFLM, self)._model_generate(  # noqa: E731
@@ -234,36 +266,87 @@ class CouplingHFLM(HFLM):
             return -1
 
     # -- shared capture plumbing -------------------------------------------------
-    def _captured_call(self, call, session, matches, last, first, target):
-        """Run ``call`` under capture; a capture failure never loses the output."""
+    def _captured_call(
+        self,
+        call: Callable[[], Any],
+        session: GeometrySession,
+        matches: list[tuple[int, GeometryKey]],
+        last: torch.Tensor,
+        first: torch.Tensor,
+        target: torch.Tensor,
+    ) -> Any:
+        """Run ``call`` under capture; a capture failure never loses the output.
+
+        When the captured call itself fails (an out-of-memory error in the
+        capture's hooks, say), the benchmark batch is run again without
+        capture, outside the exception handler: the failed capture's tensors,
+        held by the traceback, are freed first.
+        """
         runner = session.runner
         keys = [key for _, key in matches]
         if not runner.needs_forward_capture:
             for key in keys:
-                session.store(key, DocumentGeometry())
+                session.store(key, DocumentGeometry(), "in_batch")
             return call()
-        output = None
+        output, error = None, None
         try:
             with runner.capture(last, first, target) as handle:
                 output = call()
             documents = runner.compute(handle.states)
             for b, key in matches:
-                session.store(key, documents[b])
+                session.store(key, documents[b], "in_batch")
         except Exception as exc:  # geometry must never cost the benchmark its scores
-            session.fail(keys, exc)
+            error = repr(exc)  # the text only: the traceback must not outlive this block
+        if error is not None:
+            handle = None
+            session.fail(keys, error)
             if output is None:
+                _release_accelerator_memory()
                 output = call()
         return output
 
-    def _measure_sampled(self, session, key: GeometryKey, tokens: tuple[int, ...]) -> None:
+    def _measure_sampled(
+        self, session: GeometrySession, key: GeometryKey, tokens: tuple[int, ...]
+    ) -> None:
         runner = session.runner
         if not runner.sampled_metrics or not session.sampled(key):
             return
+        error = None
         try:
             ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
             session.store(key, runner.compute_sampled(ids))
         except Exception as exc:
-            session.fail([key], exc, metrics=runner.sampled_metrics)
+            error = repr(exc)
+        if error is not None:
+            session.fail([key], error, metrics=runner.sampled_metrics)
+
+    # -- batch size detection ------------------------------------------------------
+    def _detect_batch_size(self, requests: Any = None, pos: int = 0) -> int:
+        """lm-eval's ``--batch_size auto`` search, with the capture on every probe.
+
+        The probe batches run under capture (every row measured, the states
+        then dropped), so the batch size found leaves room for the capture's
+        own memory.
+        """
+        self._lmc_probing = self._lmc_session is not None
+        try:
+            return super()._detect_batch_size(requests, pos)
+        finally:
+            self._lmc_probing = False
+
+    def _probe_call(self, inps: torch.Tensor) -> torch.Tensor:
+        """One probe batch of the batch-size search, captured like a real one."""
+        runner = self._lmc_session.runner
+        call = lambda: super(CouplingHFLM, self)._model_call(inps)  # noqa: E731
+        if not runner.needs_forward_capture:
+            return call()
+        batch, width = inps.shape
+        last = torch.full((batch,), width - 1, dtype=torch.long)
+        first = torch.zeros(batch, dtype=torch.long)
+        with runner.capture(last, first, torch.zeros(batch, dtype=torch.long)) as handle:
+            logits = call()
+        runner.compute(handle.states)
+        return logits
 
     def measure_alone(self, plan: DocumentPlan) -> DocumentGeometry:
         """Measure a document's prompt alone (documents lm-eval answered from its cache)."""
@@ -281,10 +364,15 @@ class CouplingHFLM(HFLM):
             return tokens[-(self.max_length - max_gen_toks) :], -1
         context_enc, continuation_enc = self._encode_pair(context, continuation)
         inp, last = self._loglikelihood_input(context_enc, continuation_enc)
+        if last < 0:
+            raise ValueError(
+                f"the answer alone ({len(continuation_enc)} tokens) fills the model's "
+                f"max_length ({self.max_length}): no context position is left to measure"
+            )
         return inp[: last + 1], continuation_enc[0]
 
     # -- data parallel ------------------------------------------------------------
-    def gather_object(self, obj, dst=0):
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Gather the per-document geometry with lm-eval's first gather of a run."""
         session = self._lmc_session
         if session is not None and self.world_size > 1 and not self._lmc_gathered:
@@ -293,3 +381,9 @@ class CouplingHFLM(HFLM):
             if self.rank == dst:
                 session.merge_records(gathered)
         return super().gather_object(obj, dst)
+
+
+def _release_accelerator_memory() -> None:
+    """Return freed accelerator memory to the device before a retry."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

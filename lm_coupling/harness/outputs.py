@@ -12,10 +12,8 @@ import numpy as np
 
 import lm_coupling
 from lm_coupling.harness.session import GeometrySession, TaskRecords
-from lm_coupling.plugins.builtin.coupling import clamped_k
 
 SCHEMA = "lm_coupling.geometry/1"
-MATRIX_PROFILES = ("coupling", "alignment_ratio")
 
 
 def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[str, Any]:
@@ -54,7 +52,7 @@ def _json_array(array: np.ndarray) -> list:
 
 
 def _coupling_section(profiles: dict, records: TaskRecords, session: GeometrySession):
-    options = session.selection.options
+    options = session.options_used()
     if "coupling" not in session.selection.metrics:
         return None
     methods = [doc.jacobian_methods for doc in records.documents if doc.jacobian_methods]
@@ -64,9 +62,8 @@ def _coupling_section(profiles: dict, records: TaskRecords, session: GeometrySes
         else []
     )
     n_sampled = sum(np.isfinite(doc.values.get("coupling", np.nan)) for doc in records.documents)
-    d_model = session.model_shape.get("d_model") or 1
     return {
-        "k": clamped_k(options["k"], d_model),
+        "k": options["k"],
         "norm": options["norm"],
         "elementwise_abs": options["elementwise_abs"],
         "pairs": options["pairs"],
@@ -86,19 +83,22 @@ def geometry_document(
         arrays = [doc.profiles[name] for doc in records.documents if name in doc.profiles]
         if arrays and len({a.shape for a in arrays}) == 1:
             summaries[name] = profile_summary(arrays)
+    matrices = {m for spec in session.selection.specs.values() for m in spec.matrices}
     document = {
         "schema": SCHEMA,
         "lm_coupling_version": lm_coupling.__version__,
         "task": task_name,
         "model": _model_identity(results, session),
-        "options": session.selection.options,
+        "options": session.options_used(),
         "metrics": list(session.selection.metrics),
         "n_documents": len(records.documents),
-        "profiles": {k: v for k, v in summaries.items() if k not in MATRIX_PROFILES},
+        "capture": dict(records.capture),
+        "n_measured": records.n_measured(session.selection.metrics),
+        "profiles": {k: v for k, v in summaries.items() if k not in matrices},
         "matrices": {
             k: {"mean": v["mean"], "n": int(max(np.ravel(v["n"]), default=0))}
             for k, v in summaries.items()
-            if k in MATRIX_PROFILES
+            if k in matrices
         },
         "coupling": _coupling_section(summaries, records, session),
         "failures": records.failures,

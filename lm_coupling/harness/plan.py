@@ -1,28 +1,30 @@
 """Which request of each document carries its geometry, and the gold token.
 
-A document's geometry is measured once, at the last token of one context:
-the context of its gold request for multiple choice (for WinoGrande, whose
-choices differ in the context, that is the gold option's context), the
-prompt for generation. The lens target is the first token of the gold
-continuation (multiple choice) or of the gold answer (generation).
+A document is identified one way: ``(task name, doc_id)``, as lm-eval's
+`Instance` carries them. Its geometry is measured once, at the last token of
+one context: the context of its gold request for multiple choice (for
+WinoGrande, whose choices differ in the context, that is the gold option's
+context), the prompt for generation. The lens target is the first token of
+the gold continuation (multiple choice) or of the gold answer (generation).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 GeometryKey = tuple[str, str]
 """(context string, gold continuation string): identifies one measurement."""
 
+DocumentId = tuple[str, int]
+"""(task name, doc_id): identifies one document of a run."""
 
-def doc_fingerprint(doc: Any) -> str:
-    """Stable hash of a document's content (lm-eval re-creates doc dicts)."""
-    text = json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False)
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+ROLLING = "loglikelihood_rolling"
+
+
+class PlanError(ValueError):
+    """A document's measured request cannot be chosen (its gold is unreadable)."""
 
 
 @dataclass(frozen=True)
@@ -31,46 +33,59 @@ class DocumentPlan:
 
     Attributes:
         task_name: lm-eval task name.
-        doc_id: the document's index in the task.
+        doc_id: the document's index in the task (lm-eval's ``doc_id``).
         key: (context, gold continuation) of the measured request.
         kind: ``"loglikelihood"`` or ``"generate_until"``.
-        sampled: inside the coupling sample (gets Jacobian metrics).
+        sampled_metrics: the sampled (Jacobian) metrics whose document sample
+            holds this document.
         max_gen_toks: generation only: the request's token budget (lm-eval
             truncates the prompt to ``max_length - max_gen_toks``); None
             means the model's default.
+        problem: why the document cannot be measured (its geometry is then
+            NaN, with one warning); None when it can.
     """
 
     task_name: str
     doc_id: int
     key: GeometryKey
     kind: str
-    sampled: bool
+    sampled_metrics: frozenset[str] = frozenset()
     max_gen_toks: int | None = None
+    problem: str | None = None
+
+    @property
+    def sampled(self) -> bool:
+        """Whether any sampled metric is computed on this document."""
+        return bool(self.sampled_metrics)
 
 
-def _gold_index(task, doc, n_choices: int) -> int:
-    """Index of the gold choice, as lm-eval's multiple-choice scoring reads it."""
+def gold_index(task: Any, doc: dict, n_choices: int) -> int:
+    """Index of the gold choice, as lm-eval's multiple-choice scoring reads it.
+
+    Raises:
+        PlanError: the task gives no readable gold index in ``[0, n_choices)``.
+    """
     try:
         # Tasks whose choices are contexts (WinoGrande): lm-eval's gold is doc_to_text.
         multiple_input = getattr(task, "multiple_input", 0)
         gold = task.doc_to_text(doc) if multiple_input else task.doc_to_target(doc)
-    except Exception:  # a task without a target still gets its geometry
-        return 0
-    if isinstance(gold, list):
-        gold = gold[0] if gold else 0
-    if isinstance(gold, str):
-        try:
+        if isinstance(gold, list):
+            gold = gold[0]
+        if isinstance(gold, str):
             choices = task.doc_to_choice(doc)
             gold = choices.index(gold) if gold in choices else int(gold)
-        except (ValueError, TypeError, AttributeError):
-            return 0
-    return int(gold) if 0 <= int(gold) < n_choices else 0
+        index = int(gold)
+    except Exception as exc:  # any task code: report it, never guess
+        raise PlanError(f"its gold answer could not be read ({exc!r})") from None
+    if not 0 <= index < n_choices:
+        raise PlanError(f"its gold index {index} is outside the {n_choices} choices")
+    return index
 
 
-def _generation_target(task, doc) -> str:
+def _generation_target(task: Any, doc: dict) -> str:
     try:
         target = task.doc_to_target(doc)
-    except Exception:
+    except Exception:  # the lens target is then absent (tv_to_target NaN, with a warning)
         return ""
     if isinstance(target, list):
         target = target[0] if target else ""
@@ -81,7 +96,7 @@ def _generation_target(task, doc) -> str:
 _MAX_GEN_TOKS_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
 
 
-def _max_gen_toks(instance) -> int | None:
+def _max_gen_toks(instance: Any) -> int | None:
     """The request's generation budget, read like lm-eval's ``normalize_gen_kwargs``."""
     gen_kwargs = instance.args[1] if len(instance.args) > 1 else None
     if not isinstance(gen_kwargs, dict):
@@ -92,31 +107,39 @@ def _max_gen_toks(instance) -> int | None:
     return None
 
 
-def plan_task(task, coupling_docs: int | None) -> list[DocumentPlan]:
-    """Plan the geometry of every document this rank evaluates in ``task``.
+def sampled_metrics(doc_id: int, sample_sizes: Mapping[str, int | None]) -> frozenset[str]:
+    """The sampled metrics whose sample (the first N doc_ids; None: all) holds ``doc_id``."""
+    return frozenset(name for name, size in sample_sizes.items() if size is None or doc_id < size)
+
+
+def plan_document(
+    task: Any, task_name: str, doc_id: int, instances: Iterable[Any], sample_sizes
+) -> DocumentPlan | None:
+    """Plan one document from its lm-eval `Instance`s.
 
     Args:
-        task: an lm-eval Task after ``build_all_requests``.
-        coupling_docs: the first N documents (by doc_id) get Jacobian metrics;
-            None means all.
+        task: the lm-eval Task (gold index, target, delimiter).
+        task_name: its name.
+        doc_id: the document's ``doc_id``.
+        instances: the document's requests (any order; repeats allowed).
+        sample_sizes: ``{sampled metric: documents in its sample or None}``.
+
+    Returns:
+        The plan, or None for a ``loglikelihood_rolling`` document (no
+        geometry is measured for rolling log-likelihood).
     """
-    by_doc: dict[int, list] = defaultdict(list)
-    for instance in task.instances:
-        by_doc[instance.doc_id].append(instance)
-    plans = []
-    for doc_id, instances in sorted(by_doc.items()):
-        instances.sort(key=lambda inst: inst.idx)
-        first = instances[0]
-        sampled = coupling_docs is None or doc_id < coupling_docs
-        if first.request_type == "generate_until":
-            key = (first.args[0], _generation_target(task, first.doc))
-            plans.append(
-                DocumentPlan(
-                    task.config.task, doc_id, key, "generate_until", sampled, _max_gen_toks(first)
-                )
-            )
-        elif first.request_type == "loglikelihood":
-            gold = instances[_gold_index(task, first.doc, len(instances))]
-            key = (gold.args[0], gold.args[1])
-            plans.append(DocumentPlan(task.config.task, doc_id, key, "loglikelihood", sampled))
-    return plans
+    by_idx = {inst.idx: inst for inst in instances}
+    ordered = [by_idx[i] for i in sorted(by_idx)]
+    first = ordered[0]
+    sampled = sampled_metrics(doc_id, sample_sizes)
+    if first.request_type == "generate_until":
+        key = (first.args[0], _generation_target(task, first.doc))
+        return DocumentPlan(task_name, doc_id, key, "generate_until", sampled, _max_gen_toks(first))
+    if first.request_type == ROLLING:
+        return None
+    try:
+        gold = ordered[gold_index(task, first.doc, len(ordered))]
+    except PlanError as exc:
+        key = (first.args[0], "")
+        return DocumentPlan(task_name, doc_id, key, "loglikelihood", problem=str(exc))
+    return DocumentPlan(task_name, doc_id, (gold.args[0], gold.args[1]), "loglikelihood", sampled)

@@ -1,8 +1,15 @@
 """State of one geometry run: selection, plans, measured documents, outputs.
 
 One `GeometrySession` lives for one ``lm_eval ... --metrics`` run. The model
-wrapper fills it during the forward passes; the task glue reads it when lm-eval
-scores each document; the run's end writes the geometry files.
+wrapper plans documents from the requests lm-eval hands it and fills the
+session during the forward passes; the task glue reads it when lm-eval scores
+each document; the run's end writes the geometry files.
+
+Every document's trajectory/lens geometry has one source, counted per task
+(`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
+measured alone afterwards (``alone``: documents lm-eval answered from its
+response cache, or rows the batch matching missed), read from the geometry
+cache (``cached``), or ``failed`` (NaN, with a warning naming the document).
 """
 
 from __future__ import annotations
@@ -10,14 +17,17 @@ from __future__ import annotations
 import math
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
-from lm_coupling.harness.plan import DocumentPlan, GeometryKey, doc_fingerprint, plan_task
+from lm_coupling.harness.plan import DocumentId, DocumentPlan, GeometryKey, plan_document
+from lm_coupling.plugins.specs import used_k
 from lm_coupling.selection import Selection
 
+CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
 _ACTIVE: GeometrySession | None = None
 
 
@@ -34,11 +44,34 @@ def set_active_session(session: GeometrySession | None) -> None:
 
 @dataclass
 class TaskRecords:
-    """Per-document geometry of one task, as lm-eval scored it."""
+    """Per-document geometry of one task, as lm-eval scored it.
+
+    Attributes:
+        doc_ids: scored documents, in scoring order.
+        documents: their geometry (only the metrics each document is in).
+        failures: ``{"doc_id", "error"}`` of documents whose geometry failed.
+        capture: documents per source (`CAPTURE_SOURCES`).
+    """
 
     doc_ids: list[int] = field(default_factory=list)
     documents: list[DocumentGeometry] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    capture: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAPTURE_SOURCES, 0))
+
+    def n_measured(self, metrics: Iterable[str]) -> dict[str, int]:
+        """Documents with a finite value of each metric."""
+        return {
+            name: sum(math.isfinite(doc.values.get(name, math.nan)) for doc in self.documents)
+            for name in metrics
+        }
+
+    def extend(self, other: TaskRecords) -> None:
+        """Add another rank's records of the same task."""
+        self.doc_ids.extend(other.doc_ids)
+        self.documents.extend(other.documents)
+        self.failures.extend(other.failures)
+        for source, count in other.capture.items():
+            self.capture[source] = self.capture.get(source, 0) + count
 
 
 class GeometrySession:
@@ -49,42 +82,98 @@ class GeometrySession:
         self.runner: GeometryRunner | None = None
         self.model_shape: dict[str, Any] = {}
         self.tasks: dict[str, Any] = {}
-        self.plans: dict[tuple[str, str], DocumentPlan] = {}
+        self.plans: dict[DocumentId, DocumentPlan | None] = {}
         self.plans_by_key: dict[GeometryKey, list[DocumentPlan]] = defaultdict(list)
         self.measured: dict[GeometryKey, DocumentGeometry] = {}
+        self.sources: dict[GeometryKey, str] = {}
+        self.failed_keys: set[GeometryKey] = set()
         self.records: dict[str, TaskRecords] = defaultdict(TaskRecords)
         self.cache = None  # a GeometryCache when lm-eval's --use_cache is on
         self.model = None  # the CouplingHFLM measuring this run
         self.cache_path_prefix: str | None = None  # lm-eval's --use_cache path
         self.generation_keys: dict[str, GeometryKey] = {}
         self.results: dict[str, Any] | None = None  # lm-eval's results, once saved
-        self._scored: set[tuple[str, int]] = set()
-        self._warned: set[tuple[str, int]] = set()
-        self._planned = False
+        self.sample_sizes: dict[str, int | None] = {
+            name: selection.options.get(spec.sample_option or "coupling_docs")
+            for name, spec in selection.specs.items()
+            if spec.sampled
+        }
+        self._task_instances: dict[str, dict[int, list[Any]]] = {}
+        self._warned: set[Any] = set()
+        self._scored: set[DocumentId] = set()
 
     # -- planning ---------------------------------------------------------
     def add_task(self, name: str, task: Any) -> None:
         """Register a task whose documents get geometry."""
         self.tasks[name] = task
 
-    def plan(self) -> None:
-        """Plan every registered task's documents (once their requests exist)."""
-        if self._planned:
-            return
-        coupling_docs = self.selection.options.get("coupling_docs")
-        for name, task in self.tasks.items():
-            if not getattr(task, "_instances", None):
-                continue
-            fingerprints = {}
-            for instance in task.instances:
-                if instance.doc_id not in fingerprints:
-                    fingerprints[instance.doc_id] = doc_fingerprint(instance.doc)
-            for plan in plan_task(task, coupling_docs):
-                self.plans[(name, fingerprints[plan.doc_id])] = plan
-                self.plans_by_key[plan.key].append(plan)
-                if plan.kind == "generate_until":
-                    self.generation_keys[plan.key[0]] = plan.key
-        self._planned = True
+    def plan_requests(self, instances: Iterable[Any]) -> None:
+        """Plan the documents of the requests lm-eval hands the model."""
+        by_doc: dict[DocumentId, list[Any]] = defaultdict(list)
+        for instance in instances:
+            ident = (instance.task_name, instance.doc_id)
+            if ident[0] in self.tasks and ident not in self.plans:
+                by_doc[ident].append(instance)
+        for ident, doc_instances in by_doc.items():
+            self._add_plan(ident, doc_instances)
+
+    def _add_plan(self, ident: DocumentId, instances: list[Any]) -> DocumentPlan | None:
+        task_name, doc_id = ident
+        plan = plan_document(self.tasks[task_name], task_name, doc_id, instances, self.sample_sizes)
+        self.plans[ident] = plan
+        if plan is not None and plan.problem is None:
+            self.plans_by_key[plan.key].append(plan)
+            if plan.kind == "generate_until":
+                self.generation_keys[plan.key[0]] = plan.key
+        return plan
+
+    def plan_for(self, task_name: str, doc_id: int) -> DocumentPlan | None:
+        """The plan of a document.
+
+        Documents the model never saw (lm-eval's response cache answered
+        them) are planned here from the task's requests.
+
+        Returns:
+            None, after one warning, for a document without geometry.
+        """
+        ident = (task_name, doc_id)
+        if ident not in self.plans:
+            index = self._task_instances.get(task_name)
+            if index is None:
+                index = defaultdict(list)
+                for instance in getattr(self.tasks[task_name], "instances", None) or ():
+                    index[instance.doc_id].append(instance)
+                self._task_instances[task_name] = index
+            if not index.get(doc_id):
+                self._warn_once(
+                    ident, f"task {task_name!r} document {doc_id}: no request of this "
+                    "document was found, so it has no geometry"
+                )  # fmt: skip
+                return None
+            self._add_plan(ident, index[doc_id])
+        plan = self.plans[ident]
+        if plan is None:
+            self._warn_once(
+                task_name,
+                f"task {task_name!r} asks for loglikelihood_rolling (perplexity): lm-coupling "
+                "measures no geometry for rolling log-likelihood, so its documents have none",
+            )
+        return plan
+
+    def options_used(self) -> dict[str, Any]:
+        """The options, each metric's K as used on this model (`MetricSpec.k_option`)."""
+        options = dict(self.selection.options)
+        d_model = self.model_shape.get("d_model")
+        if d_model:
+            for spec in self.selection.specs.values():
+                if spec.k_option and spec.k_option in options:
+                    options[spec.k_option] = used_k(options[spec.k_option], d_model)
+        return options
+
+    def options_changed(self) -> dict[str, Any]:
+        """The options as requested, where the model changed them (a K it cannot hold)."""
+        used = self.options_used()
+        return {k: v for k, v in self.selection.options.items() if used[k] != v}
 
     def generation_key(self, context: str) -> GeometryKey | None:
         """The planned key of a generation prompt, if any."""
@@ -103,111 +192,185 @@ class GeometrySession:
         return key in self.plans_by_key and key not in self.measured
 
     def sampled(self, key: GeometryKey) -> bool:
-        """Whether any document measured at ``key`` is in the coupling sample."""
+        """Whether any document measured at ``key`` is in a sampled metric's sample."""
         return any(plan.sampled for plan in self.plans_by_key.get(key, ()))
 
     # -- measuring --------------------------------------------------------
-    def store(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
-        """Keep a measurement (and write it to the cache, if any)."""
+    def store(
+        self, key: GeometryKey, geometry: DocumentGeometry, source: str | None = None
+    ) -> None:
+        """Keep a measurement (and write it to the cache, if any).
+
+        Args:
+            key: the measured request.
+            geometry: its values (merged into an earlier part, if any).
+            source: ``in_batch``, ``alone`` or ``cached`` for the trajectory/lens
+                part; None for a later part (the Jacobian metrics).
+        """
         existing = self.measured.get(key)
         if existing is not None:
             existing.merge(geometry)
             geometry = existing
         self.measured[key] = geometry
-        if self.cache is not None:
-            self.cache.put(key, geometry)
+        if source is not None:
+            self.sources[key] = source
+        if self.cache is not None and key not in self.failed_keys and source != "cached":
+            try:
+                self.cache.put(key, geometry)
+            except Exception as exc:  # the measurement stands; only its caching failed
+                self._warn_once(
+                    "cache", f"the geometry cache {self.cache.path} could not be written "
+                    f"({exc!r}); values are kept but not cached",
+                )  # fmt: skip
+
+    def needed_metrics(self, key: GeometryKey) -> set[str]:
+        """The metrics the documents measured at ``key`` need."""
+        needed = set(self.runner.streamed_metrics) if self.runner else set()
+        for plan in self.plans_by_key.get(key, ()):
+            needed |= plan.sampled_metrics
+        return needed
 
     def lookup(self, key: GeometryKey) -> DocumentGeometry | None:
-        """A measurement from this run or from the cache of an earlier one."""
+        """A measurement from this run, or a complete one from an earlier run's cache."""
         found = self.measured.get(key)
         if found is None and self.cache is not None:
-            found = self.cache.get(key)
-            if found is not None:
-                self.measured[key] = found
+            cached = self.cache.get(key)
+            if cached is not None and self.needed_metrics(key) <= set(cached.values):
+                self.store(key, cached, "cached")
+                found = cached
         return found
 
     def fail(
-        self,
-        keys: list[GeometryKey],
-        error: BaseException,
-        metrics: tuple[str, ...] | None = None,
+        self, keys: Iterable[GeometryKey], error: str, metrics: tuple[str, ...] | None = None
     ) -> None:
-        """Record a failed measurement as NaN, with one warning per document."""
+        """Record a failed measurement as NaN, with one warning per document.
+
+        Args:
+            keys: the requests whose measurement failed.
+            error: the error's text (never the exception: its traceback would
+                keep the failed capture's tensors alive).
+            metrics: the metrics that failed (default: all).
+        """
         metrics = metrics if metrics is not None else self.selection.metrics
         for key in keys:
+            self.failed_keys.add(key)
             for plan in self.plans_by_key.get(key, ()):
-                self.records[plan.task_name].failures.append(
-                    {"doc_id": plan.doc_id, "error": repr(error)}
-                )
-                self.warn(plan, f"its geometry failed ({error!r}); values are NaN")
+                self.warn(plan, f"its geometry failed ({error}); values are NaN")
             failed = DocumentGeometry(values={name: math.nan for name in metrics})
             if key in self.measured:
                 self.measured[key].merge(failed)
             else:
                 self.measured[key] = failed
+            self.sources.setdefault(key, "failed")
+
+    def _warn_once(self, ident: Any, message: str) -> None:
+        if ident in self._warned:
+            return
+        self._warned.add(ident)
+        warnings.warn(f"lm-coupling: {message}", GeometryWarning, stacklevel=3)
 
     def warn(self, plan: DocumentPlan, message: str) -> None:
         """One GeometryWarning per document, naming task and document."""
         ident = (plan.task_name, plan.doc_id)
-        if ident in self._warned:
-            return
-        self._warned.add(ident)
-        warnings.warn(
-            f"lm-coupling: task {plan.task_name!r} document {plan.doc_id}: {message}",
-            GeometryWarning,
-            stacklevel=2,
-        )
+        self._warn_once(ident, f"task {plan.task_name!r} document {plan.doc_id}: {message}")
 
     # -- scoring ----------------------------------------------------------
-    def plan_for(self, task_name: str, doc: Any) -> DocumentPlan | None:
-        """The plan of a document, found from its content."""
-        self.plan()
-        return self.plans.get((task_name, doc_fingerprint(doc)))
-
-    def document_values(
-        self, plan: DocumentPlan, geometry: DocumentGeometry, record: bool
-    ) -> dict[str, float]:
-        """The per-document values lm-eval aggregates (undefined ones left out).
-
-        A value is undefined (NaN) for degenerate documents, and the sampled
-        metrics are undefined outside the coupling sample: lm-eval then
-        averages each metric over the documents that define it.
-        """
-        values = {}
-        undefined = []
-        for name in self.selection.metrics:
-            if self.selection.specs[name].sampled and not plan.sampled:
-                continue
-            value = geometry.values.get(name, math.nan)
-            if math.isfinite(value):
-                values[name] = value
-            else:
-                undefined.append(name)
-        if undefined:
-            self.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
-        if record and (plan.task_name, plan.doc_id) not in self._scored:
-            self._scored.add((plan.task_name, plan.doc_id))
-            task_records = self.records[plan.task_name]
-            task_records.doc_ids.append(plan.doc_id)
-            task_records.documents.append(geometry)
-        return values
-
     def geometry_for(self, plan: DocumentPlan) -> DocumentGeometry:
         """This run's (or the cache's) measurement, else the prompt measured alone.
 
         Documents lm-eval answered from its own cache never reached the model,
         so they are measured here, alone.
         """
+        if plan.problem is not None:
+            self.warn(plan, f"{plan.problem}; its geometry is NaN")
+            return DocumentGeometry(values=dict.fromkeys(self.selection.metrics, math.nan))
         found = self.lookup(plan.key)
         if found is not None:
             return found
         try:
             geometry = self.model.measure_alone(plan)
         except Exception as exc:  # a broken document must not stop the scoring
-            self.fail([plan.key], exc)
+            self.fail([plan.key], repr(exc))
             return self.measured[plan.key]
-        self.store(plan.key, geometry)
+        self.store(plan.key, geometry, "alone")
         return geometry
+
+    def document_values(
+        self, plan: DocumentPlan, geometry: DocumentGeometry, record: bool
+    ) -> dict[str, float]:
+        """The per-document values lm-eval aggregates (undefined ones left out).
+
+        A value is undefined (NaN) for degenerate documents, and a sampled
+        metric is undefined outside its document sample: lm-eval then averages
+        each metric over the documents that define it.
+        """
+        own = self._own_geometry(plan, geometry)
+        values = {k: v for k, v in own.values.items() if math.isfinite(v)}
+        undefined = [name for name in own.values if name not in values]
+        if undefined and plan.problem is None and plan.key not in self.failed_keys:
+            self.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
+        if record:
+            self._record(plan, own)
+        return values
+
+    def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
+        """The part of a measurement that belongs to ``plan``'s document."""
+        specs = self.selection.specs
+        metrics = [
+            n for n in self.selection.metrics if not specs[n].sampled or n in plan.sampled_metrics
+        ]
+        profiles = {p for n in metrics for p in specs[n].profiles}
+        sampled = any(specs[n].sampled for n in metrics)
+        return DocumentGeometry(
+            values={name: geometry.values.get(name, math.nan) for name in metrics},
+            profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
+            jacobian_methods=geometry.jacobian_methods if sampled else None,
+        )
+
+    def _record(self, plan: DocumentPlan, geometry: DocumentGeometry) -> None:
+        """Record a scored document once (lm-eval scores it once per filter)."""
+        ident = (plan.task_name, plan.doc_id)
+        if ident in self._scored:
+            return
+        self._scored.add(ident)
+        records = self.records[plan.task_name]
+        records.doc_ids.append(plan.doc_id)
+        records.documents.append(geometry)
+        if plan.problem is not None:
+            source, error = "failed", plan.problem
+        elif plan.key in self.failed_keys:
+            source, error = "failed", "its geometry failed (see the warning)"
+        else:
+            source, error = self.sources.get(plan.key, "alone"), None
+        records.capture[source] += 1
+        if error is not None:
+            records.failures.append({"doc_id": plan.doc_id, "error": error})
+
+    def capture_report(self) -> dict[str, dict[str, Any]]:
+        """Per task: ``capture`` counts and ``n_measured`` per metric.
+
+        Warns once per task whose documents were measured alone without
+        ``--use_cache`` (a second forward pass the batch matching should
+        have made unnecessary).
+        """
+        report = {}
+        for task_name, records in sorted(self.records.items()):
+            alone = records.capture.get("alone", 0)
+            if alone and self.cache_path_prefix is None:
+                self._warn_once(
+                    ("alone", task_name),
+                    f"task {task_name!r}: {alone} of {len(records.documents)} documents were "
+                    "not found in lm-eval's batches and were measured alone afterwards (a "
+                    "second forward pass). Likely cause: the model input lm-eval built (its "
+                    "tokenization, truncation or padding) differs from the one planned, e.g. "
+                    "a custom model subclass or chat template; the values are those of the "
+                    "prompt alone.",
+                )  # fmt: skip
+            report[task_name] = {
+                "capture": dict(records.capture),
+                "n_measured": records.n_measured(self.selection.metrics),
+            }
+        return report
 
     # -- gathering across ranks --------------------------------------------
     def export_records(self) -> dict[str, TaskRecords]:
@@ -219,8 +382,5 @@ class GeometrySession:
         merged: dict[str, TaskRecords] = defaultdict(TaskRecords)
         for rank_records in gathered:
             for task_name, task_records in rank_records.items():
-                target = merged[task_name]
-                target.doc_ids.extend(task_records.doc_ids)
-                target.documents.extend(task_records.documents)
-                target.failures.extend(task_records.failures)
+                merged[task_name].extend(task_records)
         self.records = merged

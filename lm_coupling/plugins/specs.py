@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,3 +67,24 @@ class MetricSpec:
     higher_is_better: bool | None = None
     opt_in: bool = False
     plugin: str = field(default="", compare=False)
+
+
+def used_k(k: int | float, d_model: int) -> int:
+    """The K a top-K metric uses on a model of width ``d_model``.
+
+    An integer K is capped at ``d_model - 1`` (one less than the width leaves
+    ``s_{K+1}`` for the spectral gap); a float in (0, 1) is a fraction of the
+    width, ``floor(k * d_model)``, at least 1 and at most ``d_model - 1``.
+
+    Raises:
+        ValueError: ``d_model`` is not a positive integer or a float ``k`` is
+            outside (0, 1).
+    """
+    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
+        raise ValueError(f"d_model must be a positive int, found {d_model!r}")
+    cap = max(d_model - 1, 1)
+    if isinstance(k, float):
+        if not 0 < k < 1:
+            raise ValueError(f"a float k is a fraction of d_model in (0, 1), found {k}")
+        return max(1, min(math.floor(k * d_model + 1e-9), cap))
+    return max(1, min(int(k), cap))

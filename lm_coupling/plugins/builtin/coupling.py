@@ -15,12 +15,11 @@ from lm_coupling.metrics.coupling import (
     coupling_matrices,
     coupling_score,
     miscoupling,
-    resolve_k,
     spectral_gap,
 )
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_bool, parse_doc_count, parse_k
-from lm_coupling.plugins.specs import MetricSpec, OptionSpec
+from lm_coupling.plugins.specs import MetricSpec, OptionSpec, used_k
 from lm_coupling.states import GeometryStates, JacobianFactors
 
 DEFAULT_COUPLING_DOCS = 25
@@ -72,6 +71,8 @@ def lmc_declare_metrics():
             _NEEDS,
             (K, NORM, ABS, PAIRS, *shared),
             ("coupling", "singular_values", "spectral_gap"),
+            matrices=("coupling",),
+            k_option="k",
             sampled=True,
             higher_is_better=True,
         ),
@@ -81,6 +82,8 @@ def lmc_declare_metrics():
             _NEEDS,
             (ALIGNMENT_K, *shared),
             ("alignment_ratio",),
+            matrices=("alignment_ratio",),
+            k_option="alignment_k",
             sampled=True,
             higher_is_better=False,
         ),
@@ -94,9 +97,7 @@ def clamped_k(k: int | float, d_model: int) -> int:
     model is then measured with every singular vector but one, rather than
     failing.
     """
-    if isinstance(k, int):
-        k = min(k, max(d_model - 1, 1))
-    return max(1, min(resolve_k(k, d_model), max(d_model - 1, 1)))
+    return used_k(k, d_model)
 
 
 def jacobian_k_max(options, d_model: int) -> int:
