@@ -154,9 +154,11 @@ class CouplingHFLM(HFLM):
         Requests with the same input share one plan: the first one's.
         """
         rows: dict[int, dict[tuple[int, ...], RowPlan]] = defaultdict(dict)
-        for (context, continuation), context_enc, continuation_enc in requests:
-            key = (context, continuation)
-            if context is None or not session.wanted(key):
+        for cache_key, context_enc, continuation_enc in requests:
+            if cache_key is None:  # loglikelihood_rolling windows: no geometry
+                continue
+            key = (cache_key[0], cache_key[1])
+            if key[0] is None or not session.wanted(key):
                 continue
             inp, last = self._loglikelihood_input(context_enc, continuation_enc)
             if last < 0:

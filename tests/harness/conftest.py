@@ -3,7 +3,9 @@
 Every CLI run here is a subprocess of the console scripts beside
 ``sys.executable`` (``lm_eval``, ``lm-coupling``) or of ``python -m
 lm_coupling``; runs are session-scoped and shared between tests, so the whole
-folder costs about ten runs.
+folder costs about ten runs. The items are five real ones per benchmark from
+``../shared/benchmarks`` when that folder is beside the checkout, else the
+samples bundled with lm-coupling (a user's clone): the tests run in both.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.benchmarks import shared_benchmarks_dir
+from fixtures.benchmarks import write_benchmark_items
 from harness_cli import (
+    LLAMA_METRIC_ARGS,
     MAX_LEN,
     HarnessSetup,
     RunOutput,
@@ -27,15 +30,12 @@ from harness_cli import (
 
 @pytest.fixture(scope="session")
 def harness_setup(tmp_path_factory) -> HarnessSetup:
-    """Two tiny models (gpt2, llama) and 5 real items per benchmark, offline.
+    """Two tiny models (gpt2, llama) and 5 items per benchmark, offline.
 
-    HellaSwag (not in the shared folder) and the two `lmc_mmlu_sample`
-    subjects missing from the real MMLU rows come from the bundled samples.
+    Real items from ``../shared/benchmarks`` where present (HellaSwag, not in
+    the shared folder, and the two `lmc_mmlu_sample` subjects missing from the
+    real MMLU rows come from the bundled samples); else the bundled samples.
     """
-    if shared_benchmarks_dir() is None:
-        pytest.skip("the real benchmark items (/work/shared/benchmarks) are absent")
-    from fixtures.benchmarks import write_offline_benchmarks
-
     from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
 
     root = tmp_path_factory.mktemp("harness")
@@ -47,8 +47,8 @@ def harness_setup(tmp_path_factory) -> HarnessSetup:
         for name in ("gpt2", "llama")
     }
     data_dir = root / "data"
-    write_offline_benchmarks(data_dir, n_items=5)
-    add_sample_mmlu_subjects(data_dir / "mmlu")
+    if write_benchmark_items(data_dir, n_items=5) == "real":
+        add_sample_mmlu_subjects(data_dir / "mmlu")
     return HarnessSetup(root, models, data_dir)
 
 
@@ -77,33 +77,49 @@ def metrics_run_bs1(harness_setup) -> RunOutput:
 
 @pytest.fixture(scope="session")
 def llama_run(harness_setup) -> RunOutput:
-    """``python -m lm_coupling run --metrics all``, coupling on 2 documents: llama, batch 3."""
+    """``python -m lm_coupling run --metrics all``: llama, batch auto, coupling on 2
+    documents with a K (1000) the 32-wide model cannot hold."""
     cwd = harness_setup.root / "run_llama"
-    args = [*harness_setup.args("llama", 3), "--metrics", "all"]
-    args += ["--metric_args", "coupling_docs=2"]
+    args = [*harness_setup.args("llama", "auto"), "--metrics", "all"]
+    args += ["--metric_args", LLAMA_METRIC_ARGS]
     return check_ok(run_cli("python -m lm_coupling", args, cwd))
 
 
 @pytest.fixture(scope="session")
-def library_geometry():
-    """``measure(model_path, sample_row)``: the library's value for the prompt alone."""
+def reference_hflm():
+    """``hflm(model_path)``: lm-eval's own stock ``hf`` model, loaded once per path."""
     import warnings
 
-    import torch
     from lm_eval.models.huggingface import HFLM
+
+    loaded: dict[Path, Any] = {}
+
+    def load(model_path: Path):
+        if model_path not in loaded:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                loaded[model_path] = HFLM(pretrained=str(model_path), batch_size=1, device="cpu")
+        return loaded[model_path]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def library_geometry(reference_hflm):
+    """``measure(model_path, sample_row)``: the library's value for the prompt alone."""
+    import torch
 
     from lm_coupling.geometry import GeometryRunner
     from lm_coupling.selection import make_selection
 
-    loaded: dict[Path, tuple[Any, GeometryRunner]] = {}
+    runners: dict[tuple[Path, str | None], GeometryRunner] = {}
 
-    def measure(model_path: Path, row: dict[str, Any]):
-        if model_path not in loaded:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                hflm = HFLM(pretrained=str(model_path), batch_size=1, device="cpu")
-            loaded[model_path] = (hflm, GeometryRunner(hflm.model, make_selection("all")))
-        hflm, runner = loaded[model_path]
+    def measure(model_path: Path, row: dict[str, Any], metric_args: str | None = None):
+        hflm = reference_hflm(model_path)
+        if (model_path, metric_args) not in runners:
+            selection = make_selection("all", metric_args)
+            runners[model_path, metric_args] = GeometryRunner(hflm.model, selection)
+        runner = runners[model_path, metric_args]
         tokens, gold = prompt_of(hflm, row)
         return runner.measure_prompt(torch.tensor(tokens), gold, sampled=True)
 

@@ -24,6 +24,7 @@ REPO_PTH = Path(__file__).resolve().parents[2] / STARTUP_PTH
 SAMPLE_MMLU_SUBJECTS = ("astronomy", "high_school_biology", "elementary_mathematics")
 MAX_LEN = 128  # tiny context: lm-eval truncates (and the harness must follow it)
 RUN_TIMEOUT_S = 900
+LLAMA_METRIC_ARGS = "coupling_docs=2,k=1000"
 
 
 def installed_startup_pth() -> Path | None:
@@ -129,7 +130,7 @@ class HarnessSetup:
     data_dir: Path
 
     def args(
-        self, model: str = "gpt2", batch_size: int = 4, tasks: str = "lmc_demo", *extra: str
+        self, model: str = "gpt2", batch_size: int | str = 4, tasks: str = "lmc_demo", *extra: str
     ) -> list[str]:
         """lm-eval ``run`` arguments over the offline tasks and the real items."""
         return [

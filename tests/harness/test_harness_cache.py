@@ -75,3 +75,88 @@ def test_rerun_from_cache_equals_first_run(cache_runs):
             np.testing.assert_allclose(
                 np.asarray(summary["mean"], dtype=float), expected, atol=1e-6
             )
+
+
+# -- the cache's identity and completeness, on real models (no lm-eval run) --
+
+
+def _geometry(**values: float):
+    from lm_coupling.geometry import DocumentGeometry
+
+    return DocumentGeometry(values=dict(values))
+
+
+def test_weights_fingerprint_changes_when_a_checkpoint_is_retrained_in_place(
+    tiny_model, tmp_path
+):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lm_coupling.harness.cache import weights_fingerprint
+
+    path = tmp_path / "checkpoint"
+    tiny_model("gpt2", seed=3).save_pretrained(path)
+    first = weights_fingerprint(AutoModelForCausalLM.from_pretrained(path))
+    assert weights_fingerprint(AutoModelForCausalLM.from_pretrained(path)) == first
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight[-1, -1] += 1e-3  # one training step, say
+    model.save_pretrained(path)
+    assert weights_fingerprint(AutoModelForCausalLM.from_pretrained(path)) != first
+
+
+def test_entries_of_another_identity_are_never_served(tmp_path):
+    from lm_coupling.harness.cache import GeometryCache
+
+    key = ("context", " answer")
+    GeometryCache(tmp_path / "g.db", {"weights": "a"}).put(key, _geometry(lss=1.5))
+    assert GeometryCache(tmp_path / "g.db", {"weights": "b"}).get(key) is None
+    assert GeometryCache(tmp_path / "g.db", {"weights": "a"}).get(key).values == {"lss": 1.5}
+
+
+def _session(tiny_model, tmp_path, timeout: float = 60.0):
+    from lm_coupling.geometry import GeometryRunner
+    from lm_coupling.harness.cache import GeometryCache
+    from lm_coupling.harness.plan import DocumentPlan
+    from lm_coupling.harness.session import GeometrySession
+    from lm_coupling.selection import make_selection
+
+    session = GeometrySession(make_selection("lss,coupling", "coupling_docs=all"))
+    session.runner = GeometryRunner(tiny_model("gpt2"), session.selection)
+    session.cache = GeometryCache(tmp_path / "g.db", {"run": 1}, timeout=timeout)
+    key = ("context", " answer")
+    plan = DocumentPlan("task", 0, key, "loglikelihood", frozenset({"coupling"}))
+    session.plans_by_key[key].append(plan)
+    return session, key
+
+
+def test_an_entry_lacking_a_metric_is_recomputed(tiny_model, tmp_path):
+    session, key = _session(tiny_model, tmp_path)
+    session.cache.put(key, _geometry(lss=1.5))  # written by a run that sampled no coupling
+    assert session.lookup(key) is None
+    session.cache.put(key, _geometry(lss=1.5, coupling=0.25))
+    assert session.lookup(key).values == {"lss": 1.5, "coupling": 0.25}
+    assert session.sources[key] == "cached"
+
+
+def test_a_busy_shared_cache_never_turns_values_into_nan(tiny_model, tmp_path):
+    import sqlite3
+    import warnings
+
+    from lm_coupling.errors import GeometryWarning
+
+    session, key = _session(tiny_model, tmp_path, timeout=0.05)
+    other_run = sqlite3.connect(tmp_path / "g.db", isolation_level=None)
+    other_run.execute("BEGIN EXCLUSIVE")  # another run sharing the prefix is writing
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            session.store(key, _geometry(lss=1.5, coupling=0.25), "in_batch")
+            session.store(("other", " answer"), _geometry(lss=2.0), "in_batch")
+    finally:
+        other_run.execute("ROLLBACK")
+        other_run.close()
+    assert session.measured[key].values == {"lss": 1.5, "coupling": 0.25}
+    assert key not in session.failed_keys and session.sources[key] == "in_batch"
+    (warning,) = [w for w in caught if issubclass(w.category, GeometryWarning)]
+    assert "could not be written" in str(warning.message)

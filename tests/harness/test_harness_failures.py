@@ -1,96 +1,127 @@
-"""A document whose geometry fails: NaN, one warning, and the benchmark's scores intact.
+"""Failures inside a captured batch: NaN, one warning, and the benchmark's scores intact.
 
-The failure is injected in-process (a plugin that raises on the second
-captured batch, batch size 1) with lm-eval's own ``simple_evaluate`` inside
-`lm_coupling.harness.cli.geometry_run`.
+One in-process run through `lm_coupling.evaluate` (batch size 1) with two
+injected faults: a plugin that raises on the second captured batch (the
+forward pass succeeded, only the geometry failed), and an out-of-memory
+error raised inside the third captured forward pass (the benchmark batch must
+be run again, outside the exception handler, once the failed capture's
+tensors are freed).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import warnings
+import weakref
 
 import pytest
+import torch
 
+import lm_coupling
 from lm_coupling import hookimpl
 from lm_coupling.errors import GeometryWarning
+from lm_coupling.harness.session import active_session
 
 pytestmark = pytest.mark.slow
 
 TASK = "lmc_arc_easy_offline"
 
 
-class FailSecondBatch:
-    """Raises on the second captured forward pass (one document at batch size 1)."""
+class Faults:
+    """Raises in the plugin on the 2nd captured batch and OOM in the 3rd captured forward."""
 
     def __init__(self):
-        self.calls = 0
+        self.compute_calls = 0
+        self.captured_forwards = 0
+        self.failed_hidden: weakref.ref | None = None
+        self.after_oom: tuple | None = None
 
     @hookimpl
     def lmc_compute_batch(self, states):
         if states.trajectory is None:
             return None
-        self.calls += 1
-        if self.calls == 2:
+        self.compute_calls += 1
+        if self.compute_calls == 1:
+            block = active_session().model.model.transformer.h[-1]
+            block.register_forward_pre_hook(self.pre_hook, with_kwargs=True)
+            self.captured_forwards = 1  # this batch's forward ran before the hook existed
+        if self.compute_calls == 2:
             raise RuntimeError("injected failure")
+        return None
+
+    def pre_hook(self, module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if not module._forward_hooks:  # lm-coupling's capture hooks are off
+            if self.failed_hidden is not None and self.after_oom is None:
+                self.after_oom = (sys.exc_info()[0], self.failed_hidden() is None)
+            return None
+        self.captured_forwards += 1
+        if self.captured_forwards == 3:
+            self.failed_hidden = weakref.ref(hidden)
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return None
 
 
 @pytest.fixture(scope="module")
-def failing_run(harness_setup):
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
-    from lm_coupling.harness.cli import TASKS_DIR, geometry_run
-    from lm_coupling.harness.registry import register_with_lm_eval
-    from lm_coupling.harness.session import GeometrySession
+def failing_run(harness_setup, tmp_path_factory):
     from lm_coupling.plugins.manager import get_plugin_manager
-    from lm_coupling.selection import make_selection
 
-    session = GeometrySession(make_selection("lss,logit_lens_entropy"))
-    register_with_lm_eval(session.selection.specs)
+    faults = Faults()
     pm = get_plugin_manager()
-    pm.register(FailSecondBatch(), name="test.fail_second_batch")
+    pm.register(faults, name="test.faults")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with geometry_run(session):
-                from lm_coupling.harness.model import CouplingHFLM
-
-                model = CouplingHFLM(
-                    pretrained=str(harness_setup.models["gpt2"]), batch_size=1, device="cpu"
-                )
-                manager = TaskManager(
-                    include_path=str(TASKS_DIR),
-                    include_defaults=False,
-                    metadata={"lmc_data_dir": str(harness_setup.data_dir)},
-                )
-                results = simple_evaluate(
-                    model=model, tasks=[TASK], num_fewshot=2, task_manager=manager,
-                    log_samples=True,
-                )  # fmt: skip
+            results = lm_coupling.evaluate(
+                model_args={"pretrained": str(harness_setup.models["gpt2"])},
+                tasks=[TASK],
+                metrics="lss,logit_lens_entropy",
+                batch_size=1,
+                device="cpu",
+                output_path=str(tmp_path_factory.mktemp("failing") / "results"),
+                extra_args=[
+                    "--num_fewshot", "2", "--log_samples",
+                    "--metadata", f'{{"lmc_data_dir": "{harness_setup.data_dir}"}}',
+                ],
+            )  # fmt: skip
     finally:
-        pm.unregister(name="test.fail_second_batch")
+        pm.unregister(name="test.faults")
     geometry_warnings = [w for w in caught if issubclass(w.category, GeometryWarning)]
-    return results, session, geometry_warnings
+    return results, faults, geometry_warnings
 
 
-def test_one_failure_is_nan_with_one_warning(failing_run):
-    results, session, geometry_warnings = failing_run
-    (failure,) = session.records[TASK].failures
-    assert "injected failure" in failure["error"]
-    (warning,) = geometry_warnings
-    message = str(warning.message)
-    assert f"task {TASK!r} document {failure['doc_id']}" in message
-    assert "injected failure" in message
+def test_failures_are_nan_with_one_warning_each(failing_run):
+    results, _, geometry_warnings = failing_run
     samples = {row["doc_id"]: row for row in results["samples"][TASK]}
     assert len(samples) == 5
+    failed = [doc_id for doc_id, row in samples.items() if "lss" not in row]
+    assert len(failed) == 2
+    messages = [str(w.message) for w in geometry_warnings]
+    for doc_id in failed:
+        named = [m for m in messages if f"task {TASK!r} document {doc_id}:" in m]
+        assert len(named) == 1, named
+    assert any("injected failure" in m for m in messages)
+    assert any("out of memory (injected)" in m for m in messages)
     for doc_id, row in samples.items():
         has_geometry = {"lss", "logit_lens_entropy"} <= set(row)
-        assert has_geometry is (doc_id != failure["doc_id"]), doc_id
+        assert has_geometry is (doc_id not in failed), doc_id
     kept = [row["lss"] for row in samples.values() if "lss" in row]
-    assert results["results"][TASK]["lss,none"] == pytest.approx(sum(kept) / 4, abs=1e-12)
+    assert results["results"][TASK]["lss,none"] == pytest.approx(sum(kept) / 3, abs=1e-12)
     assert all(math.isfinite(v) for v in kept)
+    capture = results["config"]["lm_coupling"]["capture"][TASK]
+    assert capture == {"in_batch": 3, "alone": 0, "cached": 0, "failed": 2}
+    assert results["config"]["lm_coupling"]["n_measured"][TASK]["lss"] == 3
+
+
+def test_oom_batch_is_retried_outside_the_handler(failing_run):
+    _, faults, _ = failing_run
+    assert faults.failed_hidden is not None, "the OOM was never injected"
+    exception_type, freed = faults.after_oom
+    # The retry ran with no exception being handled, and the failed forward's
+    # hidden states (held by the traceback's frames) were already freed.
+    assert exception_type is None
+    assert freed
 
 
 def _requests(arguments) -> list[tuple]:
@@ -101,7 +132,7 @@ def _requests(arguments) -> list[tuple]:
     return [tuple(args) for args in arguments]
 
 
-def test_failure_keeps_the_benchmark_scores(failing_run, stock_run):
+def test_failures_keep_the_benchmark_scores(failing_run, stock_run):
     results, _, _ = failing_run
     stock_docs = stock_run.docs(TASK)
     for row in results["samples"][TASK]:

@@ -3,8 +3,9 @@
 Runs (session fixtures in conftest.py): stock ``lm_eval`` (gpt2, batch 4),
 ``lm_eval --metrics all`` (gpt2, batch 4), ``lm-coupling run --metrics all``
 (gpt2, batch 1) and ``python -m lm_coupling run --metrics all
---metric_args coupling_docs=2`` (llama, batch 3), all over ``lmc_demo`` on
-five real items per benchmark.
+--metric_args coupling_docs=2,k=1000`` (llama, batch auto), all over
+``lmc_demo`` on five items per benchmark, with a 128-token context that
+lm-eval truncates.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 
 import numpy as np
 import pytest
-from harness_cli import result_key
+from harness_cli import LLAMA_METRIC_ARGS, MAX_LEN, result_key
 
 from lm_coupling.harness.outputs import SCHEMA
 
@@ -200,14 +201,16 @@ def test_geometry_file_means_match_results(metrics_run):
         assert found == pytest.approx(mean, abs=1e-9)
 
 
-def _assert_matches_library(run, model_path, library_geometry, coupling_docs: int) -> int:
+def _assert_matches_library(
+    run, model_path, library_geometry, coupling_docs: int, metric_args: str | None = None
+) -> int:
     checked = 0
     for task in TASKS:
         rows_by_doc: dict[int, list[dict]] = {}
         for row in run.samples[task]:
             rows_by_doc.setdefault(row["doc_id"], []).append(row)
         for doc_id, rows in rows_by_doc.items():
-            reference = library_geometry(model_path, rows[0])
+            reference = library_geometry(model_path, rows[0], metric_args)
             for name in ALL_METRICS:
                 expected = reference.values[name]
                 for row in rows:
@@ -232,12 +235,27 @@ def test_gpt2_batched_geometry_equals_each_prompt_alone(
 
 def test_llama_geometry_equals_each_prompt_alone(llama_run, harness_setup, library_geometry):
     assert llama_run.results["config"]["lm_coupling"]["model_shape"]["model_type"] == "llama"
-    _assert_matches_library(llama_run, harness_setup.models["llama"], library_geometry, 2)
+    model = harness_setup.models["llama"]
+    _assert_matches_library(llama_run, model, library_geometry, 2, LLAMA_METRIC_ARGS)
     for task in TASKS:
         n_docs = len(llama_run.docs(task))
         coupling = llama_run.geometry[task]["coupling"]
         assert coupling["n_sampled"] == min(2, n_docs)
         assert llama_run.geometry[task]["matrices"]["coupling"]["n"] == min(2, n_docs)
+        assert llama_run.geometry[task]["n_measured"]["coupling"] == min(2, n_docs)
+
+
+def test_k_is_recorded_as_used(llama_run):
+    # k=1000 on a 32-wide model: K = d_model - 1 = 31 is what was computed.
+    info = llama_run.results["config"]["lm_coupling"]
+    assert info["options"]["k"] == D_MODEL - 1
+    assert info["options_requested"] == {"k": 1000}
+    assert info["options"]["alignment_k"] == 30  # fits: unchanged
+    for task in TASKS:
+        document = llama_run.geometry[task]
+        assert document["options"] == info["options"]
+        assert document["coupling"]["k"] == D_MODEL - 1
+        assert len(document["coupling"]["singular_values"][0]) == D_MODEL  # K + 1 values
 
 
 def test_batch_size_does_not_change_geometry(metrics_run, metrics_run_bs1):
@@ -257,3 +275,56 @@ def test_batch_size_does_not_change_geometry(metrics_run, metrics_run_bs1):
 
 def test_metrics_named_in_output_of_lm_coupling_run(metrics_run_bs1):
     assert re.search(r"\|\s*coupling\s*\|", metrics_run_bs1.stdout)
+
+
+RUNS = ("metrics_run", "metrics_run_bs1", "llama_run")  # batch 4, 1 and auto
+
+
+@pytest.mark.parametrize("run_name", RUNS)
+def test_every_document_is_captured_in_lm_evals_own_batches(run_name, request):
+    run = request.getfixturevalue(run_name)
+    info = run.results["config"]["lm_coupling"]
+    assert set(info["capture"]) == set(TASKS)
+    for task in TASKS:
+        n_docs = len(run.docs(task))
+        expected = {"in_batch": n_docs, "alone": 0, "cached": 0, "failed": 0}
+        assert info["capture"][task] == expected, task
+        assert run.geometry[task]["capture"] == expected, task
+        measured = run.geometry[task]["n_measured"]
+        assert measured == info["n_measured"][task]
+        for name in ALL_METRICS:
+            if name not in SAMPLED:
+                assert measured[name] == n_docs, (task, name)
+    if run_name == "llama_run":
+        assert run.results["config"]["batch_size"] == "auto"
+        # lm-eval's search found a batch holding several documents (with capture on).
+        assert max(int(b) for b in run.results["config"]["batch_sizes"]) > 1
+
+
+def _input_length(hflm, row) -> tuple[int, int]:
+    """(tokens of the longest model input lm-eval built for a document, their budget)."""
+    arguments = row["arguments"]
+    first = arguments["gen_args_0"]
+    if isinstance(first["arg_1"], dict):
+        budget = MAX_LEN - first["arg_1"]["max_gen_toks"]
+        return len(hflm.tok_encode(first["arg_0"])), budget
+    lengths = []
+    for request in arguments.values():
+        context_enc, continuation_enc = hflm._encode_pair(request["arg_0"], request["arg_1"])
+        lengths.append(len(context_enc) + len(continuation_enc) - 1)
+    return max(lengths), MAX_LEN
+
+
+@pytest.mark.parametrize(
+    "task", ["lmc_arc_easy_offline", "lmc_winogrande_offline", "lmc_gsm8k_offline"]
+)
+def test_context_truncation_is_exercised(task, metrics_run, harness_setup, reference_hflm):
+    # Log-likelihood, WinoGrande partial scoring and generation (left padding)
+    # all have documents whose input lm-eval cut to the context window.
+    hflm = reference_hflm(harness_setup.models["gpt2"])
+    truncated = [
+        doc_id
+        for doc_id, row in metrics_run.docs(task).items()
+        if _input_length(hflm, row)[0] > _input_length(hflm, row)[1]
+    ]
+    assert truncated, task
