@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 DEMO_TASKS = "lmc_demo"
 
@@ -80,31 +81,30 @@ def demo_tasks_data() -> Path | None:
         return None
 
 
-def demo_arguments(
+def demo_evaluation(
     model: Path, out_dir: Path, limit: int | None, device: str, data: Path | None = None
-) -> list[str]:
-    """The ``lm_eval run`` arguments of the demo."""
-    args = [
-        "--model", "hf",
-        "--model_args", f"pretrained={model},dtype=float32",
-        "--tasks", DEMO_TASKS,
-        "--metrics", "all",
-        "--batch_size", "4",
-        "--device", device,
-        "--output_path", str(out_dir),
-        "--log_samples",
-    ]  # fmt: skip
+) -> dict[str, Any]:
+    """The `lm_coupling.evaluate` arguments of the demo (``lm_eval run ... --metrics all``)."""
+    extra = ["--log_samples"]
     data = data if data is not None else demo_tasks_data()
     if data is not None:
-        args += ["--metadata", json.dumps({"lmc_data_dir": str(data)})]
-    if limit is not None:
-        args += ["--limit", str(limit)]
-    return args
+        extra += ["--metadata", json.dumps({"lmc_data_dir": str(data)})]
+    return {
+        "model": "hf",
+        "model_args": f"pretrained={model},dtype=float32",
+        "tasks": DEMO_TASKS,
+        "metrics": "all",
+        "batch_size": 4,
+        "device": device,
+        "output_path": str(out_dir),
+        "limit": limit,
+        "extra_args": extra,
+    }
 
 
 def run_demo(args: argparse.Namespace) -> None:
     """Run the demo evaluation, then the report."""
-    from lm_coupling.cli import run_lm_eval
+    from lm_coupling.harness.evaluate import evaluate
     from lm_coupling.report.build import build_report
     from lm_coupling.report.cli import format_result
 
@@ -116,13 +116,13 @@ def run_demo(args: argparse.Namespace) -> None:
         run_family(Path(args.family), out_dir, args)
     else:
         model = args.model or demo_model_path(out_dir)
-        run_lm_eval(demo_arguments(Path(model), out_dir, args.limit, args.device))
+        evaluate(**demo_evaluation(Path(model), out_dir, args.limit, args.device))
     print(format_result(build_report(out_dir)))
 
 
 def run_family(family_dir: Path, out_dir: Path, args: argparse.Namespace) -> None:
     """Evaluate every checkpoint of a trained family with ``--metrics all``."""
-    from lm_coupling.cli import run_lm_eval
+    from lm_coupling.harness.evaluate import evaluate
 
     if not family_checkpoints(family_dir):
         from lm_coupling.demo.train import train_family
@@ -130,8 +130,8 @@ def run_family(family_dir: Path, out_dir: Path, args: argparse.Namespace) -> Non
         train_family(family_dir, device=args.device, reduced=args.reduced)
     data = family_dir / "tasks_data"
     for checkpoint in family_checkpoints(family_dir):
-        run_lm_eval(
-            demo_arguments(
+        evaluate(
+            **demo_evaluation(
                 checkpoint, out_dir, args.limit, args.device, data if data.is_dir() else None
             )
         )

@@ -112,3 +112,12 @@ def test_geometry_sits_beside_accuracy_and_in_the_leaderboard(demo_run):
     for benchmark in ("arc", "hellaswag", "mmlu", "truthfulqa", "winogrande", "gsm8k"):
         assert math.isfinite(board.loc[0, benchmark]), benchmark
     assert (out / "report" / "summary.md").exists()
+
+
+def test_every_demo_document_is_captured_in_lm_evals_batches(demo_run):
+    _, data = demo_run
+    capture = data["config"]["lm_coupling"]["capture"]
+    assert set(capture) >= {*MULTIPLE_CHOICE, *MMLU_SUBTASKS, "lmc_gsm8k_offline"}
+    for task, counts in capture.items():
+        n_docs = data["n-samples"][task]["effective"]
+        assert counts == {"in_batch": n_docs, "alone": 0, "cached": 0, "failed": 0}, task
