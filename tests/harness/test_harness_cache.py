@@ -86,9 +86,7 @@ def _geometry(**values: float):
     return DocumentGeometry(values=dict(values))
 
 
-def test_weights_fingerprint_changes_when_a_checkpoint_is_retrained_in_place(
-    tiny_model, tmp_path
-):
+def test_weights_fingerprint_changes_when_a_checkpoint_is_retrained_in_place(tiny_model, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -160,3 +158,20 @@ def test_a_busy_shared_cache_never_turns_values_into_nan(tiny_model, tmp_path):
     assert key not in session.failed_keys and session.sources[key] == "in_batch"
     (warning,) = [w for w in caught if issubclass(w.category, GeometryWarning)]
     assert "could not be written" in str(warning.message)
+
+
+def test_capture_counts_say_where_each_document_came_from(cache_runs):
+    for document in cache_runs["first"].geometry.values():
+        n_docs = document["n_documents"]
+        assert document["capture"] == {"in_batch": n_docs, "alone": 0, "cached": 0, "failed": 0}
+    for task, document in cache_runs["resumed"].geometry.items():
+        capture, n_docs = document["capture"], document["n_documents"]
+        # Documents 0-1 came from lm-eval's cache: their geometry from the geometry
+        # cache, or (the deleted rows) measured alone; the new ones in the batch.
+        assert capture["failed"] == 0 and sum(capture.values()) == n_docs, task
+        assert capture["in_batch"] == n_docs - min(2, n_docs), task
+    assert sum(d["capture"]["alone"] for d in cache_runs["resumed"].geometry.values()) > 0
+    assert sum(d["capture"]["cached"] for d in cache_runs["resumed"].geometry.values()) > 0
+    for document in cache_runs["rerun"].geometry.values():
+        n_docs = document["n_documents"]
+        assert document["capture"] == {"in_batch": 0, "alone": 0, "cached": n_docs, "failed": 0}
