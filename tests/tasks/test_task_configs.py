@@ -7,7 +7,7 @@ from pathlib import Path
 
 import lm_eval.tasks
 import pytest
-from fixtures.benchmarks import shared_benchmarks_dir, write_offline_benchmarks
+from fixtures.benchmarks import SHARED_HINT, shared_benchmarks_dir, write_offline_benchmarks
 from lm_eval.api.task import ConfigurableTask
 from lm_eval.tasks import TaskManager
 from lm_eval.tasks._index import TaskIndex
@@ -44,7 +44,7 @@ def full_manager():
 @pytest.fixture(scope="session")
 def real_data_dir(tmp_path_factory):
     if shared_benchmarks_dir() is None:
-        pytest.skip("shared/benchmarks is absent (set LM_COUPLING_SHARED_BENCHMARKS)")
+        pytest.skip(f"the real benchmark items are absent: no {SHARED_HINT}")
     return Path(write_offline_benchmarks(tmp_path_factory.mktemp("offline"))["gsm8k"]).parent
 
 
