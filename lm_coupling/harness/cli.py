@@ -58,6 +58,11 @@ def patch_run_command() -> None:
 
     def _execute(args: argparse.Namespace) -> None:
         if getattr(args, "metrics", None) is None:
+            if getattr(args, "metric_args", None):
+                _fail(
+                    "--metric_args was given but --metrics is missing: add --metrics with "
+                    "the metrics the options are for (e.g. --metrics all)"
+                )
             for name in ("metrics", "metric_args"):
                 if hasattr(args, name):
                     delattr(args, name)
