@@ -154,7 +154,8 @@ def _raise_all(problems: list[str]) -> None:
         raise ConfigurationError(problems[0])
     if problems:
         raise ConfigurationError(
-            f"{len(problems)} problems with --metric_args:\n" + "\n".join(f"  - {p}" for p in problems)
+            f"{len(problems)} problems with --metric_args:\n"
+            + "\n".join(f"  - {p}" for p in problems)
         )
 
 
