@@ -124,7 +124,7 @@ def load_offline(
         )
     data_dir = resolve_data_dir(lmc_data_dir)
     folder = data_dir / benchmark
-    if data_dir == BUNDLED_DATA_DIR:
+    if not (lmc_data_dir or os.environ.get(DATA_DIR_ENV)):
         _announce_bundled(benchmark, folder)
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:

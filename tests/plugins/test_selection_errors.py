@@ -53,9 +53,10 @@ def test_zero_documents_without_a_sampled_metric_is_not_an_option(registry):
 
 
 def test_one_coupling_document_is_accepted(registry):
-    assert make_selection("coupling", "coupling_docs=1", registry=registry).options[
-        "coupling_docs"
-    ] == 1
+    assert (
+        make_selection("coupling", "coupling_docs=1", registry=registry).options["coupling_docs"]
+        == 1
+    )
 
 
 @pytest.mark.parametrize("metrics", [None, "", "  "])
