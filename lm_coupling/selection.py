@@ -82,7 +82,8 @@ def parse_metric_args(
 ) -> dict[str, Any]:
     """Parse ``k=v,...`` (or a dict) against the options of the selected metrics.
 
-    Every bad pair is reported, not only the first.
+    Every bad pair is reported, not only the first, and so is a sample of 0
+    documents for a selected sampled metric (``coupling_docs=0`` with coupling).
 
     Args:
         text: the ``--metric_args`` value.
@@ -91,8 +92,8 @@ def parse_metric_args(
             unselected metric belongs to (defaults to the process-wide one).
 
     Raises:
-        ConfigurationError: malformed pair, unknown option, or a bad value
-            (one line per problem).
+        ConfigurationError: malformed pair, unknown option, bad value or
+            empty sample (one line per problem).
     """
     by_name = {opt.name: opt for spec in specs.values() for opt in spec.options}
     options = {name: opt.default for name, opt in by_name.items()}
@@ -108,7 +109,7 @@ def parse_metric_args(
             options[key] = _parse_value(by_name[key], key, raw)
         except ConfigurationError as exc:
             problems.append(str(exc))
-    _raise_all(problems)
+    _raise_all(problems + sample_problems(options, specs))
     return options
 
 
@@ -159,12 +160,8 @@ def _raise_all(problems: list[str]) -> None:
         )
 
 
-def check_samples(options: dict[str, Any], specs: dict[str, MetricSpec]) -> None:
-    """Reject a sample of 0 documents for a selected sampled metric.
-
-    Raises:
-        ConfigurationError: e.g. ``coupling_docs=0`` with coupling selected.
-    """
+def sample_problems(options: dict[str, Any], specs: dict[str, MetricSpec]) -> list[str]:
+    """A sample of 0 documents for a selected sampled metric (``coupling_docs=0``)."""
     problems = []
     for name, spec in specs.items():
         option = spec.sample_option or "coupling_docs"
@@ -173,7 +170,7 @@ def check_samples(options: dict[str, Any], specs: dict[str, MetricSpec]) -> None
                 f"--metric_args {option}=0 leaves {name} with no documents: give a number "
                 f">= 1 (or 'all'), or drop {name} from --metrics"
             )
-    _raise_all(sorted(set(problems)))
+    return sorted(set(problems))
 
 
 def _split_pairs(text: str) -> list[tuple[str, str]]:
@@ -201,6 +198,4 @@ def make_selection(
             )
     names = parse_metric_names(metrics or "", registry)
     specs = {name: registry.metrics[name] for name in names}
-    options = parse_metric_args(metric_args, specs, registry)
-    check_samples(options, specs)
-    return Selection(names, options, specs)
+    return Selection(names, parse_metric_args(metric_args, specs, registry), specs)

@@ -154,3 +154,31 @@ def test_blocks_that_do_not_compose_are_caught(tiny_model, prompt_ids):
         handle.remove()
     assert problems == ["block 2 does not consume block 1's output (a module runs between "
                         "located blocks, or the block list is not the decoder's)"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_first_captured_batch_stops_a_real_run(tmp_path, tokenizer, restore_overrides):
+    """Through lm-eval's own evaluator: the wrong read-out stops the run at its first batch."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from lm_coupling.demo.tiny import save_tiny_model
+    from lm_coupling.harness.cli import TASKS_DIR, geometry_run
+    from lm_coupling.harness.model import CouplingHFLM
+    from lm_coupling.harness.registry import register_with_lm_eval
+    from lm_coupling.harness.session import GeometrySession
+
+    path = save_tiny_model(tmp_path / "gpt2", "gpt2", tokenizer=tokenizer, init_std=0.2)
+    register_override("gpt2", final_norm=())  # gpt2 applies transformer.ln_f
+    session = GeometrySession(make_selection("logit_lens_entropy"))
+    register_with_lm_eval(session.selection.specs)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    with geometry_run(session):
+        model = CouplingHFLM(pretrained=str(path), batch_size=2, device="cpu")
+        with pytest.raises(UnsupportedModelError) as info:
+            simple_evaluate(model=model, tasks=["lmc_arc_easy_offline"], limit=2,
+                            task_manager=manager)  # fmt: skip
+    message = str(info.value)
+    assert "GPT2LMHeadModel (model_type='gpt2') is not the model's own function" in message
+    assert "register_override('gpt2'" in message
+    assert not session.records or not any(r.documents for r in session.records.values())
