@@ -13,6 +13,10 @@ class UnsupportedModelError(LmCouplingError, ValueError):
     """The model's blocks, final norm or unembedding could not be located."""
 
 
+class DataUnavailableError(LmCouplingError):
+    """A task's documents cannot be read (hub unreachable offline, empty data file)."""
+
+
 class PluginError(LmCouplingError):
     """A metric plugin is broken: duplicate name, bad hook, failed import."""
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.plugins.manager import MetricRegistry, get_registry
-from lm_coupling.plugins.specs import MetricSpec
+from lm_coupling.plugins.specs import MetricSpec, OptionSpec
 from lm_coupling.states import Need
 
 
@@ -75,35 +75,102 @@ def parse_metric_names(text: str, registry: MetricRegistry) -> tuple[str, ...]:
     return tuple(n for n in available if n in words)
 
 
-def parse_metric_args(text: str | dict | None, specs: dict[str, MetricSpec]) -> dict[str, Any]:
+def parse_metric_args(
+    text: str | dict | None,
+    specs: dict[str, MetricSpec],
+    registry: MetricRegistry | None = None,
+) -> dict[str, Any]:
     """Parse ``k=v,...`` (or a dict) against the options of the selected metrics.
 
+    Every bad pair is reported, not only the first, and so is a sample of 0
+    documents for a selected sampled metric (``coupling_docs=0`` with coupling).
+
+    Args:
+        text: the ``--metric_args`` value.
+        specs: the selected metrics.
+        registry: all registered metrics, to name the metric an option of an
+            unselected metric belongs to (defaults to the process-wide one).
+
     Raises:
-        ConfigurationError: malformed pair, unknown option, or a bad value.
+        ConfigurationError: malformed pair, unknown option, bad value or
+            empty sample (one line per problem).
     """
     by_name = {opt.name: opt for spec in specs.values() for opt in spec.options}
     options = {name: opt.default for name, opt in by_name.items()}
     if text is None or text == "":
         return options
     pairs = text.items() if isinstance(text, dict) else _split_pairs(text)
+    problems = []
     for key, raw in pairs:
         if key not in by_name:
-            valid = ", ".join(sorted(by_name)) or "none (the selected metrics take no options)"
-            raise ConfigurationError(
-                f"unknown --metric_args option {key!r}.{_did_you_mean(key, list(by_name))} "
-                f"Options of the selected metrics: {valid}"
-            )
-        option = by_name[key]
+            problems.append(_unknown_option(key, by_name, specs, registry))
+            continue
         try:
-            value = option.parse(str(raw))
-        except ValueError as exc:
-            raise ConfigurationError(f"--metric_args {key}={raw}: {exc}") from None
-        if option.choices is not None and value not in option.choices:
-            raise ConfigurationError(
-                f"--metric_args {key}={raw}: expected one of {', '.join(map(str, option.choices))}"
-            )
-        options[key] = value
+            options[key] = _parse_value(by_name[key], key, raw)
+        except ConfigurationError as exc:
+            problems.append(str(exc))
+    _raise_all(problems + sample_problems(options, specs))
     return options
+
+
+def _parse_value(option: OptionSpec, key: str, raw: Any) -> Any:
+    try:
+        value = option.parse(str(raw))
+    except ValueError as exc:
+        raise ConfigurationError(f"--metric_args {key}={raw}: {exc}") from None
+    if option.choices is not None and value not in option.choices:
+        raise ConfigurationError(
+            f"--metric_args {key}={raw}: expected one of {', '.join(map(str, option.choices))}"
+        )
+    return value
+
+
+def _unknown_option(
+    key: str,
+    by_name: dict[str, OptionSpec],
+    specs: dict[str, MetricSpec],
+    registry: MetricRegistry | None,
+) -> str:
+    """The message for an option no selected metric takes."""
+    valid = ", ".join(sorted(by_name)) or "none (the selected metrics take no options)"
+    registry = registry if registry is not None else get_registry()
+    owners = [
+        name
+        for name, spec in registry.metrics.items()
+        if name not in specs and any(opt.name == key for opt in spec.options)
+    ]
+    if owners:
+        return (
+            f"--metric_args option {key!r} belongs to {' and '.join(owners)}, which is not "
+            f"selected: add it to --metrics. Options of the selected metrics: {valid}"
+        )
+    return (
+        f"unknown --metric_args option {key!r}.{_did_you_mean(key, list(by_name))} "
+        f"Options of the selected metrics: {valid}"
+    )
+
+
+def _raise_all(problems: list[str]) -> None:
+    if len(problems) == 1:
+        raise ConfigurationError(problems[0])
+    if problems:
+        raise ConfigurationError(
+            f"{len(problems)} problems with --metric_args:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+def sample_problems(options: dict[str, Any], specs: dict[str, MetricSpec]) -> list[str]:
+    """A sample of 0 documents for a selected sampled metric (``coupling_docs=0``)."""
+    problems = []
+    for name, spec in specs.items():
+        option = spec.sample_option or "coupling_docs"
+        if spec.sampled and options.get(option, None) == 0:
+            problems.append(
+                f"--metric_args {option}=0 leaves {name} with no documents: give a number "
+                f">= 1 (or 'all'), or drop {name} from --metrics"
+            )
+    return sorted(set(problems))
 
 
 def _split_pairs(text: str) -> list[tuple[str, str]]:
@@ -123,6 +190,12 @@ def make_selection(
 ) -> Selection:
     """Validate ``--metrics`` and ``--metric_args`` and return the selection."""
     registry = registry if registry is not None else get_registry()
-    names = parse_metric_names(metrics, registry)
+    if metrics is None or not str(metrics).strip():
+        if metric_args:
+            raise ConfigurationError(
+                "--metric_args was given but --metrics is missing: add --metrics with the "
+                "metrics the options are for (e.g. --metrics all)"
+            )
+    names = parse_metric_names(metrics or "", registry)
     specs = {name: registry.metrics[name] for name in names}
-    return Selection(names, parse_metric_args(metric_args, specs), specs)
+    return Selection(names, parse_metric_args(metric_args, specs, registry), specs)

@@ -40,10 +40,10 @@ _UNEMBED_CHUNK = 32768
 """Vocabulary rows converted to float32 at a time in :meth:`ModelParts.unembed_fp32`."""
 
 # model_type -> {"blocks": path, "final_norm": path | tuple of paths, "unembed": path,
-# "embedding": path}. Paths are relative to the causal-LM object; a final-norm
-# tuple is applied in order (paths that resolve to None are skipped), and an
-# empty tuple means "no final norm".
-_OVERRIDES: dict[str, dict[str, str | tuple[str, ...]]] = {
+# "embedding": path, "logit_scale": float, "logit_softcap": float | None}. Paths
+# are relative to the causal-LM object; a final-norm tuple is applied in order
+# (paths that resolve to None are skipped), and an empty tuple means "no final norm".
+_OVERRIDES: dict[str, dict[str, str | tuple[str, ...] | float | None]] = {
     # OPT: optional final_layer_norm (None without do_layer_norm_before) and an
     # optional project_out (word_embed_proj_dim != hidden_size) before lm_head.
     "opt": {
@@ -60,6 +60,8 @@ def register_override(
     final_norm: str | Sequence[str] | None = None,
     unembed: str | None = None,
     embedding: str | None = None,
+    logit_scale: float | None = None,
+    logit_softcap: float | None = None,
 ) -> None:
     """Tell :func:`locate_model_parts` where a model type keeps its parts.
 
@@ -77,11 +79,15 @@ def register_override(
         unembed: path of the module whose ``weight`` is ``W_U [V, d]`` (and
             whose ``bias``, if any, is ``b [V]``).
         embedding: path of the input embedding module.
+        logit_scale: factor the model multiplies its logits by (when its config
+            does not name it ``logit_scale``/``logits_scaling``).
+        logit_softcap: ``c`` of a final ``c * tanh(z / c)`` soft-cap (when the
+            config does not name it ``final_logit_softcapping``); 0 for none.
 
     Raises:
         TypeError: a path is not a string.
     """
-    entry: dict[str, str | tuple[str, ...]] = {}
+    entry: dict[str, str | tuple[str, ...] | float | None] = {}
     for key, value in (("blocks", blocks), ("unembed", unembed), ("embedding", embedding)):
         if value is None:
             continue
@@ -95,6 +101,10 @@ def register_override(
                 f"register_override: final_norm must be path string(s), got {final_norm!r}"
             )
         entry["final_norm"] = tuple(p for p in paths if p)
+    if logit_scale is not None:
+        entry["logit_scale"] = float(logit_scale)
+    if logit_softcap is not None:
+        entry["logit_softcap"] = float(logit_softcap) or None
     _OVERRIDES[model_type] = entry
 
 
@@ -396,6 +406,18 @@ def _locate_unembed(model, model_type, override) -> nn.Module:
     return head
 
 
+def _logit_transform(config, override) -> tuple[float, float | None]:
+    """The logit scale and soft-cap: the override's, else the config's."""
+    scale = float(getattr(config, "logit_scale", None) or 1.0)
+    scaling = getattr(config, "logits_scaling", None)
+    if scaling:
+        scale /= float(scaling)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scale = float(override.get("logit_scale", scale))
+    softcap = override.get("logit_softcap", softcap)
+    return scale, softcap
+
+
 def locate_model_parts(model: nn.Module) -> ModelParts:
     """Find the blocks, final norm, unembedding and input embedding of a causal LM.
 
@@ -431,11 +453,7 @@ def locate_model_parts(model: nn.Module) -> ModelParts:
             model, model_type, "input embedding", "model.get_input_embeddings()", "None"
         )
     bias = getattr(head, "bias", None)
-    scale = float(getattr(config, "logit_scale", None) or 1.0)
-    scaling = getattr(config, "logits_scaling", None)
-    if scaling:
-        scale /= float(scaling)
-    softcap = getattr(config, "final_logit_softcapping", None)
+    scale, softcap = _logit_transform(config, override)
     return ModelParts(
         model_type=model_type,
         blocks=blocks,

@@ -22,6 +22,7 @@ from lm_eval.models.huggingface import HFLM
 
 import lm_coupling
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
+from lm_coupling.harness import preflight
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
 from lm_coupling.harness.session import GeometrySession, active_session
 
@@ -53,6 +54,7 @@ class CouplingHFLM(HFLM):
         self._lmc_probing = False
         if self._lmc_session is not None:
             runner = GeometryRunner(self.model, self._lmc_session.selection)
+            preflight.check_model(self.model, runner.parts, runner.selection)
             self._lmc_session.runner = runner
             self._lmc_session.model = self
             self._lmc_session.model_shape = self.geometry_model_shape()
@@ -284,6 +286,7 @@ class CouplingHFLM(HFLM):
         capture, outside the exception handler: the failed capture's tensors,
         held by the traceback, are freed first.
         """
+        preflight.check_first_batch(self, session, [key for _, key in matches])
         runner = session.runner
         keys = [key for _, key in matches]
         if not runner.needs_forward_capture:

@@ -2,10 +2,15 @@
 
 lm-eval 0.4.13 has no ``--metrics`` flag and discovers no plugins, so the
 package installs ``lm_coupling_startup.pth`` into site-packages. Its one line
-calls `maybe_install` only when the program is ``lm_eval``/``lm-eval`` (or
-``python -m lm_eval``) and ``--metrics`` is on the command line; otherwise it
-costs one string comparison. `maybe_install` then waits, with an import hook,
-for lm-eval's ``run`` command module to load and adds the flags to it.
+decides from ``sys.argv`` alone, importing nothing (``os`` and ``sys`` are
+loaded before any ``.pth`` file runs): only when the program is
+``lm_eval``/``lm-eval`` (or ``python -m lm_eval``), an argument is exactly
+``--metrics``/``--metric_args`` (or ``--metrics=...``/``--metric_args=...``),
+and the off switch is not set, does it import this module and call
+`maybe_install`. Every other program starts exactly as without the package.
+`maybe_install` then waits, with an import hook, for lm-eval's ``run``
+command module to load and adds the flags to it. `is_lm_eval_with_metrics`
+is the same decision written out (the ``.pth`` line must stay one line).
 
 Set ``LM_COUPLING_NO_STARTUP_HOOK=1`` to switch the hook off.
 """
@@ -19,13 +24,15 @@ import sys
 
 DISABLE_ENV = "LM_COUPLING_NO_STARTUP_HOOK"
 TARGET_MODULE = "lm_eval._cli.run"
+FLAGS = ("--metrics", "--metric_args")
+FLAG_PREFIXES = ("--metrics=", "--metric_args=")
 
 
 def is_lm_eval_with_metrics(argv: list[str], orig_argv: list[str]) -> bool:
-    """Whether this interpreter runs lm-eval's command line with ``--metrics``."""
+    """Whether this interpreter runs lm-eval's command line with ``--metrics`` (or its options)."""
     if os.environ.get(DISABLE_ENV):
         return False
-    if not any(arg == "--metrics" or arg.startswith("--metrics=") for arg in argv):
+    if not any(arg in FLAGS or arg.startswith(FLAG_PREFIXES) for arg in argv):
         return False
     program = os.path.basename(argv[0]) if argv else ""
     if program in ("lm_eval", "lm-eval", "lm_eval.exe", "lm-eval.exe"):

@@ -126,7 +126,7 @@ def join_external(
 
 def _geometry_means(selected: pd.DataFrame) -> pd.DataFrame:
     geo = _first_filter(selected[selected["kind"] == "geometry"], None)
-    geo = geo.assign(_bench=geo["task"].map(lambda t: benchmark_of(t) is not None))
+    geo = geo.assign(_bench=geo["task"].map(lambda t: benchmark_of(t) is not None).astype(bool))
     has_bench = geo.groupby([*IDENTITY, "metric"])["_bench"].transform("any")
     geo = geo[geo["_bench"] | ~has_bench]
     return geo.pivot_table(index=IDENTITY, columns="metric", values="value", aggfunc="mean")

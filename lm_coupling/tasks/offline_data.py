@@ -33,6 +33,7 @@ package), so it depends on the standard library and ``datasets`` only.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ import datasets
 DATA_DIR_ENV = "LM_COUPLING_DATA_DIR"
 DATA_DIR_METADATA_KEY = "lmc_data_dir"
 BUNDLED_DATA_DIR = Path(__file__).resolve().parents[1] / "demo" / "sample_tasks"
+log = logging.getLogger("lm_coupling.tasks")
+_ANNOUNCED: set[tuple[str, str]] = set()
 BENCHMARKS = (
     "arc_easy",
     "arc_challenge",
@@ -110,7 +113,8 @@ def load_offline(
         One ``datasets.Dataset`` per ``<split>.jsonl`` file found.
 
     Raises:
-        ValueError: unknown benchmark, or no rows (for ``subject``).
+        ValueError: unknown benchmark, an empty ``<split>.jsonl`` (the message
+            names the file), or no rows (for ``subject``).
         FileNotFoundError: the benchmark folder or its files are missing.
     """
     if benchmark not in BENCHMARKS:
@@ -118,7 +122,10 @@ def load_offline(
             f"offline task config: dataset_kwargs.benchmark must be one of {BENCHMARKS}, "
             f"found {benchmark!r}; fix the task YAML"
         )
-    folder = resolve_data_dir(lmc_data_dir) / benchmark
+    data_dir = resolve_data_dir(lmc_data_dir)
+    folder = data_dir / benchmark
+    if not (lmc_data_dir or os.environ.get(DATA_DIR_ENV)):
+        _announce_bundled(benchmark, folder)
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
         raise FileNotFoundError(
@@ -129,6 +136,12 @@ def load_offline(
     splits = {}
     for path in files:
         rows = read_jsonl(path)
+        if not rows:
+            raise ValueError(
+                f"{path} has no rows: the {path.stem} split of the offline {benchmark} task "
+                "needs one JSON object per line with the hub data set's fields; fill the "
+                "file or remove it (see lm_coupling/tasks/README.md)"
+            )
         if subject is not None:
             rows = [row for row in rows if row.get("subject") == subject]
         if rows:
@@ -140,3 +153,19 @@ def load_offline(
             "your files cover (lmc_mmlu_offline_<subject>)"
         )
     return datasets.DatasetDict(splits)
+
+
+def _announce_bundled(benchmark: str, folder: Path) -> None:
+    """Say, once per benchmark, that the bundled sample documents are used."""
+    if ("bundled", benchmark) in _ANNOUNCED:
+        return
+    _ANNOUNCED.add(("bundled", benchmark))
+    log.warning(
+        "lm-coupling: offline %s task: no data folder given, using the bundled sample "
+        "documents in %s (a handful of items, for trying the package out). Set $%s or "
+        "--metadata '{\"%s\": ...}' to evaluate your own converted files.",
+        benchmark,
+        folder,
+        DATA_DIR_ENV,
+        DATA_DIR_METADATA_KEY,
+    )

@@ -130,3 +130,83 @@ def test_task_without_documents_behaves_like_stock(harness_setup, tmp_path):
         assert "lm_coupling" not in _raising_frame(geometry.stderr)
     else:
         assert not geometry.geometry
+
+
+def test_metric_args_without_metrics(harness_setup, tmp_path):
+    args = [*harness_setup.args(), "--metric_args", "k=3"]
+    stderr = _failed(run_cli("lm-coupling", args, tmp_path))
+    assert "--metric_args was given but --metrics is missing" in stderr
+
+
+def test_bad_options_all_listed_before_the_model_loads(harness_setup, tmp_path):
+    args = [*harness_setup.args(), "--metrics", "lss,coupling"]
+    args += ["--metric_args", "coupling_docs=0,nrom=l1,alignment_k=5"]
+    stderr = _failed(run_cli("lm-coupling", args, tmp_path))
+    assert "3 problems with --metric_args" in stderr
+    assert "coupling_docs=0 leaves coupling with no documents" in stderr
+    assert "unknown --metric_args option 'nrom'. Did you mean 'norm'?" in stderr
+    assert "option 'alignment_k' belongs to alignment_ratio, which is not selected" in stderr
+    assert "Loading" not in stderr  # no model was loaded
+
+
+def test_bidirectional_model_fails_at_load(harness_setup, tmp_path):
+    import transformers
+
+    from lm_coupling.demo.tiny import train_tokenizer
+
+    tokenizer = train_tokenizer()
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, initializer_range=0.2,
+    )  # fmt: skip
+    path = tmp_path / "bert"
+    transformers.BertLMHeadModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    args = [*harness_setup.args(), "--metrics", "lss"]
+    args[args.index("--model_args") + 1] = f"pretrained={path}"
+    stderr = _failed(run_cli("lm-coupling", args, tmp_path))
+    assert "BertLMHeadModel (model_type='bert') is not a causal decoder" in stderr
+    assert "none of its metrics can run on this model" in stderr
+
+
+def test_hub_task_offline_names_the_offline_variants(harness_setup, tmp_path):
+    args = [*harness_setup.args(tasks="arc_easy"), "--metrics", "lss", "--limit", "1"]
+    run = run_cli("lm-coupling", args, tmp_path)
+    assert run.returncode != 0 and not run.results
+    assert "lm-coupling: error: the data of" in run.stderr
+    assert "Couldn't reach 'allenai/ai2_arc'" in run.stderr
+    assert "lmc_arc_easy_offline" in run.stderr and "lmc_mmlu_offline" in run.stderr
+    assert "$LM_COUPLING_DATA_DIR" in run.stderr
+
+
+def test_run_accounts_for_every_task(metrics_run_bs1):
+    run = metrics_run_bs1
+    config = run.results["config"]
+    assert config["model"] == "hf"
+    assert config["lm_coupling"]["model_class"] == "hf-coupling"
+    lines = [line for line in run.stderr.splitlines() if line.startswith("lm-coupling: ")]
+    for task, document in run.geometry.items():
+        n = document["n_documents"]
+        (line,) = [line for line in lines if line.startswith(f"lm-coupling: {task}: ")]
+        assert f"lss {n}/{n}" in line
+        assert f"coupling {document['coupling']['n_sampled']}/{n} (sampled)" in line
+        assert f"geometry_{task}_{run.timestamp}.json" in line
+    assert not [line for line in lines if "ERROR" in line]
+    assert "could not update the leaderboard" not in run.stderr
+    assert (run.output_dir / "leaderboard.csv").is_file()
+
+
+def test_leaderboard_without_geometry_rows(metrics_run_bs1, tmp_path):
+    """A results folder whose runs carry no geometry value still gives a leaderboard."""
+    from lm_coupling.report import write_leaderboard
+
+    results = json.loads(json.dumps(metrics_run_bs1.results))
+    geometry = set(results["config"]["lm_coupling"]["metrics"])
+    for values in results["results"].values():
+        for key in [k for k in values if k.split(",")[0].removesuffix("_stderr") in geometry]:
+            del values[key]
+    folder = tmp_path / "results" / "model"
+    folder.mkdir(parents=True)
+    (folder / f"results_{metrics_run_bs1.timestamp}.json").write_text(json.dumps(results))
+    path = write_leaderboard(tmp_path / "results")
+    assert path.is_file() and "arc" in path.read_text()

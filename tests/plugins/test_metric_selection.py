@@ -146,7 +146,7 @@ def test_defaults(registry):
         ("k=12", "k", 12),
         ("k=3.0", "k", 3),
         ("coupling_docs=all", "coupling_docs", None),
-        ("coupling_docs=0", "coupling_docs", 0),
+        ("coupling_docs=1", "coupling_docs", 1),
         ("elementwise_abs=Yes", "elementwise_abs", True),
         ("norm=offdiag", "norm", "offdiag"),
     ],

@@ -1,0 +1,264 @@
+"""Checks that stop a run early when the model cannot give the selected geometry.
+
+Two moments, each one call from `CouplingHFLM`:
+
+- `check_model`, at model load (before any request): the model must be
+  causal (a token's states may not depend on later tokens) and, for the
+  Jacobian metrics, return a transformers key/value cache with ``.layers``.
+  A model that fails (a BERT loaded as ``BertLMHeadModel``, a Mamba) stops
+  the run with a message saying what was found and which metrics could run.
+- `check_first_batch`, on the first captured batch: the lens read-out of the
+  last block's output, ``unembed(final_norm(x^L))``, must reproduce the
+  model's own logits, and with a Jacobian metric selected the located blocks
+  must compose to the model's output (block l+1 consumes what block l
+  returned). Otherwise lm-coupling would report the geometry of a different
+  function; the run stops naming the architecture and the override to add
+  (`lm_coupling.capture.architecture.register_override`).
+
+Both probes are a few short forward passes without gradients.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.plugins.manager import get_registry
+from lm_coupling.selection import Selection
+
+JACOBIAN_NEEDS = frozenset({"jacobian", "tokenwise_jacobian"})
+"""Needs served by the Jacobian engine (which runs blocks on a frozen key/value cache)."""
+
+PROBE_TOKENS = 8
+"""Length of the synthetic probe sequence of `check_model`."""
+
+FIRST_BATCH_TOKENS = 64
+"""At most this many trailing tokens of the first document are used by `check_first_batch`."""
+
+_checked: weakref.WeakSet = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class ModelProbe:
+    """What a short forward pass showed about a model.
+
+    Attributes:
+        causal: the logits of positions before the last did not change when
+            the last token changed.
+        cache: type name of ``past_key_values`` with ``use_cache=True``
+            (``"None"`` when the output has none).
+        cache_has_layers: the cache is a transformers ``Cache`` with ``.layers``.
+        max_change: largest change of an earlier position's logits.
+    """
+
+    causal: bool
+    cache: str
+    cache_has_layers: bool
+    max_change: float
+
+
+def _tolerance(dtype: torch.dtype, scale: float) -> float:
+    """Absolute tolerance for comparing logits of magnitude ``scale`` in ``dtype``."""
+    relative = 1e-3 if dtype in (torch.float32, torch.float64) else 5e-2
+    return relative * max(1.0, scale)
+
+
+def _causal_tolerance(dtype: torch.dtype, scale: float) -> float:
+    """How much earlier logits may move when only the last token changes (kernel noise)."""
+    relative = 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
+    return relative * scale + 1e-7
+
+
+def probe_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
+    """Run two short sequences that differ in their last token; inspect the outputs."""
+    n = min(PROBE_TOKENS, parts.vocab_size - 1)
+    ids = torch.arange(1, n + 1, device=parts.input_device)[None]
+    changed = ids.clone()
+    changed[0, -1] = 0
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+        other = model(changed, use_cache=False)
+    first, second = out.logits[0, :-1].float(), other.logits[0, :-1].float()
+    max_change = float((first - second).abs().max()) if first.numel() else 0.0
+    scale = float(first.abs().max()) if first.numel() else 1.0
+    cache = getattr(out, "past_key_values", None)
+    inner = getattr(cache, "self_attention_cache", cache)
+    return ModelProbe(
+        causal=max_change <= _causal_tolerance(out.logits.dtype, scale),
+        cache=type(cache).__name__,
+        cache_has_layers=getattr(inner, "layers", None) is not None,
+        max_change=max_change,
+    )
+
+
+def _runnable(exclude: frozenset[str]) -> list[str]:
+    """Registered metrics that need none of ``exclude``."""
+    return [n for n, spec in get_registry().metrics.items() if not (spec.needs & exclude)]
+
+
+def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> ModelProbe:
+    """Stop before any request when the model cannot give the selected metrics.
+
+    Raises:
+        UnsupportedModelError: the model is not causal (no metric is
+            defined), or a Jacobian metric is selected and the model returns
+            no key/value cache the engine can use. The message names the
+            model, what was found and the metrics that could still run.
+    """
+    probe = probe_model(model, parts)
+    name = f"{type(model).__name__} (model_type={parts.model_type!r})"
+    if not probe.causal:
+        raise UnsupportedModelError(
+            f"{name} is not a causal decoder: changing the last token changed the logits of "
+            f"earlier positions (by up to {probe.max_change:.3g}), so its attention looks "
+            "ahead (a BERT-style encoder; BertLMHeadModel needs config.is_decoder=True). "
+            "lm-coupling measures the states at the last context token, which would then "
+            "depend on the answer being scored: none of its metrics can run on this model"
+        )
+    jacobian = [m for m in selection.metrics if selection.specs[m].needs & JACOBIAN_NEEDS]
+    if jacobian and not probe.cache_has_layers:
+        others = _runnable(JACOBIAN_NEEDS)
+        raise UnsupportedModelError(
+            f"{name} returns no key/value cache the Jacobian engine can use (with "
+            f"use_cache=True its past_key_values is {probe.cache}; the engine needs a "
+            "transformers Cache with .layers, as attention decoders return), so "
+            f"{', '.join(jacobian)} cannot be measured on it. Metrics that do not need it "
+            f"and can still run: {', '.join(others)} (e.g. --metrics {','.join(others)})"
+        )
+    return probe
+
+
+# -- first captured batch -------------------------------------------------------------------------
+
+
+def _record_blocks(blocks: Sequence[nn.Module]):
+    """Hooks keeping every block's input and output hidden states; returns (records, handles)."""
+    inputs: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(blocks))}
+    outputs: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(blocks))}
+    handles = []
+    for i, block in enumerate(blocks):
+
+        def pre(module, args, kwargs, i=i):
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if isinstance(hidden, torch.Tensor):
+                inputs[i].append(hidden.detach())
+
+        def post(module, args, kwargs, output, i=i):
+            outputs[i].append(block_output_hidden(output).detach())
+
+        handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(block.register_forward_hook(post, with_kwargs=True))
+    return inputs, outputs, handles
+
+
+def readout_problems(
+    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, composition: bool = True
+) -> list[str]:
+    """Compare lm-coupling's view of the model with the model's own output.
+
+    Args:
+        model: the causal LM.
+        parts: its located parts.
+        input_ids: ``[T]`` token ids; the last position is checked.
+        composition: also check that block l+1 consumes block l's output and
+            that every block runs once.
+
+    Returns:
+        One sentence per mismatch (empty when the read-out is the model's).
+    """
+    inputs, outputs, handles = _record_blocks(parts.blocks)
+    try:
+        with torch.no_grad():
+            logits = model(input_ids[None].to(parts.input_device), use_cache=False).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    problems = []
+    calls = [len(outputs[i]) for i in range(parts.n_layers)]
+    if any(c != 1 for c in calls):
+        problems.append(f"the located blocks were called {calls} times in one forward pass")
+        return problems
+    own = logits[0, -1].float()
+    lens = parts.unembed_fp32(parts.final_norm_fp32(outputs[parts.n_layers - 1][0][0, -1]))
+    difference = float((lens.to(own.device) - own).abs().max())
+    if difference > _tolerance(logits.dtype, float(own.abs().max())):
+        problems.append(
+            "unembed(final_norm(x^L)) differs from the model's logits at the last position by "
+            f"up to {difference:.3g} (the logits reach {float(own.abs().max()):.3g})"
+        )
+    if composition:
+        for i in range(parts.n_layers - 1):
+            out, nxt = outputs[i][0], inputs[i + 1][0] if inputs[i + 1] else None
+            if nxt is None or nxt.shape != out.shape or not torch.allclose(out, nxt):
+                problems.append(
+                    f"block {i + 2} does not consume block {i + 1}'s output (a module runs "
+                    "between located blocks, or the block list is not the decoder's)"
+                )
+                break
+    return problems
+
+
+def _module_path(model: nn.Module, module: nn.Module | None) -> str:
+    if module is None:
+        return "none (identity)"
+    for name, candidate in model.named_modules():
+        if candidate is module:
+            return repr(name)
+    return type(module).__name__
+
+
+def check_readout(
+    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, selection: Selection
+) -> None:
+    """Raise when the lens read-out or block composition is not the model's own function.
+
+    Raises:
+        UnsupportedModelError: names the architecture, what differs, what was
+            located, and the ``register_override`` call to add.
+    """
+    needs = selection.needs
+    composition = bool(needs & JACOBIAN_NEEDS)
+    if not composition and "lens" not in needs:
+        return
+    problems = readout_problems(model, parts, input_ids, composition)
+    if "lens" not in needs:
+        problems = [p for p in problems if not p.startswith("unembed(")]
+    if not problems:
+        return
+    raise UnsupportedModelError(
+        f"lm-coupling's view of {type(model).__name__} (model_type={parts.model_type!r}) is "
+        f"not the model's own function: {'; '.join(problems)}. Located: final norm "
+        f"{_module_path(model, parts.final_norm)}, logit scale {parts.logit_scale}, soft-cap "
+        f"{parts.logit_softcap}, {parts.n_layers} blocks. The model applies something the "
+        "locator missed (a logit scale, soft-capping, a final norm or projection); tell "
+        "lm-coupling before the run, e.g. lm_coupling.capture.architecture.register_override("
+        f"{parts.model_type!r}, blocks='model.layers', final_norm='model.norm', "
+        "unembed='lm_head', logit_scale=..., logit_softcap=...) with your model's paths and "
+        "values, rather than measuring the lens of a different function"
+    )
+
+
+def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
+    """Run `check_readout` once per run, on the first captured document's context.
+
+    Args:
+        lm: the `CouplingHFLM` (``tok_encode``, ``model``).
+        session: the geometry session (``runner``, ``selection``).
+        keys: the batch's document keys ``(context, continuation)``.
+    """
+    runner = session.runner
+    if runner is None or runner in _checked:
+        return
+    _checked.add(runner)
+    context = next((k[0] for k in keys if k and isinstance(k[0], str) and k[0]), "")
+    tokens = list(lm.tok_encode(context))[-FIRST_BATCH_TOKENS:] if context else []
+    if not tokens:
+        tokens = list(range(1, min(PROBE_TOKENS, runner.parts.vocab_size - 1) + 1))
+    check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)

@@ -1,0 +1,184 @@
+"""Fail early: models the engine cannot use, and read-outs that are not the model's own."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers
+
+from lm_coupling.capture import architecture
+from lm_coupling.capture.architecture import locate_model_parts, register_override
+from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.harness import preflight
+from lm_coupling.selection import make_selection
+
+ALL = make_selection("all")
+TRAJECTORY = make_selection("lss,expodistance")
+PROMPT = "The sun is a star. Water boils at one hundred degrees"
+
+
+@pytest.fixture
+def restore_overrides():
+    """Undo any register_override a test makes (the table is global)."""
+    saved = copy.deepcopy(architecture._OVERRIDES)
+    yield
+    architecture._OVERRIDES.clear()
+    architecture._OVERRIDES.update(saved)
+
+
+@pytest.fixture
+def prompt_ids(tokenizer):
+    return torch.tensor(tokenizer(PROMPT)["input_ids"])
+
+
+def _from_config(config) -> transformers.PreTrainedModel:
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _bert(tokenizer, **extra) -> transformers.PreTrainedModel:
+    return _from_config(
+        transformers.BertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64, **extra,
+        )
+    )  # fmt: skip
+
+
+def _mamba(tokenizer) -> transformers.PreTrainedModel:
+    config = transformers.MambaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, state_size=4
+    )
+    return _from_config(config)
+
+
+def _gemma2(tokenizer, softcap: float = 0.5) -> transformers.PreTrainedModel:
+    return _from_config(
+        transformers.Gemma2Config(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+            final_logit_softcapping=softcap, initializer_range=0.2,
+        )
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_decoders_pass_both_checks(model_type, tiny_model, prompt_ids):
+    model = tiny_model(model_type)
+    parts = locate_model_parts(model)
+    probe = preflight.check_model(model, parts, ALL)
+    assert probe.causal and probe.max_change == 0.0
+    assert probe.cache_has_layers and probe.cache == "DynamicCache"
+    assert preflight.readout_problems(model, parts, prompt_ids) == []
+    preflight.check_readout(model, parts, prompt_ids, ALL)
+
+
+def test_bidirectional_bert_is_refused_for_every_metric(tokenizer):
+    model = _bert(tokenizer)
+    parts = locate_model_parts(model)  # the locator alone accepts it
+    with pytest.raises(UnsupportedModelError) as info:
+        preflight.check_model(model, parts, TRAJECTORY)
+    message = str(info.value)
+    assert "BertLMHeadModel (model_type='bert') is not a causal decoder" in message
+    assert "none of its metrics can run" in message
+
+
+def test_mamba_without_key_value_cache_names_the_metrics_that_can_run(tokenizer):
+    model = _mamba(tokenizer)
+    parts = locate_model_parts(model)
+    with pytest.raises(UnsupportedModelError) as info:
+        preflight.check_model(model, parts, ALL)
+    message = str(info.value)
+    assert "MambaForCausalLM (model_type='mamba') returns no key/value cache" in message
+    assert "past_key_values is NoneType" in message
+    assert "coupling, alignment_ratio cannot be measured" in message
+    assert "--metrics lss,expodistance,equidistance,logit_lens_entropy" in message
+    # Without a Jacobian metric the same model is accepted.
+    assert preflight.check_model(model, parts, TRAJECTORY).causal
+
+
+def test_wrong_final_norm_override_is_caught(tiny_model, prompt_ids, restore_overrides):
+    model = tiny_model("llama")
+    register_override("llama", final_norm=())  # the real model applies model.norm
+    parts = locate_model_parts(model)
+    (problem,) = preflight.readout_problems(model, parts, prompt_ids)
+    assert problem.startswith("unembed(final_norm(x^L)) differs from the model's logits")
+    with pytest.raises(UnsupportedModelError) as info:
+        preflight.check_readout(model, parts, prompt_ids, ALL)
+    message = str(info.value)
+    assert "LlamaForCausalLM (model_type='llama') is not the model's own function" in message
+    assert "final norm none (identity)" in message
+    assert "register_override('llama'" in message
+    # Metrics that read no lens are not stopped by it.
+    preflight.check_readout(model, parts, prompt_ids, TRAJECTORY)
+
+
+def test_gemma2_soft_capping_is_part_of_the_read_out(tokenizer, prompt_ids, restore_overrides):
+    model = _gemma2(tokenizer)
+    assert preflight.readout_problems(model, locate_model_parts(model), prompt_ids) == []
+    register_override("gemma2", logit_softcap=0)  # an override that forgets the cap
+    parts = locate_model_parts(model)
+    assert parts.logit_softcap is None
+    with pytest.raises(UnsupportedModelError, match="soft-cap None"):
+        preflight.check_readout(model, parts, prompt_ids, ALL)
+
+
+def test_logit_scale_override_is_applied(tiny_model, prompt_ids, restore_overrides):
+    model = tiny_model("gpt2")
+    register_override("gpt2", logit_scale=2.0)  # gpt2 has no logit scale
+    parts = locate_model_parts(model)
+    assert parts.logit_scale == 2.0
+    assert preflight.readout_problems(model, parts, prompt_ids)
+
+
+def test_blocks_that_do_not_compose_are_caught(tiny_model, prompt_ids):
+    model = tiny_model("llama", seed=3)
+    parts = locate_model_parts(model)
+
+    def adapter(module, args, kwargs):  # a module running between blocks 1 and 2
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if args:
+            return (hidden * 1.5, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden * 1.5}
+
+    handle = parts.blocks[1].register_forward_pre_hook(adapter, with_kwargs=True)
+    try:
+        problems = preflight.readout_problems(model, parts, prompt_ids)
+        with pytest.raises(UnsupportedModelError, match="block 2 does not consume block 1"):
+            preflight.check_readout(model, parts, prompt_ids, ALL)
+        # Trajectory metrics alone do not need the blocks to compose.
+        preflight.check_readout(model, parts, prompt_ids, TRAJECTORY)
+    finally:
+        handle.remove()
+    assert problems == ["block 2 does not consume block 1's output (a module runs between "
+                        "located blocks, or the block list is not the decoder's)"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_first_captured_batch_stops_a_real_run(tmp_path, tokenizer, restore_overrides):
+    """Through lm-eval's own evaluator: the wrong read-out stops the run at its first batch."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from lm_coupling.demo.tiny import save_tiny_model
+    from lm_coupling.harness.cli import TASKS_DIR, geometry_run
+    from lm_coupling.harness.model import CouplingHFLM
+    from lm_coupling.harness.registry import register_with_lm_eval
+    from lm_coupling.harness.session import GeometrySession
+
+    path = save_tiny_model(tmp_path / "gpt2", "gpt2", tokenizer=tokenizer, init_std=0.2)
+    register_override("gpt2", final_norm=())  # gpt2 applies transformer.ln_f
+    session = GeometrySession(make_selection("logit_lens_entropy"))
+    register_with_lm_eval(session.selection.specs)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    with geometry_run(session):
+        model = CouplingHFLM(pretrained=str(path), batch_size=2, device="cpu")
+        with pytest.raises(UnsupportedModelError) as info:
+            simple_evaluate(model=model, tasks=["lmc_arc_easy_offline"], limit=2,
+                            task_manager=manager)  # fmt: skip
+    message = str(info.value)
+    assert "GPT2LMHeadModel (model_type='gpt2') is not the model's own function" in message
+    assert "register_override('gpt2'" in message
+    assert not session.records or not any(r.documents for r in session.records.values())
