@@ -334,7 +334,9 @@ def _padded_prefixes(model: nn.Module, prompts: list[torch.Tensor]):
     N, B = max(lengths), len(prompts)
     if N == 0:
         return {}, None
-    per_doc = [_prefix_cache(model, p) if n > 0 else None for p, n in zip(prompts, lengths, strict=True)]
+    per_doc = [
+        _prefix_cache(model, p) if n > 0 else None for p, n in zip(prompts, lengths, strict=True)
+    ]
     template = next(kv for kv in per_doc if kv is not None)
     padded = {}
     for layer, (k0, v0) in template.items():
