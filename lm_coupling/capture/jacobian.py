@@ -153,6 +153,9 @@ class JacobianEngine:
         attn_implementation: force this attention implementation inside the
             engine (diagnostics; the check then tells whether it changes the function).
         docs_per_batch: documents per batched pass (None: from free memory).
+        keep_bytes: dense Jacobians pass one may keep for pass two (None: 1 GiB
+            on CPU, a quarter of free memory on a GPU); beyond it pass two
+            recomputes ``J^l V_m`` by JVPs.
     """
 
     def __init__(
@@ -175,6 +178,7 @@ class JacobianEngine:
         check: bool = True,
         attn_implementation: str | None = None,
         docs_per_batch: int | None = None,
+        keep_bytes: int | None = None,
     ):
         if method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, found {method!r}")
@@ -200,6 +204,7 @@ class JacobianEngine:
         self.docs_per_batch = (
             None if docs_per_batch is None else _check_int("docs_per_batch", docs_per_batch, 1)
         )
+        self.keep_bytes = None if keep_bytes is None else _check_int("keep_bytes", keep_bytes, 0)
         self.last_peak_bytes = 0
         """Peak memory of the last batch (see ``JacobianFactors.peak_bytes``)."""
 
@@ -231,6 +236,8 @@ class JacobianEngine:
 
     def _keep_budget(self) -> int:
         """Bytes of dense Jacobians pass one may keep for pass two."""
+        if self.keep_bytes is not None:
+            return self.keep_bytes
         device = self.parts.input_device
         if device.type == "cuda":
             return torch.cuda.mem_get_info(device)[0] // 4

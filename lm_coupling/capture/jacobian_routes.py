@@ -35,7 +35,9 @@ class MemoryLedger:
     """The bytes the engine holds, and their peak (plus the CUDA allocator's peak on GPUs).
 
     ``hold(key, *tensors)`` counts tensors under a key (replacing what the key
-    held), ``release(key)`` forgets them. On CUDA devices the allocator's peak
+    held), ``release(key)`` forgets them. Counted: every layer's triplets,
+    kept dense Jacobians, pass two's gathered U, V and one group of products;
+    not counted: the ``[L, L, K, K]`` results and autograd temporaries. On CUDA devices the allocator's peak
     since construction is also read, and ``peak`` is the larger of the two.
     """
 
@@ -210,7 +212,6 @@ def reduce_products(
         rows_A.append(_pair_block(call, layer.J, U, V, chunk, group).to(out_device))
         if swapped:
             rows_B.append(_pair_block(call, layer.J, V, U, chunk, group).to(out_device))
-        ledger.hold("results", *rows_A, *rows_B)
         if layer.J is not None:
             layer.J = None
             ledger.release(f"J{index}")
