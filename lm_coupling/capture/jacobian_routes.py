@@ -37,8 +37,9 @@ class MemoryLedger:
     ``hold(key, *tensors)`` counts tensors under a key (replacing what the key
     held), ``release(key)`` forgets them. Counted: every layer's triplets,
     kept dense Jacobians, pass two's gathered U, V and one group of products;
-    not counted: the ``[L, L, K, K]`` results and autograd temporaries. On CUDA devices the allocator's peak
-    since construction is also read, and ``peak`` is the larger of the two.
+    not counted: the ``[L, L, K, K]`` results and autograd temporaries. On
+    CUDA devices the allocator's peak since construction is also read, and
+    ``peak`` is the larger of the two.
     """
 
     def __init__(self, devices: list[torch.device]):
