@@ -1,184 +1,226 @@
-"""Benchmark: the naive block-Jacobian route vs lm-coupling's engine, same coupling matrix.
+"""CPU targets of the Jacobian engine: our default route vs the authors' route, one table.
 
-Naive (the papers' released code): per block, d backward passes through the
-whole sequence, a full SVD, and the coupling matrix from dense matrices. Ours:
-the dense single-token route (frozen prefix keys/values, vectorized JVPs) and
-the matrix-free route (randomized SVD + one batched JVP of L*K tangents per
-block), each producing the full L x L coupling matrix at K.
+Rows (issue 10, "Targets"), each the median of ``--repeats`` interleaved runs:
 
-The naive route is timed on the first --naive-layers blocks only and
-extrapolated per layer to all L blocks (printed as such); the coupling matrices
-are compared on those blocks.
+* ``gpt2-small``: GPT-2-small shape (12 layers, d 768, 12 heads, 128 tokens,
+  random float32 weights), the full 12 x 12 coupling matrix at K = 10. The
+  authors' route (d backward passes through the whole sequence per block,
+  full SVD, coupling from the dense Jacobians; on ``--naive-layers`` blocks,
+  default all) against every engine route; ``max|dC|`` is the largest
+  coupling-matrix difference from the authors' route on the blocks both ran,
+  and a speed-up counts only where it is <= 1e-4 (printed per row).
+* ``llama-7b``: two Llama-7B-shaped blocks (d 4096, d_ff 11008, 32 heads).
+  The authors' route is too slow to run whole on a CPU (d = 4096 backward
+  passes per block), so it is timed on ``--naive-rows`` of the d rows of
+  block 0 and extrapolated to d rows, plus a timed full SVD of that block's
+  4096 x 4096 Jacobian (labelled so); ``max|dC|`` is against the engine's
+  exact ``dense`` route.
 
-    python bench/jacobian.py                       # GPT-2-small shape, CPU
-    python bench/jacobian.py --quick               # small smoke run
-    python bench/jacobian.py --device cuda --arch llama --layers 2   # Llama-7B-shaped stack
+``--through-lm-eval`` adds the per-document cost of coupling inside
+``lm_eval --metrics coupling`` at ARC prompt length (``lmc_arc_challenge_offline``,
+a GPT-2-small-shaped random model with an 8k BPE vocabulary): two fresh-process
+runs on the same documents, ``coupling_docs=N`` and ``coupling_docs=0``; their
+wall-time difference divided by the documents that got coupling, next to the
+engine's cost on the same tokenized prompts in this process. The gap between the
+two is the capture around the engine (recording the prompt's block inputs and the
+per-document bookkeeping).
+
+    python bench/jacobian.py --quick                     # smoke run, seconds
+    python bench/jacobian.py                             # both shapes (long: see README)
+    python bench/jacobian.py --shapes gpt2-small --through-lm-eval
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import time
+import math
+import tempfile
+from pathlib import Path
 
 import torch
-import transformers
-
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.metrics.coupling import (
-    coupling_matrices,
-    coupling_matrices_dense,
-    miscoupling,
+from engine_runs import (
+    GPT2_SMALL,
+    LLAMA_7B,
+    authors_coupling,
+    build_random_model,
+    default_route,
+    engine_coupling,
+    engine_routes,
+    max_diff,
+    random_prompt,
+    route_summary,
 )
+from timing import machine_line, median, print_table, timed
+
+from lm_coupling.capture.jacobian import JacobianEngine
+from lm_coupling.capture.jacobian_calls import compute_dtype, engine_mode, record_full_sequence
+
+TOLERANCE = 1e-4
+HEADER = ("row", "s/layer", "s/doc", "speed-up", "max|dC|", "vs", "counts", "layer routes")
+SHAPES = {"gpt2-small": ("gpt2", GPT2_SMALL), "llama-7b": ("llama", {**LLAMA_7B, "n_layers": 2})}
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", choices=("gpt2", "llama"), default="gpt2")
-    parser.add_argument("--layers", type=int, default=None, help="blocks L (12; llama: 2)")
-    parser.add_argument("--d-model", type=int, default=None, help="d (768; llama: 4096)")
-    parser.add_argument("--heads", type=int, default=None, help="heads (12; llama: 32)")
-    parser.add_argument("--d-ff", type=int, default=None, help="MLP width (4d; llama: 11008)")
-    parser.add_argument("--tokens", type=int, default=128, help="prompt length T")
-    parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--k", type=int, default=10, help="K singular vectors")
-    parser.add_argument("--power-iters", type=int, default=2)
-    parser.add_argument("--naive-layers", type=int, default=2, help="blocks timed naively")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--quick", action="store_true", help="small shapes, seconds")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    big = args.arch == "llama"
-    defaults = {
-        "layers": 2 if args.quick else (2 if big else 12),
-        "d_model": 128 if args.quick else (4096 if big else 768),
-        "heads": 4 if args.quick else (32 if big else 12),
-    }
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    if args.d_ff is None:
-        args.d_ff = 11008 if big and not args.quick else 4 * args.d_model
+    parser.add_argument("--quick", action="store_true", help="reduced shapes, seconds")
+    parser.add_argument("--dtype", default="float32", help="weights (the engine uses float32)")
+    parser.add_argument("--shapes", default="gpt2-small,llama-7b")
+    parser.add_argument("--layers", type=int, default=None, help="blocks (12; llama-7b: 2)")
+    parser.add_argument("--tokens", type=int, default=128, help="prompt length T")
+    parser.add_argument("--k", type=int, default=10, help="K singular vectors")
+    parser.add_argument("--routes", default=None, help="engine routes (default: all)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs")
+    parser.add_argument("--naive-layers", type=int, default=None, help="gpt2: authors' blocks")
+    parser.add_argument("--naive-rows", type=int, default=256, help="llama: authors' rows")
+    parser.add_argument("--through-lm-eval", action="store_true")
+    parser.add_argument("--docs", type=int, default=10, help="--through-lm-eval documents")
+    args = parser.parse_args(argv)
+    args.routes = args.routes.split(",") if args.routes else list(engine_routes())
+    args.shapes = args.shapes.split(",")
+    unknown = sorted(set(args.shapes) - set(SHAPES))
+    if unknown:
+        raise SystemExit(f"unknown --shapes {unknown}; choose from {list(SHAPES)}")
     if args.quick:
-        args.tokens, args.vocab = min(args.tokens, 32), min(args.vocab, 1024)
-    args.naive_layers = min(args.naive_layers, args.layers)
+        args.tokens, args.repeats, args.docs = min(args.tokens, 16), min(args.repeats, 2), 2
+        args.naive_rows = min(args.naive_rows, 16)
     return args
 
 
-def build_model(args: argparse.Namespace) -> transformers.PreTrainedModel:
-    if args.arch == "gpt2":
-        config = transformers.GPT2Config(
-            n_embd=args.d_model,
-            n_layer=args.layers,
-            n_head=args.heads,
-            n_inner=args.d_ff,
-            n_positions=max(1024, args.tokens),
-            vocab_size=args.vocab,
-            bos_token_id=0,
-            eos_token_id=0,
+def shape_of(name: str, args: argparse.Namespace) -> tuple[str, dict]:
+    """Architecture and sizes of shape ``name`` (``--quick``: d 64; ``--layers`` applied)."""
+    arch, sizes = SHAPES[name]
+    sizes = dict(sizes)
+    if args.quick:
+        sizes = {"d_model": 64, "d_ff": 172 if arch == "llama" else 256, "n_heads": 4}
+        sizes["n_layers"] = 2 if arch == "llama" else 3
+    if args.layers is not None:
+        sizes["n_layers"] = args.layers
+    return arch, sizes
+
+
+def _engine_runs(model, parts, ids, args, runs: dict) -> None:
+    """One timed document per engine route, appended to ``runs[route]``."""
+    for route in args.routes:
+        (m, factors), seconds = timed(
+            lambda r=route: engine_coupling(model, parts, ids, args.k, r), args.device
         )
-    else:
-        config = transformers.LlamaConfig(
-            hidden_size=args.d_model,
-            num_hidden_layers=args.layers,
-            num_attention_heads=args.heads,
-            num_key_value_heads=args.heads,
-            intermediate_size=args.d_ff,
-            vocab_size=args.vocab,
-            max_position_embeddings=max(4096, args.tokens),
-            bos_token_id=0,
-            eos_token_id=0,
+        runs[route].append((seconds, m.cpu(), route_summary(factors)))
+
+
+def _engine_rows(name: str, runs: dict, L: int, ref: torch.Tensor, ref_name: str, base: float):
+    rows = []
+    default = default_route()
+    for route, results in runs.items():
+        seconds = median([r[0] for r in results])
+        diff = max_diff(results[-1][1], ref)
+        counts = "yes" if diff <= TOLERANCE else "NO"
+        label = f"{name} engine {route}" + (" (default)" if route == default else "")
+        speed = base / (seconds / L)
+        rows.append((label, seconds / L, seconds, speed, diff, ref_name, counts, results[-1][2]))
+    return rows
+
+
+def gpt2_rows(args: argparse.Namespace) -> list[tuple]:
+    """GPT-2-small shape: the full coupling matrix, authors' route vs every engine route."""
+    arch, sizes = shape_of("gpt2-small", args)
+    model, parts = build_random_model(
+        arch, vocab=8192, max_len=args.tokens, device=args.device, dtype=_dtype(args), **sizes
+    )
+    ids = random_prompt(8192, args.tokens, args.device)
+    L = parts.n_layers
+    n_naive = min(args.naive_layers or L, L)
+    print(f"gpt2-small: {sizes}, T={args.tokens}, K={args.k}, authors' route on {n_naive} blocks")
+    _warm_up(model, parts, ids, args)
+    naive, runs = [], {route: [] for route in args.routes}
+    for i in range(args.repeats):
+        m, seconds = timed(
+            lambda: authors_coupling(model, parts, ids, args.k, n_naive), args.device
         )
-    torch.manual_seed(args.seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    return model.to(device=args.device, dtype=torch.float32).eval()
+        naive.append((seconds, m.cpu()))
+        _engine_runs(model, parts, ids, args, runs)
+        print(f"  round {i + 1}: authors' {seconds:.1f} s", flush=True)
+    per_layer = median([s for s, _ in naive]) / n_naive
+    label = f"gpt2-small authors' route ({n_naive} of {L} blocks)"
+    rows = [(label, per_layer, per_layer * L, 1.0, None, None, None, "d backward + SVD")]
+    return rows + _engine_rows("gpt2-small", runs, L, naive[-1][1], "authors", per_layer)
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def authors_rows_seconds(model, parts, ids, n_rows: int) -> float:
+    """Seconds of ``n_rows`` of the authors' d backward passes through block 0 (whole sequence)."""
+    with engine_mode(model):
+        call = record_full_sequence(model, parts, ids, compute_dtype(parts))[0]
+        params = call.params()
+        with torch.enable_grad():
+            X = call.hidden.detach().clone().requires_grad_(True)
+            out = call.run(X, params)[0, -1] - X[0, -1]
+
+            def rows():
+                for i in range(n_rows):
+                    torch.autograd.grad(out[i], X, retain_graph=True)
+
+            return timed(rows, str(ids.device))[1]
 
 
-def timed(fn, device: str):
-    _sync(device)
-    start = time.perf_counter()
-    out = fn()
-    _sync(device)
-    return out, time.perf_counter() - start
-
-
-def naive_coupling(model, parts, ids, k: int) -> torch.Tensor:
-    """The released-code pipeline: d backward passes per block, full SVD, dense A."""
-    J = naive_block_jacobians(model, parts, ids)
-    U_full, S_full, Vh = torch.linalg.svd(J)
-    U, V = U_full[..., :k], Vh[..., :k, :].transpose(-2, -1)
-    return miscoupling(coupling_matrices_dense(J, U, V), S_full)
-
-
-def engine_coupling(model, parts, ids, args, method: str):
-    engine = JacobianEngine(
-        model, parts, k_max=args.k, method=method, power_iters=args.power_iters, seed=args.seed
+def llama_rows(args: argparse.Namespace) -> list[tuple]:
+    """Two Llama-7B-shaped blocks: authors' route (rows extrapolated) vs every engine route."""
+    arch, sizes = shape_of("llama-7b", args)
+    model, parts = build_random_model(
+        arch, vocab=32000, max_len=args.tokens, device=args.device, dtype=_dtype(args), **sizes
     )
-    factors = engine.factors(ids)
-    return miscoupling(coupling_matrices(factors.U, factors.JV), factors.S), factors
+    ids = random_prompt(32000, args.tokens, args.device)
+    L, d = parts.n_layers, parts.d_model
+    n_rows = min(args.naive_rows, d)
+    print(f"llama-7b: {sizes}, T={args.tokens}, K={args.k}, authors' route: {n_rows} of {d} rows")
+    _warm_up(model, parts, ids, args)
+    J0 = JacobianEngine(model, parts, k_max=args.k, method="dense").dense_jacobians(ids)[0]
+    naive, runs = [], {route: [] for route in args.routes}
+    for i in range(args.repeats):
+        rows_s = authors_rows_seconds(model, parts, ids, n_rows)
+        _, svd_s = timed(lambda: torch.linalg.svd(J0), args.device)
+        naive.append(rows_s * d / n_rows + svd_s)
+        _engine_runs(model, parts, ids, args, runs)
+        print(f"  round {i + 1}: authors' {naive[-1]:.1f} s/layer (extrapolated)", flush=True)
+    per_layer = median(naive)
+    label = f"llama-7b authors' route ({n_rows} of {d} rows, extrapolated)"
+    rows = [(label, per_layer, per_layer * L, 1.0, None, None, None, "d backward + SVD")]
+    ref = runs["dense"][-1][1] if "dense" in runs else torch.full((L, L), math.nan)
+    return rows + _engine_rows("llama-7b", runs, L, ref, "dense", per_layer)
 
 
-def main() -> None:
-    args = parse_args()
-    model = build_model(args)
-    parts = locate_model_parts(model)
-    L, d, n_naive = parts.n_layers, parts.d_model, args.naive_layers
-    generator = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(0, args.vocab, (args.tokens,), generator=generator).to(args.device)
-    print(
-        f"model: {args.arch}, L={L}, d={d}, heads={args.heads}, d_ff={args.d_ff}, "
-        f"T={args.tokens}, V={args.vocab}, K={args.k}, device={args.device}, "
-        f"threads={torch.get_num_threads()}, float32, random weights"
-    )
-    # Warm-up (allocations, kernels) on a short prompt, not timed.
-    JacobianEngine(model, parts, k_max=args.k, method="dense").factors(ids[:4])
+def _dtype(args: argparse.Namespace) -> torch.dtype:
+    return getattr(torch, args.dtype)
 
-    sub = dataclasses.replace(parts, blocks=parts.blocks[:n_naive])
-    m_naive, t_naive = timed(lambda: naive_coupling(model, sub, ids, args.k), args.device)
-    per_naive = t_naive / n_naive
-    (m_dense, f_dense), t_dense = timed(
-        lambda: engine_coupling(model, parts, ids, args, "dense"), args.device
+
+def _warm_up(model, parts, ids, args) -> None:
+    """Untimed first calls of every route and of the authors' route on a short prompt."""
+    for route in args.routes:
+        engine_coupling(model, parts, ids[:4], 2, route)
+    authors_rows_seconds(model, parts, ids[:4], 2)
+
+
+def main(argv=None) -> None:
+    """Measure the selected shapes (and optionally through lm-eval) and print one table."""
+    args = parse_args(argv)
+    print(machine_line(args.device), flush=True)
+    rows = []
+    if "gpt2-small" in args.shapes:
+        rows += gpt2_rows(args)
+    if "llama-7b" in args.shapes:
+        rows += llama_rows(args)
+    if args.through_lm_eval:
+        from through_lm_eval import lm_eval_rows
+
+        with tempfile.TemporaryDirectory(prefix="lmc-jac-bench-") as tmp:
+            rows += lm_eval_rows(args, Path(tmp), shape_of("gpt2-small", args)[1])
+    title = (
+        f"coupling matrix at K={args.k}, T={args.tokens}, {args.dtype} weights, device "
+        f"{args.device}, median of {args.repeats} interleaved runs; a speed-up counts where "
+        f"max|dC| <= {TOLERANCE:g}"
     )
-    (m_free, f_free), t_free = timed(
-        lambda: engine_coupling(model, parts, ids, args, "randomized"), args.device
-    )
-    naive_total = per_naive * L
-    print(
-        f"naive route timed on {n_naive} of {L} blocks ({t_naive:.1f} s) and "
-        f"EXTRAPOLATED per layer to {L} blocks; matrices compared on those {n_naive} blocks."
-    )
-    header = (
-        f"{'route':<34}{'s/layer':>10}{'s total':>10}{'speedup':>9}"
-        f"{'max|dC| vs naive':>18}{'max|dC| vs dense':>18}"
-    )
-    print(header)
-    print("-" * len(header))
-    sub_idx = slice(0, n_naive)
-    rows = [
-        ("naive (d backward + full SVD)", per_naive, naive_total, None, None),
-        ("ours dense (single token, jvp)", t_dense / L, t_dense, m_dense, m_dense),
-        (f"ours matrix-free (rsvd, q={args.power_iters})", t_free / L, t_free, m_free, m_dense),
-    ]
-    for name, per, total, m, ref in rows:
-        vs_naive = "-" if m is None else f"{(m[sub_idx, sub_idx] - m_naive).abs().max():.2e}"
-        vs_dense = "-" if m is None else f"{(m - ref).abs().max():.2e}"
-        print(
-            f"{name:<34}{per:>10.3f}{total:>10.2f}{naive_total / total:>8.1f}x"
-            f"{vs_naive:>18}{vs_dense:>18}"
-        )
-    gap = f_dense.spectral_gap
-    print(
-        f"spectral gap s_K/s_(K+1) per layer (dense): min {gap.min():.4f}, "
-        f"median {gap.median():.4f}, max {gap.max():.4f}"
-    )
-    S_err = (f_free.S[:, : args.k] - f_dense.S[:, : args.k]).abs().max()
-    print(f"matrix-free top-K singular values: max |dS| vs dense = {S_err:.2e}")
+    print_table(title, HEADER, rows)
+    print(machine_line(args.device))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,210 @@
+"""lm-eval runs for the overhead benchmarks: a saved random model, one run, one fresh process.
+
+Geometry is switched on exactly as ``lm_eval ... --metrics`` does it
+(``lm_coupling.harness.cli.run_with_geometry``): a ``GeometrySession``, the
+``hf-coupling`` model, ``register_with_lm_eval`` and ``geometry_run``; ``plain``
+runs lm-eval's own ``hf`` model. The caller builds one ``TaskManager`` per
+process, so lm-eval's task indexing (~15 s) is outside every timing; model
+loading, request building, the forward passes and scoring are inside it.
+
+:func:`run_fresh` runs one configuration in a fresh ``python bench/lmeval_runs.py
+--worker SPEC`` subprocess: an untimed warm-up run on one document per task
+(imports, first kernel calls, dataset caches), then the timed run. It returns
+the timed run's wall time, the process's peak memory (CUDA
+``max_memory_allocated`` since the warm-up, or peak RSS) and how many
+documents got geometry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from timing import is_cuda, peak_mb, reset_peak
+
+TRAJ_LENS = "lss,expodistance,equidistance,logit_lens_entropy"
+DEFAULT_TASKS = (
+    "lmc_arc_easy_offline,lmc_arc_challenge_offline,lmc_hellaswag_offline,lmc_mmlu_sample,"
+    "lmc_truthfulqa_mc2_offline,lmc_winogrande_offline"
+)
+"""The log-likelihood tasks of ``lmc_demo`` (all bundled documents). gsm8k is left out:
+its time is spent in decoding steps, which capture never touches, so it would only
+dilute the ratio."""
+
+
+@dataclasses.dataclass
+class RunSpec:
+    """One lm-eval configuration: ``metrics=None`` is plain ``--model hf``."""
+
+    model_dir: str
+    tasks: str = DEFAULT_TASKS
+    limit: int | None = None
+    batch_size: str = "8"
+    device: str = "cpu"
+    dtype: str = "float32"
+    metrics: str | None = None
+    metric_args: str | None = None
+
+
+def tokenizer_texts(seed: int = 0) -> list[str]:
+    """The demo training corpus plus seeded pseudo-words: enough for an 8k BPE vocabulary."""
+    from lm_coupling.demo.corpus import build_corpus, make_demo_data
+
+    docs = build_corpus(make_demo_data(seed))
+    rng = random.Random(seed)
+    onsets = "b c d f g h j k l m n p r s t v w z br cr dr fl gr pl st tr".split()
+    nuclei = "a e i o u ai ea ou io".split()
+    syllables = [onset + nucleus for onset in onsets for nucleus in nuclei]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(6000)]
+    docs += [" ".join(rng.choice(words) for _ in range(60)) for _ in range(2000)]
+    return docs
+
+
+def save_random_model(
+    path: Path,
+    model_type: str,
+    *,
+    tokenizer_vocab: int,
+    model_vocab: int | None = None,
+    dtype: str = "float32",
+    **sizes,
+) -> Path:
+    """Save a randomly initialised ``model_type`` model and a trained BPE tokenizer to ``path``.
+
+    Like ``lm_coupling.demo.tiny.save_tiny_model``, but the model keeps the
+    default attention implementation (what ``--model hf`` loads), may have a
+    wider embedding than the tokenizer (``model_vocab``, e.g. Pythia's 50304)
+    and is built directly in ``dtype`` on the GPU when one exists.
+
+    Args:
+        path: output folder.
+        model_type: a ``lm_coupling.demo.tiny.ARCHITECTURES`` name.
+        tokenizer_vocab: BPE vocabulary trained on :func:`tokenizer_texts`.
+        model_vocab: rows of the embedding (default: the tokenizer's size).
+        dtype: ``float32`` or ``bfloat16`` weights.
+        **sizes: ``d_model``, ``n_layers``, ``n_heads``, ``d_ff``, ``max_len``.
+    """
+    import transformers
+
+    from lm_coupling.demo.tiny import tiny_config, train_tokenizer
+
+    tokenizer = train_tokenizer(tokenizer_texts(), vocab_size=tokenizer_vocab)
+    config = tiny_config(model_type, max(model_vocab or 0, len(tokenizer)), **sizes)
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    model.to(getattr(torch, dtype)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    del model
+    return path
+
+
+def task_manager(tasks: str = DEFAULT_TASKS):
+    """A ``TaskManager`` that knows lm-coupling's bundled tasks.
+
+    When every task is a bundled ``lmc_*`` task, lm-eval's own task folder is
+    not indexed (0.1 s instead of ~15 s); task indexing is outside every timing.
+    """
+    from lm_eval.tasks import TaskManager
+
+    from lm_coupling.harness.cli import TASKS_DIR
+
+    bundled_only = all(name.startswith("lmc_") for name in tasks.split(","))
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=not bundled_only)
+
+
+def _coupled(geometry) -> bool:
+    value = geometry.values.get("coupling", math.nan)
+    return math.isfinite(value)
+
+
+def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
+    """One ``simple_evaluate`` of ``spec`` in this process.
+
+    Returns:
+        ``wall_s``, ``cpu_s`` (process CPU time), ``batch_sizes`` (lm-eval's
+        chosen batch sizes, for ``auto``), ``n_geometry`` (documents measured)
+        and ``n_coupling`` (documents with a finite coupling value).
+    """
+    import lm_eval
+
+    kwargs = dict(
+        model_args=f"pretrained={spec.model_dir},dtype={spec.dtype}",
+        tasks=spec.tasks.split(","),
+        task_manager=tm,
+        batch_size=spec.batch_size,
+        limit=limit if limit is not None else spec.limit,
+        device=spec.device,
+        bootstrap_iters=0,
+        verbosity="ERROR",
+    )
+    start, cpu = time.perf_counter(), time.process_time()
+    if spec.metrics is None:
+        results = lm_eval.simple_evaluate(model="hf", **kwargs)
+        measured = {}
+    else:
+        import lm_coupling.harness.model  # noqa: F401  (registers "hf-coupling")
+        from lm_coupling.harness.cli import geometry_run
+        from lm_coupling.harness.registry import register_with_lm_eval
+        from lm_coupling.harness.session import GeometrySession
+        from lm_coupling.selection import make_selection
+
+        session = GeometrySession(make_selection(spec.metrics, spec.metric_args))
+        register_with_lm_eval(session.selection.specs)
+        start, cpu = time.perf_counter(), time.process_time()
+        with geometry_run(session):
+            results = lm_eval.simple_evaluate(model="hf-coupling", **kwargs)
+        measured = session.measured
+        if not measured:
+            raise RuntimeError(f"{spec.metrics} measured no document: the bench is broken")
+    return {
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": time.process_time() - cpu,
+        "batch_sizes": (results or {}).get("config", {}).get("batch_sizes", []),
+        "n_geometry": len(measured),
+        "n_coupling": sum(_coupled(g) for g in measured.values()),
+    }
+
+
+def _worker(spec_json: str) -> None:
+    """Subprocess entry: run one spec once and print its result and peak memory as JSON."""
+    spec = RunSpec(**json.loads(spec_json))
+    tm = task_manager(spec.tasks)
+    run_in_process(spec, tm, limit=1)  # untimed: imports, first calls, dataset caches
+    gc.collect()
+    if is_cuda(spec.device):
+        torch.cuda.empty_cache()
+    reset_peak(spec.device)
+    out = run_in_process(spec, tm)
+    out["peak_mb"] = peak_mb(spec.device)
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_fresh(spec: RunSpec) -> dict:
+    """Run ``spec`` once in a fresh subprocess; its :func:`run_in_process` result plus ``peak_mb``.
+
+    Raises:
+        RuntimeError: the subprocess failed (its stderr tail is in the message).
+    """
+    argv = [sys.executable, __file__, "--worker", json.dumps(dataclasses.asdict(spec))]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"lm-eval run {spec} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="one lm-eval run (bench worker)")
+    parser.add_argument("--worker", required=True, help="RunSpec as JSON")
+    _worker(parser.parse_args().worker)
