@@ -18,6 +18,7 @@ import pluggy
 import torch
 
 from lm_coupling.capture.architecture import ModelParts, locate_model_parts
+from lm_coupling.errors import LmCouplingError
 from lm_coupling.plugins.manager import get_plugin_manager
 from lm_coupling.selection import Selection
 from lm_coupling.states import GeometryStates, JacobianFactors
@@ -112,6 +113,7 @@ class GeometryRunner:
                 self.parts,
                 k_max=jacobian_k_max(options, self.parts.d_model),
                 method=options.get("jacobian_method", "auto"),
+                swapped="coupling_swapped" in self.selection.metrics,
             )
         return self._engine
 
@@ -167,14 +169,45 @@ class GeometryRunner:
         return self.engine.factors(input_ids)
 
     def compute_sampled(self, input_ids: torch.Tensor) -> DocumentGeometry:
-        """The sampled (Jacobian) metrics of one prompt ``[T]``."""
-        factors = self.jacobian_factors(input_ids)
+        """The sampled (Jacobian) metrics of one prompt ``[T]``.
+
+        Raises:
+            JacobianMismatchError: the engine cannot reproduce the model's own
+                block outputs for this prompt (the caller records NaN).
+        """
+        return self._sampled_documents([self.jacobian_factors(input_ids)])[0]
+
+    def compute_sampled_batch(
+        self, prompts: Sequence[torch.Tensor]
+    ) -> list[DocumentGeometry | LmCouplingError]:
+        """The sampled metrics of several prompts, their Jacobian work batched.
+
+        The engine runs the prompts in groups sized to free memory (each keeps
+        its own frozen prefix); each document's values equal
+        :meth:`compute_sampled` of its prompt alone, up to round-off.
+
+        Args:
+            prompts: ``[T_b]`` token ids of each prompt.
+
+        Returns:
+            Per prompt, in order: its `DocumentGeometry`, or the
+            ``JacobianMismatchError`` that makes its values NaN (record it
+            as a failed document, as for an exception of ``compute_sampled``).
+        """
+        prompts = [torch.as_tensor(p).reshape(-1) for p in prompts]
+        results = self.engine.factors_batch(prompts, errors="return")
+        factors = [r for r in results if not isinstance(r, Exception)]
+        docs = iter(self._sampled_documents(factors) if factors else [])
+        return [r if isinstance(r, Exception) else next(docs) for r in results]
+
+    def _sampled_documents(self, factors: list[JacobianFactors]) -> list[DocumentGeometry]:
         states = GeometryStates(
-            self.parts.n_layers, self.parts.d_model, self.parts.vocab_size, jacobians=[factors]
+            self.parts.n_layers, self.parts.d_model, self.parts.vocab_size, jacobians=factors
         )
-        (doc,) = self.compute(states, self.sampled_metrics)
-        doc.jacobian_methods = list(factors.method)
-        return doc
+        docs = self.compute(states, self.sampled_metrics)
+        for doc, one in zip(docs, factors, strict=True):
+            doc.jacobian_methods = list(one.method)
+        return docs
 
     def measure_prompt(
         self, input_ids: torch.Tensor, target_token: int = -1, sampled: bool = True

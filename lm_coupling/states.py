@@ -64,28 +64,43 @@ class JacobianFactors:
     """Top-K factors of the block Jacobians ``J^l`` at n for one document.
 
     ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` (residual branch only).
+    The engine never holds ``J^l V_m`` for all pairs: it reduces it to the
+    K x K matrices the metrics need as it goes.
 
     Attributes:
         U: ``[L, d, K_max]`` top left singular vectors of each ``J^l``.
         S: ``[L, K_max + 1]`` top singular values (one extra for the gap).
         V: ``[L, d, K_max]`` top right singular vectors.
-        JV: ``[L, L, d, K_max]``; ``JV[l, m] = J^l V_m`` (tangents of every
-            other layer's right singular vectors pushed through block l).
-        UtJ: ``[L, L, K_max, d]``; ``UtJ[l, m] = U_m^T J^l``, or None when no
-            metric asked for the swapped matrix B.
-        method: per layer, the route used (``"dense"``, ``"randomized"``, ...).
-        spectral_gap: ``[L]`` ``s_K / s_{K+1}`` at the K the metrics use.
+        A: ``[L, L, K_max, K_max]`` coupling matrices ``A[l, m] = U_m^T J^l V_m``;
+            ``A[..., :k, :k]`` is the coupling matrix at any k <= K_max.
+        B: ``[L, L, K_max, K_max]`` swapped matrices ``B[l, m] = V_m^T J^l U_m``,
+            or None when no metric asked for them.
+        method: per layer, the route used (``"dense"``, ``"gram"``,
+            ``"subspace"``, ``"randomized"``).
+        spectral_gap: ``[L]`` ``s_K / s_{K+1}`` at K_max.
+        iterations: per layer, iterations of the iterative route (0: direct).
+        residual: ``[L]`` ``max_{i<=K} ||J v_i - s_i u_i|| / s_1`` of the
+            returned triplets.
+        ill_defined: ``[L]`` bool; two of the top K+1 singular values are so
+            close that the singular vectors are not determined (see
+            ``capture.jacobian_linalg.ill_defined``).
+        peak_bytes: peak memory the engine held for this document's batch
+            (tensors it keeps, or the CUDA allocator's peak on a GPU).
         dense: ``[L, d, d]`` the Jacobians themselves, when the dense route ran
-            and a metric asked for them; otherwise None.
+            and ``keep_dense`` asked for them; otherwise None.
     """
 
     U: torch.Tensor
     S: torch.Tensor
     V: torch.Tensor
-    JV: torch.Tensor
-    UtJ: torch.Tensor | None
+    A: torch.Tensor
+    B: torch.Tensor | None
     method: list[str]
     spectral_gap: torch.Tensor
+    iterations: list[int] = field(default_factory=list)
+    residual: torch.Tensor | None = None
+    ill_defined: torch.Tensor | None = None
+    peak_bytes: int = 0
     dense: torch.Tensor | None = None
 
 

@@ -2,24 +2,40 @@
 
 ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` (residual branch only), every
 other position held fixed, n the last position, in float32 (float64 for a
-float64 model) whatever the model's dtype. Routes:
+float64 model) whatever the model's dtype. Jacobian-vector products run
+through block l on the single token n with the prefix's keys and values
+frozen (causal attention: positions < n do not depend on x_n).
 
-- ``dense``: J^l exactly, from d Jacobian-vector products through block l on
-  the single token n with the prefix's keys and values frozen (causal
-  attention: positions < n do not depend on x_n), then a full SVD. ``JV`` and
-  ``UtJ`` are matrix products.
-- ``randomized``: never forms J^l. Top-K triplets by randomized SVD (Halko et
-  al. 2011) with JVP/VJP products, power iterations, oversampling and a warm
-  start from the previous layer's V; ``JV[l, m] = J^l V_m`` for all m is one
-  batched JVP of L*K tangents per block.
-- ``auto``: ``dense`` when ``d <= DENSE_MAX_D`` (1024; d JVPs of one token are
-  cheap there and exact); otherwise ``randomized`` per layer, falling back to
-  ``dense`` for a layer whose estimated gap ``s_K / s_{K+1}`` is below
-  ``MIN_GAP`` (1.05), where the randomized triplets are unreliable.
+Routes (per layer, recorded in ``JacobianFactors.method``):
 
-The route of each layer is recorded in ``JacobianFactors.method``. Attention
-runs eagerly inside the engine only (SDPA kernels refuse forward-mode AD); the
-model is restored on exit and its parameters are never modified.
+- ``dense``: J^l exactly from d JVPs, then a full SVD (the reference).
+- ``gram``: J^l exactly from d JVPs, then the top eigenpairs of ``J^T J``
+  (one symmetric eigensolver instead of a full SVD; fastest exact route on a GPU).
+- ``subspace``: never forms J^l: block subspace iteration with Rayleigh-Ritz,
+  a residual-based convergence test and a warm start from the previous
+  layer's V (``capture.jacobian_linalg.subspace_svd``).
+- ``randomized``: the same iteration with a fixed number of power iterations
+  and no test (Halko et al. 2011); fast, accurate only where the gap is clear.
+- ``auto``: ``dense`` when ``d <= DENSE_MAX_D`` (1024; d JVPs of one token
+  are cheap and exact there); otherwise ``subspace`` with at most as many
+  iterations as cost as much as the dense route, and ``gram`` for a document
+  whose layer did not converge within that budget and is not ill-defined.
+
+Where two of the top K+1 singular values lie within ``ill_gap * s_1`` of each
+other the singular vectors are not determined (any route's coupling matrix
+depends on round-off); the layer is flagged in ``JacobianFactors.ill_defined``
+and the iteration stops there instead of running to its budget.
+
+The products the metrics need, ``A[l, m] = U_m^T J^l V_m`` (and, with
+``swapped``, ``B[l, m] = V_m^T J^l U_m``), are reduced layer by layer
+(``capture.jacobian_routes``): extra memory grows linearly in L.
+
+The function differentiated is the one the model computes: eager and SDPA
+attention are kept (SDPA through its math backend, which supports forward
+mode), other implementations are switched to SDPA, and before any Jacobian
+work every block's replayed call is checked against the block's output at
+n in a plain forward pass of the model (``check``); a document whose call
+does not reproduce it raises :class:`JacobianMismatchError`.
 
 Reference: Aubry et al., "Transformer Block Coupling and its Correlation with
 Generalization in LLMs", ICLR 2025 (block Jacobians at the last token); DESIGN
@@ -28,6 +44,8 @@ include the final norm.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -39,25 +57,44 @@ from lm_coupling.capture.jacobian_calls import (
     engine_mode,
     record_full_sequence,
     record_last_token,
+    reference_outputs,
 )
-from lm_coupling.capture.jacobian_linalg import (
-    chunk_size_for,
-    dense_jacobian,
-    jvp_columns,
-    randomized_svd,
-    vjp_rows,
+from lm_coupling.capture.jacobian_linalg import chunk_size_for, dense_jacobian
+from lm_coupling.capture.jacobian_routes import (
+    MemoryLedger,
+    RouteSettings,
+    reduce_products,
+    top_factors,
 )
+from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import JacobianFactors
 
-__all__ = ["DENSE_MAX_D", "MIN_GAP", "JacobianEngine", "naive_block_jacobians"]
+__all__ = [
+    "DENSE_MAX_D",
+    "ILL_GAP",
+    "JacobianEngine",
+    "JacobianMismatchError",
+    "naive_block_jacobians",
+]
 
 DENSE_MAX_D = 1024
 """``method="auto"`` uses the dense route for every layer when d is at most this."""
 
-MIN_GAP = 1.05
-"""``method="auto"`` recomputes a layer densely when its estimated ``s_K / s_{K+1}`` is below."""
+ILL_GAP = 1e-3
+"""Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
 
-_METHODS = ("auto", "dense", "randomized")
+CHECK_RTOL = {torch.float64: 1e-5, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 2e-2}
+"""Relative tolerance of the run-time check, by the model's parameter dtype."""
+
+_METHODS = ("auto", "dense", "gram", "subspace", "randomized")
+
+
+class JacobianMismatchError(LmCouplingError):
+    """The engine's replayed block call does not reproduce the model's own block output.
+
+    Then the engine would differentiate a different function from the one
+    the benchmark ran; the document's Jacobian metrics must be NaN.
+    """
 
 
 def _check_ids(input_ids) -> torch.Tensor:
@@ -84,27 +121,41 @@ def _check_int(name: str, value, low: int, high: int | None = None) -> int:
 
 
 class JacobianEngine:
-    """Block Jacobians at the target position n of one prompt, block by block.
+    """Block Jacobians at the target position n of one or several prompts, block by block.
 
     Args:
-        model: a Hugging Face causal LM (not modified; eager attention and eval
-            mode are set temporarily and restored).
+        model: a Hugging Face causal LM (not modified; eval mode and, for
+            attention implementations without forward-mode AD, SDPA are set
+            temporarily and restored).
         parts: ``locate_model_parts(model)``.
         k_max: K, the number of singular triplets kept (``S`` has K + 1 values
             for the gap ``s_K / s_{K+1}``); 1 <= K < d.
-        method: ``"auto"``, ``"dense"`` or ``"randomized"`` (module docstring).
-        power_iters: power iterations of the randomized SVD.
-        oversample: extra sketch columns of the randomized SVD.
-        swapped: also compute ``UtJ[l, m] = U_m^T J^l``.
+        method: ``"auto"``, ``"dense"``, ``"gram"``, ``"subspace"`` or
+            ``"randomized"`` (module docstring).
+        power_iters: power iterations of the ``randomized`` route.
+        oversample: extra columns of the iterated block (None: K + 1, i.e. a
+            block of 2(K + 1) columns, which converges fast on flat spectra).
+        swapped: also compute the swapped matrices ``B[l, m] = V_m^T J^l U_m``.
         keep_dense: keep the dense Jacobians in ``JacobianFactors.dense``;
             forces the dense route for every layer.
-        seed: seed of the randomized sketches (results are reproducible).
+        seed: seed of the random start blocks (results are reproducible).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
             memory budget, see ``chunk_size_for``).
         dense_max_d: ``auto`` uses the dense route for every layer when
             d <= this (default ``DENSE_MAX_D``).
-        min_gap: ``auto`` recomputes a layer densely when its randomized
-            estimate of ``s_K / s_{K+1}`` is below this (default ``MIN_GAP``).
+        tol: vector accuracy target of the ``subspace`` route (None: 1e-9 in
+            float64, 1e-5 in float32).
+        max_iters: iteration budget of ``subspace`` (None: 100; under ``auto``
+            the iterations that cost as much as the dense route, at least 3).
+        ill_gap: see ``ILL_GAP``.
+        check: verify the replayed block calls against a plain forward pass
+            (one extra forward pass per batch of documents).
+        attn_implementation: force this attention implementation inside the
+            engine (diagnostics; the check then tells whether it changes the function).
+        docs_per_batch: documents per batched pass (None: from free memory).
+        keep_bytes: dense Jacobians pass one may keep for pass two (None: 1 GiB
+            on CPU, a quarter of free memory on a GPU); beyond it pass two
+            recomputes ``J^l V_m`` by JVPs.
     """
 
     def __init__(
@@ -115,13 +166,19 @@ class JacobianEngine:
         k_max: int,
         method: str = "auto",
         power_iters: int = 2,
-        oversample: int = 10,
+        oversample: int | None = None,
         swapped: bool = False,
         keep_dense: bool = False,
         seed: int = 0,
         chunk_size: int | None = None,
         dense_max_d: int = DENSE_MAX_D,
-        min_gap: float = MIN_GAP,
+        tol: float | None = None,
+        max_iters: int | None = None,
+        ill_gap: float = ILL_GAP,
+        check: bool = True,
+        attn_implementation: str | None = None,
+        docs_per_batch: int | None = None,
+        keep_bytes: int | None = None,
     ):
         if method not in _METHODS:
             raise ValueError(f"method must be one of {_METHODS}, found {method!r}")
@@ -129,33 +186,82 @@ class JacobianEngine:
         self.parts = parts
         self.d = parts.d_model
         self.k_max = _check_int("k_max", k_max, 1, self.d - 1)
-        self.method = method
+        self.method = "dense" if keep_dense else method
         self.power_iters = _check_int("power_iters", power_iters, 0)
-        self.oversample = _check_int("oversample", oversample, 0)
+        self.oversample = self.k_max + 1 if oversample is None else oversample
+        _check_int("oversample", self.oversample, 0)
         self.swapped = bool(swapped)
         self.keep_dense = bool(keep_dense)
         self.seed = int(seed)
         self.chunk_size = None if chunk_size is None else _check_int("chunk_size", chunk_size, 1)
         self.dense_max_d = _check_int("dense_max_d", dense_max_d, 0)
-        self.min_gap = float(min_gap)
         self.dtype = compute_dtype(parts)
+        self.tol = tol if tol is not None else (1e-9 if self.dtype == torch.float64 else 1e-5)
+        self.max_iters = None if max_iters is None else _check_int("max_iters", max_iters, 1)
+        self.ill_gap = float(ill_gap)
+        self.check = bool(check)
+        self.attn_implementation = attn_implementation
+        self.docs_per_batch = (
+            None if docs_per_batch is None else _check_int("docs_per_batch", docs_per_batch, 1)
+        )
+        self.keep_bytes = None if keep_bytes is None else _check_int("keep_bytes", keep_bytes, 0)
+        self.last_peak_bytes = 0
+        """Peak memory of the last batch (see ``JacobianFactors.peak_bytes``)."""
 
     def _chunk(self, x: torch.Tensor, context: int) -> int:
         if self.chunk_size is not None:
             return self.chunk_size
         return chunk_size_for(self.d, context, x.device, x.dtype)
 
-    def _all_dense(self) -> bool:
-        return (
-            self.keep_dense
-            or self.method == "dense"
-            or (self.method == "auto" and self.d <= self.dense_max_d)
+    def _settings(self) -> RouteSettings:
+        block = self.k_max + 1 + self.oversample
+        if self.max_iters is not None:
+            iters = self.max_iters
+        elif self.method == "auto":
+            iters = max(3, self.d // (2 * block))
+        else:
+            iters = 100
+        return RouteSettings(
+            method=self.method,
+            k=self.k_max,
+            dense_max_d=self.dense_max_d,
+            block=block,
+            max_iters=iters,
+            power_iters=self.power_iters,
+            tol=self.tol,
+            ill_gap=self.ill_gap,
+            keep_bytes=math.inf if self.keep_dense else self._keep_budget(),
+            seed=self.seed,
         )
 
-    def _record_last(self, input_ids: torch.Tensor) -> list[BlockCall]:
-        """The last-token block calls of checked ids ``[T]`` (see :func:`_check_ids`)."""
-        ids = input_ids.to(self.parts.input_device)
-        return record_last_token(self.model, self.parts, ids, self.dtype)
+    def _keep_budget(self) -> int:
+        """Bytes of dense Jacobians pass one may keep for pass two."""
+        if self.keep_bytes is not None:
+            return self.keep_bytes
+        device = self.parts.input_device
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[0] // 4
+        return 1 << 30
+
+    def _batch_docs(self, lengths: list[int]) -> int:
+        """Documents per batched pass: what fits in a quarter of free memory (CPU: 2 GiB), <= 64."""
+        if self.docs_per_batch is not None:
+            return self.docs_per_batch
+        device = self.parts.input_device
+        L, d, k = self.parts.n_layers, self.d, self.k_max
+        item = torch.finfo(self.dtype).bits // 8
+        per_doc = item * (4 * d * d + 4 * L * d * (k + 1) + 2 * L * L * k * k)
+        per_doc += item * 16 * max(lengths) * d * L  # frozen keys/values and their casts
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0] // 4
+            return int(max(1, min(64, free // per_doc)))
+        return int(max(1, min(4, (2 << 30) // per_doc)))
+
+    def _record_last(self, prompts: list[torch.Tensor]) -> list[BlockCall]:
+        device = self.parts.input_device
+        return record_last_token(
+            self.model, self.parts, [p.to(device) for p in prompts], self.dtype
+        )
 
     def dense_jacobians(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The exact block Jacobians at n = T - 1 by the single-token route.
@@ -168,111 +274,155 @@ class JacobianEngine:
             a float64 model), on the last block's device.
         """
         ids = _check_ids(input_ids)
-        with engine_mode(self.model):
-            calls = self._record_last(ids)
-            context = ids.shape[0]
+        with engine_mode(self.model, self.attn_implementation):
+            calls = self._record_last([ids])
+            device = calls[-1].hidden.device
             jacobians = []
             for call in calls:
                 f, x = call.last_token_map()
-                jacobians.append(dense_jacobian(f, x, self._chunk(x, context)))
+                J = dense_jacobian(f, x, self._chunk(x, ids.shape[0]))[0]
+                jacobians.append(J.to(device))
             return torch.stack(jacobians)
 
     def factors(self, input_ids: torch.Tensor) -> JacobianFactors:
-        """Top-K factors of every block Jacobian at n = T - 1, and ``J^l V_m`` for all pairs.
+        """Top-K factors of every block Jacobian at n = T - 1 and the coupling products.
 
         Args:
             input_ids: ``[T]`` token ids of one prompt (T >= 1; no padding).
 
         Returns:
-            ``JacobianFactors`` with ``U, V [L, d, K]``, ``S [L, K+1]``,
-            ``JV [L, L, d, K]``, ``UtJ [L, L, K, d]`` (if ``swapped``),
-            ``method`` per layer, ``spectral_gap [L]`` = ``s_K / s_{K+1}`` and
-            ``dense [L, d, d]`` (if ``keep_dense``); float32 (float64 for a
-            float64 model). ``spectral_gap`` is inf where ``s_{K+1} = 0``.
+            ``JacobianFactors``: ``U, V [L, d, K]``, ``S [L, K+1]``,
+            ``A [L, L, K, K]``, ``B`` (if ``swapped``), route, iterations,
+            residual and ill-definedness per layer, ``spectral_gap [L]`` =
+            ``s_K / s_{K+1}`` (inf where ``s_{K+1} = 0``) and ``dense
+            [L, d, d]`` (if ``keep_dense``); float32 (float64 for a float64
+            model), on the model's input device.
+
+        Raises:
+            JacobianMismatchError: the replayed block calls do not reproduce
+                the model's own block outputs (see ``check``).
         """
-        ids = _check_ids(input_ids)
-        k = self.k_max
-        with engine_mode(self.model):
-            calls = self._record_last(ids)
-            context = ids.shape[0]
-            triplets, dense, methods = self._triplets(calls, context)
-            U = torch.stack([t[0][:, :k] for t in triplets])
-            S = torch.stack([t[1][: k + 1] for t in triplets])
-            V = torch.stack([t[2][:, :k] for t in triplets])
-            JV = torch.stack(
-                [self._jv(call, J, V, context) for call, J in zip(calls, dense, strict=True)]
+        (result,) = self.factors_batch([input_ids], errors="raise")
+        return result
+
+    def factors_batch(
+        self, prompts: list[torch.Tensor], errors: str = "raise"
+    ) -> list[JacobianFactors | JacobianMismatchError]:
+        """``factors`` of several prompts, batched (each keeps its own frozen prefix).
+
+        Prompts run in left-padded groups of ``docs_per_batch`` (default: from
+        free memory); every per-document value equals ``factors`` of that
+        prompt alone up to round-off.
+
+        Args:
+            prompts: ``[T_b]`` token ids of each prompt.
+            errors: ``"raise"`` raises the first :class:`JacobianMismatchError`;
+                ``"return"`` puts it in the failing document's place.
+
+        Returns:
+            One ``JacobianFactors`` (or error) per prompt, in order.
+        """
+        if errors not in ("raise", "return"):
+            raise ValueError(f"errors must be 'raise' or 'return', found {errors!r}")
+        ids = [_check_ids(p) for p in prompts]
+        out: list = [None] * len(ids)
+        order = sorted(range(len(ids)), key=lambda i: ids[i].shape[0])
+        size = self._batch_docs([p.shape[0] for p in ids]) if ids else 1
+        for start in range(0, len(order), size):
+            group = order[start : start + size]
+            for index, result in zip(group, self._group([ids[i] for i in group]), strict=True):
+                if errors == "raise" and isinstance(result, Exception):
+                    raise result
+                out[index] = result
+        return out
+
+    def _group(self, prompts: list[torch.Tensor]) -> list:
+        """One batched pass over prompts of similar lengths; mismatching ones are errors."""
+        device = self.parts.input_device
+        prompts = [p.to(device) for p in prompts]
+        expected = reference_outputs(self.model, self.parts, prompts) if self.check else None
+        with engine_mode(self.model, self.attn_implementation):
+            calls = self._record_last(prompts)
+            failures = self._mismatches(calls, expected) if self.check else {}
+            if not failures:
+                return self._compute(calls, sum(p.shape[0] for p in prompts))
+        good = [i for i in range(len(prompts)) if i not in failures]
+        results: list = [failures.get(i) for i in range(len(prompts))]
+        if good:
+            subset = [prompts[i] for i in good]
+            with engine_mode(self.model, self.attn_implementation):
+                calls = self._record_last(subset)
+                computed = self._compute(calls, sum(p.shape[0] for p in subset))
+            for i, factors in zip(good, computed, strict=True):
+                results[i] = factors
+        return results
+
+    def _mismatches(
+        self, calls: list[BlockCall], expected: list[torch.Tensor]
+    ) -> dict[int, JacobianMismatchError]:
+        """Documents whose replayed block call at n differs from the model's own output."""
+        param = next(self.parts.blocks[0].parameters())
+        rtol = CHECK_RTOL.get(param.dtype, 1e-4)
+        n_docs = calls[0].hidden.shape[0]
+        worst = torch.zeros(n_docs, dtype=torch.float64)
+        layer_of = torch.zeros(n_docs, dtype=torch.long)
+        for index, (call, ref) in enumerate(zip(calls, expected, strict=True)):
+            f, x = call.last_token_map()
+            out = f(x) + x
+            ref = ref.to(out.dtype)
+            scale = torch.linalg.vector_norm(ref, dim=-1).clamp_min(torch.finfo(out.dtype).tiny)
+            err = (torch.linalg.vector_norm(out - ref, dim=-1) / scale).double().cpu()
+            err = torch.where(torch.isfinite(err), err, torch.inf)
+            layer_of = torch.where(err > worst, index, layer_of)
+            worst = torch.maximum(worst, err)
+        return {
+            b: JacobianMismatchError(
+                f"the Jacobian engine's replay of block {int(layer_of[b])} differs from the "
+                f"model's own forward pass at the target position by {float(worst[b]):.3g} "
+                f"(relative; tolerance {rtol:g} for {param.dtype}): the attention "
+                f"implementation used for differentiation "
+                f"({self.attn_implementation or 'eager/SDPA math'}) computes a different "
+                "function from the one the benchmark ran, so this document's Jacobian "
+                "metrics are NaN"
             )
-            UtJ = None
-            if self.swapped:
-                UtJ = torch.stack(
-                    [self._utj(call, J, U, context) for call, J in zip(calls, dense, strict=True)]
-                )
-        gap = S[:, k - 1] / S[:, k]
-        keep = torch.stack(dense) if self.keep_dense else None
-        return JacobianFactors(U, S, V, JV, UtJ, methods, gap, keep)
+            for b in range(n_docs)
+            if not bool(worst[b] <= rtol)
+        }
 
-    def _triplets(self, calls: list[BlockCall], context: int):
-        """Per layer: (U, S, V) with K+1 triplets, the dense J (or None), and the route."""
-        k, all_dense = self.k_max, self._all_dense()
-        generator, previous_v = None, None
-        triplets, dense, methods = [], [], []
-        for call in calls:
-            f, x = call.last_token_map()
-            chunk = self._chunk(x, context)
-            route, J = "dense", None
-            if not all_dense:
-                if generator is None:
-                    generator = torch.Generator(device=x.device).manual_seed(self.seed)
-                found = randomized_svd(
-                    f,
-                    x,
-                    k + 1,
-                    oversample=self.oversample,
-                    power_iters=self.power_iters,
-                    chunk=chunk,
-                    generator=generator,
-                    warm_start=previous_v,
-                )
-                route = "randomized"
-                if self.method == "auto" and not bool(
-                    found[1][k - 1] >= self.min_gap * found[1][k]
-                ):
-                    route = "dense"
-            if route == "dense":
-                J = dense_jacobian(f, x, chunk)
-                U_full, S_full, Vh = torch.linalg.svd(J)
-                found = (U_full[:, : k + 1], S_full[: k + 1], Vh[: k + 1].T)
-            triplets.append(found)
-            dense.append(J)
-            methods.append(route)
-            previous_v = found[2]
-        return triplets, dense, methods
-
-    def _jv(
-        self, call: BlockCall, J: torch.Tensor | None, V: torch.Tensor, context: int
-    ) -> torch.Tensor:
-        """``[L, d, K]`` with ``[m] = J^l V_m``: a matrix product, or one batched JVP."""
-        L, d, k = V.shape
-        tangents = V.permute(1, 0, 2).reshape(d, L * k)
-        if J is not None:
-            out = J @ tangents.to(J.device)
-        else:
-            f, x = call.last_token_map()
-            out = jvp_columns(f, x, tangents.to(x.device), self._chunk(x, context))
-        return out.reshape(d, L, k).permute(1, 0, 2)
-
-    def _utj(
-        self, call: BlockCall, J: torch.Tensor | None, U: torch.Tensor, context: int
-    ) -> torch.Tensor:
-        """``[L, K, d]`` with ``[m] = U_m^T J^l``: a matrix product, or one batched VJP."""
-        L, d, k = U.shape
-        cotangents = U.permute(1, 0, 2).reshape(d, L * k)
-        if J is not None:
-            out = cotangents.to(J.device).T @ J
-        else:
-            f, x = call.last_token_map()
-            out = vjp_rows(f, x, cotangents.to(x.device), self._chunk(x, context))
-        return out.reshape(L, k, d)
+    def _compute(self, calls: list[BlockCall], context: int) -> list[JacobianFactors]:
+        """Both passes on recorded calls (inside ``engine_mode``); one result per prompt."""
+        k = self.k_max
+        ledger = MemoryLedger([c.hidden.device for c in calls])
+        chunks = [self._chunk(c.hidden[:, -1], context) for c in calls]
+        tops = top_factors(calls, chunks, self._settings(), ledger)
+        out = self.parts.input_device
+        dense = torch.stack([t.J.to(out) for t in tops], 1) if self.keep_dense else None
+        A, B = reduce_products(calls, tops, chunks, k, self.swapped, out, ledger)
+        self.last_peak_bytes = ledger.peak
+        U = torch.stack([t.top.U[:, :, :k].to(out) for t in tops], 1)
+        V = torch.stack([t.top.V[:, :, :k].to(out) for t in tops], 1)
+        S = torch.stack([t.top.S.to(out) for t in tops], 1)
+        iterations = torch.stack([t.top.iterations.cpu() for t in tops], 1)
+        residual = torch.stack([t.top.residual.to(out) for t in tops], 1)
+        ill = torch.stack([t.top.ill_defined.to(out) for t in tops], 1)
+        gap = S[..., k - 1] / S[..., k]
+        return [
+            JacobianFactors(
+                U=U[b],
+                S=S[b],
+                V=V[b],
+                A=A[b],
+                B=None if B is None else B[b],
+                method=[t.routes[b] for t in tops],
+                spectral_gap=gap[b],
+                iterations=[int(i) for i in iterations[b]],
+                residual=residual[b],
+                ill_defined=ill[b],
+                peak_bytes=self.last_peak_bytes,
+                dense=None if dense is None else dense[b],
+            )
+            for b in range(A.shape[0])
+        ]
 
     def position_jacobian(
         self, input_ids: torch.Tensor, layer: int, t_in: int, t_out: int
@@ -304,11 +454,11 @@ class JacobianEngine:
                 f"t_in must be <= t_out (causal attention makes later inputs irrelevant), "
                 f"found t_in={t_in}, t_out={t_out}; the Jacobian is zero there"
             )
-        with engine_mode(self.model):
+        with engine_mode(self.model, self.attn_implementation):
             device = self.parts.input_device
             call = record_full_sequence(self.model, self.parts, ids.to(device), self.dtype)[layer]
             f, x = call.position_map(t_in, t_out)
-            return dense_jacobian(f, x, self._chunk(x, T * T))
+            return dense_jacobian(f, x, self._chunk(x, T * T))[0]
 
 
 def naive_block_jacobians(

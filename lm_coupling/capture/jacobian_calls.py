@@ -28,11 +28,13 @@ from lm_coupling.errors import LmCouplingError
 
 __all__ = [
     "BlockCall",
+    "FORWARD_AD_ATTENTION",
     "FrozenPrefixCache",
     "compute_dtype",
     "engine_mode",
     "record_full_sequence",
     "record_last_token",
+    "reference_outputs",
 ]
 
 
@@ -56,24 +58,44 @@ def _configs(model: nn.Module) -> list:
     return list(found.values())
 
 
-@contextlib.contextmanager
-def engine_mode(model: nn.Module) -> Iterator[None]:
-    """Eager attention, eval mode and no parameter graphs, restored in ``finally``.
+FORWARD_AD_ATTENTION = ("eager", "sdpa")
+"""Attention implementations differentiated as they are (SDPA through its math backend)."""
 
-    Scaled-dot-product attention kernels refuse forward-mode AD and double
-    backward, so the engine switches every config's ``_attn_implementation``
-    to ``"eager"`` for the duration only. Dropout is switched off (eval mode);
-    ``torch.no_grad`` stops graphs through the parameters (``torch.func``
-    transforms still differentiate with respect to their inputs).
+
+@contextlib.contextmanager
+def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Iterator[None]:
+    """The model's own attention with forward-mode AD, eval mode, no parameter graphs.
+
+    The engine must differentiate the function the benchmark ran. Eager and
+    SDPA attention are kept as they are; SDPA runs through its math backend
+    (``torch.nn.attention.sdpa_kernel``), the one SDPA backend that supports
+    forward-mode AD and ``vmap``, and computes the same function as the fused
+    kernels. Any other implementation (flash, flex, paged) is switched to
+    ``"sdpa"`` for the duration; the engine's run-time check (see
+    ``JacobianEngine``) then tells whether that changed the function. Dropout
+    is switched off (eval mode); ``torch.no_grad`` stops graphs through the
+    parameters (``torch.func`` transforms still differentiate with respect to
+    their inputs). Everything is restored in ``finally``.
+
+    Args:
+        model: the causal LM.
+        attn_implementation: force this implementation instead (tests and
+            diagnostics; e.g. ``"eager"``).
     """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     configs = _configs(model)
     saved = [c.__dict__.get("_attn_implementation_internal") for c in configs]
     training = {m: m.training for m in model.modules()}
     try:
         for config in configs:
-            config._attn_implementation_internal = "eager"
+            current = getattr(config, "_attn_implementation", None)
+            if attn_implementation is not None:
+                config._attn_implementation_internal = attn_implementation
+            elif isinstance(current, str) and current not in FORWARD_AD_ATTENTION:
+                config._attn_implementation_internal = "sdpa"
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
             yield
     finally:
         for config, value in zip(configs, saved, strict=True):
@@ -175,34 +197,35 @@ class BlockCall:
         return block_output_hidden(out)
 
     def last_token_map(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
-        """``f(x) = block(x)_n - x`` on one token, and the point ``x^{l-1}_n [d]``.
+        """``f(x) = block(x)_n - x`` on the last token of each document, and ``x^{l-1}_n [B, d]``.
 
-        Valid for calls recorded by :func:`record_last_token` (T' = 1).
+        Valid for calls recorded by :func:`record_last_token` (T' = 1); ``f``
+        maps ``[B, d] -> [B, d]``, document b's output depending on row b only.
         """
         params = self.params()
-        d = self.hidden.shape[-1]
 
         def f(x: torch.Tensor) -> torch.Tensor:
-            return self.run(x.reshape(1, 1, d), params)[0, 0] - x
+            return self.run(x[:, None, :], params)[:, 0] - x
 
-        return f, self.hidden[0, -1]
+        return f, self.hidden[:, -1]
 
     def position_map(
         self, t_in: int, t_out: int
     ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
         """``f(x) = block(X with row t_in = x)_{t_out} (- x if t_in == t_out)``, and ``x_{t_in}``.
 
-        Valid for calls recorded by :func:`record_full_sequence`.
+        Valid for calls recorded by :func:`record_full_sequence` (one
+        document); ``f`` maps ``[1, d] -> [1, d]``.
         """
         params = self.params()
         X = self.hidden
 
         def f(x: torch.Tensor) -> torch.Tensor:
-            rows = torch.cat([X[:, :t_in], x[None, None], X[:, t_in + 1 :]], dim=1)
-            out = self.run(rows, params)[0, t_out]
+            rows = torch.cat([X[:, :t_in], x[:, None], X[:, t_in + 1 :]], dim=1)
+            out = self.run(rows, params)[:, t_out]
             return out - x if t_in == t_out else out
 
-        return f, X[0, t_in]
+        return f, X[:, t_in]
 
 
 class _StopForward(Exception):
@@ -240,8 +263,13 @@ def _record(
     return records
 
 
-def _prefix_keys_values(cache, dtype: torch.dtype) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Layer index -> (K, V) of a transformers cache after the prefix run, in ``dtype``."""
+def _prefix_keys_values(
+    cache, dtype: torch.dtype | None
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Layer index -> (K, V) of a transformers cache after the prefix run, in ``dtype``.
+
+    ``dtype`` None keeps the cache's dtype.
+    """
     cache = getattr(cache, "self_attention_cache", cache)
     layers = getattr(cache, "layers", None)
     if layers is None:
@@ -251,7 +279,10 @@ def _prefix_keys_values(cache, dtype: torch.dtype) -> dict[int, tuple[torch.Tens
             "prompt of one token"
         )
     return {
-        i: (layer.keys.detach().to(dtype), layer.values.detach().to(dtype))
+        i: (
+            layer.keys.detach().to(dtype or layer.keys.dtype),
+            layer.values.detach().to(dtype or layer.values.dtype),
+        )
         for i, layer in enumerate(layers)
         if getattr(layer, "keys", None) is not None
     }
@@ -278,40 +309,131 @@ def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
     return BlockCall(block=block, args=args, kwargs=kwargs, hidden=hidden, dtype=dtype)
 
 
+def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
+    """Layer index -> (K, V) ``[1, H_kv, n, d_head]`` of one prompt's prefix, model dtype."""
+    cache = model(prompt[None, :-1], use_cache=True).past_key_values
+    if cache is None:
+        raise LmCouplingError(
+            f"the Jacobian engine expected {type(model).__name__} to return a cache with "
+            "use_cache=True, found None"
+        )
+    return _prefix_keys_values(cache, None)
+
+
+def _padded_prefixes(model: nn.Module, prompts: list[torch.Tensor]):
+    """Each prompt's prefix keys/values, left-padded with zeros to the longest prefix.
+
+    Every prefix runs alone (no padding inside a forward pass: padded query
+    rows attend to nothing, which gives NaN in some attention paths).
+
+    Returns:
+        ``(layer -> (K [B, H, N, d_head], V), mask [B, N + 1] or None)``; the
+        mask marks real tokens (prefix and last token).
+    """
+    lengths = [p.shape[0] - 1 for p in prompts]
+    N, B = max(lengths), len(prompts)
+    if N == 0:
+        return {}, None
+    per_doc = [
+        _prefix_cache(model, p) if n > 0 else None for p, n in zip(prompts, lengths, strict=True)
+    ]
+    template = next(kv for kv in per_doc if kv is not None)
+    padded = {}
+    for layer, (k0, v0) in template.items():
+        K = k0.new_zeros(B, k0.shape[1], N, k0.shape[3])
+        V = v0.new_zeros(B, v0.shape[1], N, v0.shape[3])
+        for b, kv in enumerate(per_doc):
+            if kv is not None:
+                K[b, :, N - lengths[b] :] = kv[layer][0][0]
+                V[b, :, N - lengths[b] :] = kv[layer][1][0]
+        padded[layer] = (K, V)
+    mask = torch.zeros(B, N + 1, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        mask[b, N - n :] = 1
+    return padded, None if bool(mask.all()) else mask
+
+
+def _batched_cache(model: nn.Module, padded: dict[int, tuple]):
+    """A transformers ``DynamicCache`` holding the padded prefixes (for the recording run)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    for layer in sorted(padded):
+        cache.update(*padded[layer], layer)
+    return cache
+
+
 def record_last_token(
-    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, dtype: torch.dtype
+    model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor], dtype: torch.dtype
 ) -> list[BlockCall]:
     """Record every block's call on the last token n with the prefix keys/values frozen.
 
-    Call inside :func:`engine_mode`.
+    Call inside :func:`engine_mode`. One prompt: the prefix runs once with a
+    cache, then the last token. Several prompts: each prefix runs alone, the
+    caches are left-padded into one batch (padded keys masked out, every
+    prompt at its own positions) and the last tokens run as one batch.
 
     Args:
         model: the causal LM.
         parts: its located parts.
-        input_ids: ``[T]`` token ids; n = T - 1.
+        prompts: ``[T_b]`` token ids on the input device; n_b = T_b - 1.
         dtype: compute dtype.
 
     Returns:
-        L block calls whose hidden states are ``[1, 1, d]`` (x^{l-1}_n).
+        L block calls whose hidden states are ``[B, 1, d]`` (x^{l-1}_n).
     """
-    ids = input_ids[None]
-    n = ids.shape[1] - 1
-    if n == 0:
-        records = _record(model, parts.blocks, ids, use_cache=False)
-        frozen = FrozenPrefixCache({})
-    else:
-        cache = model(ids[:, :n], use_cache=True).past_key_values
-        if cache is None:
-            raise LmCouplingError(
-                f"the Jacobian engine expected {type(model).__name__} to return a cache with "
-                "use_cache=True, found None"
-            )
-        frozen = FrozenPrefixCache(_prefix_keys_values(cache, dtype))
-        records = _record(model, parts.blocks, ids[:, n:], past_key_values=cache, use_cache=True)
+    last = torch.stack([p[-1:] for p in prompts])
+    padded, mask = _padded_prefixes(model, prompts)
+    kwargs: dict = {"use_cache": bool(padded)}
+    if padded:
+        kwargs["past_key_values"] = _batched_cache(model, padded)
+    if mask is not None:
+        kwargs["attention_mask"] = mask.to(last.device)
+        kwargs["position_ids"] = torch.tensor([[p.shape[0] - 1] for p in prompts]).to(last.device)
+    records = _record(model, parts.blocks, last, **kwargs)
+    frozen = FrozenPrefixCache(
+        {i: (k.detach().to(dtype), v.detach().to(dtype)) for i, (k, v) in padded.items()}
+    )
     return [
         _block_call(block, record, dtype, lambda _cache: frozen)
         for block, record in zip(parts.blocks, records, strict=True)
     ]
+
+
+def reference_outputs(
+    model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """Every block's output at the last position from plain forward passes of the model.
+
+    Run *outside* :func:`engine_mode`: the model's own attention
+    implementation and kernels on each whole prompt without cache (one pass
+    per prompt, no padding), i.e. the function a benchmark's forward pass
+    computes. Each output stays on its block's device.
+
+    Returns:
+        L tensors ``[B, d]`` in the model's dtype.
+    """
+    outputs: list[list[torch.Tensor]] = [[] for _ in parts.blocks]
+
+    def hook(index: int):
+        def post_hook(module, args, output):
+            outputs[index].append(block_output_hidden(output)[:, -1].detach())
+
+        return post_hook
+
+    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
+    training = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            for prompt in prompts:
+                model(prompt[None], use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, flag in training.items():
+            module.training = flag
+    return [torch.cat(rows) for rows in outputs]
 
 
 def record_full_sequence(

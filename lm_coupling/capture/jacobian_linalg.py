@@ -1,35 +1,77 @@
-"""Matrix-free linear algebra on a block map: batched JVP/VJP, dense Jacobian, randomized SVD.
+"""Matrix-free linear algebra on batched block maps: JVP/VJP, dense Jacobians, top-K solvers.
 
-A block map is ``f: R^d -> R^d`` at a point x (see ``jacobian_calls``); its
-Jacobian J is never formed here except by :func:`dense_jacobian`. Products use
-``torch.func``: ``J T`` by ``vmap`` over ``jvp`` (forward mode), ``C^T J`` by
-``vmap`` over the pullback of one ``vjp`` (reverse mode), in chunks of
-tangents to bound memory.
+A block map is ``f: [B, d] -> [B, d]`` at a point ``x [B, d]``: B documents,
+each its own independent map (see ``jacobian_calls``), so its Jacobian is
+block-diagonal and only the per-document blocks ``J_b [d, d]`` are ever
+formed. Products use ``torch.func``: ``J T`` by ``vmap`` over ``jvp``
+(forward mode), ``C^T J`` by ``vmap`` over the pullback of one ``vjp``
+(reverse mode), in chunks of tangents to bound memory.
+
+Top-K solvers (every one returns K+1 triplets, the iterations it ran and the
+relative residual ``max_i ||J v_i - s_i u_i|| / s_1`` over the top K):
+
+- :func:`svd_top` on dense Jacobians: full SVD (exact reference).
+- :func:`gram_top`: top eigenpairs of ``J^T J`` (one symmetric ``eigh``,
+  cheaper than a full SVD on a GPU), ``U = J V / S``.
+- :func:`subspace_svd`: block subspace iteration with Rayleigh-Ritz and a
+  residual-based convergence test; never forms J.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 __all__ = [
+    "TopK",
     "chunk_size_for",
     "dense_jacobian",
+    "gram_top",
     "jvp_columns",
-    "randomized_svd",
+    "subspace_svd",
+    "svd_top",
     "vjp_rows",
 ]
 
 Map = Callable[[torch.Tensor], torch.Tensor]
 
+STALL = 6
+"""``subspace_svd`` stops a document whose residual has not halved in this many iterations."""
+
+
+@dataclass
+class TopK:
+    """Top singular triplets of B Jacobians and how they were found.
+
+    Attributes:
+        U: ``[B, d, r]`` left singular vectors (r = K + 1).
+        S: ``[B, r]`` singular values, descending.
+        V: ``[B, d, r]`` right singular vectors.
+        iterations: ``[B]`` int, iterations each document ran (0: direct).
+        residual: ``[B]`` ``max_{i<K} ||J v_i - s_i u_i|| / s_1``.
+        converged: ``[B]`` bool, the convergence test passed (always for direct routes).
+        ill_defined: ``[B]`` bool, two of the top K+1 singular values are closer
+            than ``ill_gap * s_1`` (see :func:`ill_defined`).
+    """
+
+    U: torch.Tensor
+    S: torch.Tensor
+    V: torch.Tensor
+    iterations: torch.Tensor
+    residual: torch.Tensor
+    converged: torch.Tensor
+    ill_defined: torch.Tensor
+
 
 def chunk_size_for(d: int, context: int, device: torch.device, dtype: torch.dtype) -> int:
     """Tangents per vectorized batch, so that one batch stays within a memory budget.
 
-    Each tangent carries a few ``[context, d]`` activations (keys/values of the
-    prefix with their tangents), so the budget (1 GiB on CPU, 4 GiB on GPU)
-    is divided by ``8 * context * d * itemsize``.
+    Each tangent carries a few ``[context, d]`` activations per document (keys
+    and values of the prefix with their tangents), so the budget (1 GiB on
+    CPU, 4 GiB on GPU) is divided by ``8 * context * d * itemsize``; pass
+    ``context`` summed over the documents of a batch.
     """
     budget = (4 if device.type == "cuda" else 1) << 30
     per_tangent = 8 * max(context, 1) * d * torch.finfo(dtype).bits // 8
@@ -37,105 +79,228 @@ def chunk_size_for(d: int, context: int, device: torch.device, dtype: torch.dtyp
 
 
 def jvp_columns(f: Map, x: torch.Tensor, tangents: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Jacobian-vector products ``J T`` for many tangents at once.
+    """Jacobian-vector products ``J_b T_b`` for many tangents at once.
 
     Args:
-        f: block map ``R^d -> R^d``.
-        x: ``[d]`` point.
-        tangents: ``[d, m]`` columns.
+        f: batched block map ``[B, d] -> [B, d]``.
+        x: ``[B, d]`` point.
+        tangents: ``[B, d, m]`` columns.
         chunk: tangents per vectorized batch.
 
     Returns:
-        ``[d, m]`` ``J @ tangents``.
+        ``[B, d, m]``.
     """
 
     def push(t: torch.Tensor) -> torch.Tensor:
         return torch.func.jvp(f, (x,), (t,))[1]
 
-    return torch.func.vmap(push, in_dims=1, out_dims=1, chunk_size=chunk)(tangents)
+    return torch.func.vmap(push, in_dims=2, out_dims=2, chunk_size=chunk)(tangents)
 
 
 def vjp_rows(f: Map, x: torch.Tensor, cotangents: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Vector-Jacobian products ``C^T J`` for many cotangents at once.
+    """Vector-Jacobian products ``C_b^T J_b`` for many cotangents at once.
 
     Args:
-        f: block map ``R^d -> R^d``.
-        x: ``[d]`` point.
-        cotangents: ``[d, m]`` columns c_i.
+        f: batched block map ``[B, d] -> [B, d]``.
+        x: ``[B, d]`` point.
+        cotangents: ``[B, d, m]`` columns c_i.
         chunk: cotangents per vectorized batch.
 
     Returns:
-        ``[m, d]`` rows ``c_i^T J``.
+        ``[B, m, d]`` rows ``c_i^T J_b``.
     """
     _, pull = torch.func.vjp(f, x)
 
     def back(c: torch.Tensor) -> torch.Tensor:
         return pull(c)[0]
 
-    return torch.func.vmap(back, in_dims=1, out_dims=0, chunk_size=chunk)(cotangents)
+    return torch.func.vmap(back, in_dims=2, out_dims=1, chunk_size=chunk)(cotangents)
 
 
 def dense_jacobian(f: Map, x: torch.Tensor, chunk: int) -> torch.Tensor:
-    """The dense Jacobian ``J = df/dx [d, d]`` by forward mode (d JVPs, vectorized)."""
-    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+    """The dense Jacobians ``J_b = df_b/dx_b [B, d, d]`` by forward mode (d JVPs, vectorized)."""
+    B, d = x.shape
+    eye = torch.eye(d, dtype=x.dtype, device=x.device).expand(B, d, d)
     return jvp_columns(f, x, eye, chunk)
 
 
+def ill_defined(S: torch.Tensor, k: int, ill_gap: float) -> torch.Tensor:
+    """Whether the top-K singular vectors are ill-defined: ``min_{i<K} delta_i < ill_gap s_1``.
+
+    ``delta_i`` is the distance from ``s_i`` to its nearest neighbour among
+    ``s_1 .. s_{K+1}``. Where two of these values (nearly) coincide, the
+    corresponding singular vectors (and so the coupling matrices) are only
+    defined up to a rotation within the pair: no route can reproduce another.
+
+    Args:
+        S: ``[B, >=K+1]`` singular values, descending.
+        k: K.
+        ill_gap: relative threshold.
+
+    Returns:
+        ``[B]`` bool.
+    """
+    top = S[:, : k + 1]
+    diffs = (top[:, :-1] - top[:, 1:]).abs()
+    return diffs.min(dim=1).values < ill_gap * top[:, 0]
+
+
+def _residuals(JV: torch.Tensor, U: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """``[B, r]`` ``||J v_i - s_i u_i||`` from ``JV = J V``."""
+    return torch.linalg.vector_norm(JV - U * S[:, None, :], dim=1)
+
+
+def _direct(J, U, S, V, k: int, ill_gap: float) -> TopK:
+    B = J.shape[0]
+    JV = J @ V[:, :, :k]
+    residual = _residuals(JV, U[:, :, :k], S[:, :k]).amax(dim=1) / S[:, 0].clamp_min(1e-300)
+    zeros = torch.zeros(B, dtype=torch.long, device=J.device)
+    ones = torch.ones(B, dtype=torch.bool, device=J.device)
+    return TopK(U, S, V, zeros, residual, ones, ill_defined(S, k, ill_gap))
+
+
+def svd_top(J: torch.Tensor, k: int, ill_gap: float) -> TopK:
+    """Top K+1 triplets of dense ``J [B, d, d]`` by a full SVD (the exact reference)."""
+    U_full, S_full, Vh = torch.linalg.svd(J)
+    U, S, V = U_full[..., : k + 1], S_full[..., : k + 1], Vh[..., : k + 1, :].transpose(-2, -1)
+    return _direct(J, U, S, V, k, ill_gap)
+
+
+def gram_top(J: torch.Tensor, k: int, ill_gap: float) -> TopK:
+    """Top K+1 triplets of dense ``J [B, d, d]`` from the eigenpairs of ``J^T J``.
+
+    ``J^T J = V diag(s^2) V^T`` (symmetric ``eigh``), ``U = J V / s``. Errors of
+    the top vectors are ``O(eps s_1^2 / (s_i^2 - s_j^2))``, the same order as
+    a full SVD's for the top of the spectrum. Columns with ``s = 0`` get
+    ``U = 0`` (then the vectors are ill-defined anyway).
+    """
+    evals, evecs = torch.linalg.eigh(J.transpose(-2, -1) @ J)
+    V = evecs[..., -(k + 1) :].flip(-1)
+    S = evals[..., -(k + 1) :].flip(-1).clamp_min(0).sqrt()
+    JV = J @ V
+    U = JV / torch.where(S > 0, S, torch.ones_like(S))[:, None, :]
+    U = torch.where(S[:, None, :] > 0, U, torch.zeros_like(U))
+    return _direct(J, U, S, V, k, ill_gap)
+
+
 def _orthonormal(Y: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis of the columns of ``Y [d, p]`` (reduced QR)."""
+    """Orthonormal bases of the columns of ``Y [B, d, p]`` (reduced QR)."""
     return torch.linalg.qr(Y, mode="reduced")[0]
 
 
-def randomized_svd(
+def _neighbour_gaps(S: torch.Tensor, k: int) -> torch.Tensor:
+    """``[B, K+1]``: distance of each of the top K+1 Ritz values to its nearest other one."""
+    diff = (S[:, : k + 1, None] - S[:, None, :]).abs()
+    idx = torch.arange(k + 1, device=S.device)
+    diff[:, idx, idx] = torch.inf
+    return diff.amin(dim=2)
+
+
+def subspace_svd(
     f: Map,
     x: torch.Tensor,
-    rank: int,
+    k: int,
     *,
-    oversample: int,
-    power_iters: int,
+    block: int,
+    max_iters: int,
+    tol: float,
+    ill_gap: float,
     chunk: int,
     generator: torch.Generator,
     warm_start: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top singular triplets of J by randomized SVD with power iterations.
+    fixed_iters: bool = False,
+) -> TopK:
+    """Top K+1 singular triplets by block subspace iteration with Rayleigh-Ritz.
 
-    ``Y = J Omega``, then ``power_iters`` times ``Q = orth(Y)``, ``Y = J orth(J^T Q)``;
-    finally ``Q = orth(Y)``, ``B = Q^T J`` (one VJP batch), ``B = U_B S V^T`` and
-    ``U = Q U_B``. Omega has ``p = min(d, rank + oversample)`` columns; its first
-    columns are ``warm_start`` (e.g. the neighbouring layer's right singular
-    vectors), the rest Gaussian. The error of the i-th triplet shrinks like
-    ``(s_{p+1} / s_i)^(2 power_iters + 1)``: accurate only where the spectrum
-    has a clear gap.
+    One iteration: ``Q = orth(Y)``, ``Z = Q^T J`` (p VJPs), ``Z = U_Z S V^T``,
+    ``U = Q U_Z``, then ``Y = J V`` (p JVPs), which also gives the residuals
+    ``r_i = ||J v_i - s_i u_i||`` (``u_i^T J = s_i v_i^T`` holds exactly by
+    construction). A document has converged when, for every i < K,
+    ``r_i <= max(tol * delta_i, floor)`` with ``delta_i`` the distance of
+    ``s_i`` to its nearest other Ritz value (the error of ``v_i`` is about
+    ``r_i / delta_i``), and ``r_{K+1} <= max(sqrt(tol) s_1, floor)`` (the error
+    of ``s_{K+1}`` is about ``r^2 / gap``); ``floor = 8 sqrt(d) eps s_1`` is the
+    round-off level any route reaches. A document whose residual stagnates
+    (``STALL``; e.g. a model computing in lower precision inside) stops
+    unconverged. A document whose top K+1 values are
+    resolved (they moved less than ``ill_gap s_1 / 10`` in one iteration)
+    and ill-defined (:func:`ill_defined`) stops there. Converged or stopped
+    documents are frozen while the others iterate, so a document's result
+    does not depend on the batch. The start block holds ``warm_start`` (the
+    neighbouring layer's V), then Gaussian columns.
 
-    Reference: Halko, Martinsson and Tropp, "Finding structure with
-    randomness", SIAM Review 2011, Algorithms 4.4 (randomized subspace
-    iteration) and 5.1 (direct SVD).
+    Reference: Halko, Martinsson and Tropp, SIAM Review 2011, Algorithm 4.4;
+    Saad, "Numerical Methods for Large Eigenvalue Problems" (2011), ch. 5
+    (subspace iteration with Rayleigh-Ritz and residual tests).
 
     Args:
-        f: block map ``R^d -> R^d``.
-        x: ``[d]`` point.
-        rank: number of triplets returned (K_max + 1).
-        oversample: extra columns in the sketch.
-        power_iters: number of power (subspace) iterations.
+        f: batched block map ``[B, d] -> [B, d]``.
+        x: ``[B, d]`` point.
+        k: K; K+1 triplets are returned.
+        block: p, columns of the iterated block (>= K+1).
+        max_iters: iterations at most.
+        tol: vector accuracy target.
+        ill_gap: see :func:`ill_defined`.
         chunk: tangents per vectorized batch.
-        generator: random generator (on x's device) for reproducible sketches.
-        warm_start: ``[d, r]`` columns placed first in the sketch, or None.
+        generator: random generator (on x's device).
+        warm_start: ``[B, d, r]`` start columns, or None.
+        fixed_iters: run exactly ``max_iters`` iterations (no test; the
+            classic randomized SVD with power iterations).
 
     Returns:
-        ``(U [d, rank], S [rank], V [d, rank])`` in x's dtype.
+        :class:`TopK`.
     """
-    d = x.shape[-1]
-    p = min(d, rank + oversample)
-    omega = torch.randn(d, p, generator=generator, device=x.device, dtype=x.dtype)
+    B, d = x.shape
+    p, r = min(d, max(block, k + 1)), k + 1
+    omega = torch.randn(B, d, p, generator=generator, device=x.device, dtype=x.dtype)
     if warm_start is not None:
-        r = min(p, warm_start.shape[1])
-        omega[:, :r] = warm_start[:, :r].to(omega)
+        w = min(p, warm_start.shape[2])
+        omega[:, :, :w] = warm_start[:, :, :w].to(omega)
     Y = jvp_columns(f, x, omega, chunk)
-    for _ in range(power_iters):
-        Z = vjp_rows(f, x, _orthonormal(Y), chunk).T
-        Y = jvp_columns(f, x, _orthonormal(Z), chunk)
-    Q = _orthonormal(Y)
-    B = vjp_rows(f, x, Q, chunk)
-    U_B, S, Vh = torch.linalg.svd(B, full_matrices=False)
-    U = Q @ U_B
-    return U[:, :rank], S[:rank], Vh[:rank].T
+    floor = 8 * d**0.5 * torch.finfo(x.dtype).eps
+    out = TopK(
+        torch.zeros(B, d, r, dtype=x.dtype, device=x.device),
+        torch.zeros(B, r, dtype=x.dtype, device=x.device),
+        torch.zeros(B, d, r, dtype=x.dtype, device=x.device),
+        torch.zeros(B, dtype=torch.long, device=x.device),
+        torch.full((B,), torch.inf, dtype=x.dtype, device=x.device),
+        torch.zeros(B, dtype=torch.bool, device=x.device),
+        torch.zeros(B, dtype=torch.bool, device=x.device),
+    )
+    active = torch.ones(B, dtype=torch.bool, device=x.device)
+    previous, best = None, torch.full((B,), torch.inf, dtype=x.dtype, device=x.device)
+    since = torch.zeros(B, dtype=torch.long, device=x.device)
+    for it in range(1, max(1, max_iters) + 1):
+        Q = _orthonormal(Y)
+        U_Z, S, Vh = torch.linalg.svd(vjp_rows(f, x, Q, chunk), full_matrices=False)
+        U, V = Q @ U_Z, Vh.transpose(-2, -1)
+        Y = jvp_columns(f, x, V, chunk)
+        res = _residuals(Y[:, :, :r], U[:, :, :r], S[:, :r])
+        s1 = S[:, :1].clamp_min(torch.finfo(x.dtype).tiny)
+        limit = torch.maximum(tol * _neighbour_gaps(S, k), floor * s1)
+        good = (res[:, :k] <= limit[:, :k]).all(dim=1)
+        good &= res[:, k] <= torch.maximum(tol**0.5 * s1[:, 0], floor * s1[:, 0])
+        bad = ill_defined(S, k, ill_gap)
+        if previous is None:
+            bad = torch.zeros_like(bad)
+        else:
+            bad &= (S[:, :r] - previous).abs().amax(dim=1) < 0.1 * ill_gap * s1[:, 0]
+        previous = S[:, :r]
+        # Stagnation: no halving of the worst residual in STALL iterations (round-off floor).
+        worst = res[:, :k].amax(dim=1) / s1[:, 0]
+        improved = worst < 0.5 * best
+        best = torch.where(improved, worst, best)
+        since = torch.where(improved, 0, since + 1)
+        bad |= since >= STALL
+        last = it >= max_iters
+        stop = active & (torch.ones_like(good) if last else (good | bad) & (not fixed_iters))
+        if bool(stop.any()):
+            out.U[stop], out.S[stop], out.V[stop] = U[stop, :, :r], S[stop, :r], V[stop, :, :r]
+            out.iterations[stop] = it
+            out.residual[stop] = (res[stop, :k].amax(dim=1) / s1[stop, 0]).to(x.dtype)
+            out.converged[stop] = good[stop]
+            out.ill_defined[stop] = ill_defined(S[stop], k, ill_gap)
+            active &= ~stop
+        if not bool(active.any()):
+            break
+    return out

@@ -74,6 +74,16 @@ def _coupling_section(profiles: dict, records: TaskRecords, session: GeometrySes
         "singular_values": profiles.get("singular_values", {}).get("mean"),
         "spectral_gap": profiles.get("spectral_gap", {}).get("mean"),
         "method": per_layer,
+        # Engine diagnostics per layer (see lm_coupling.capture.jacobian): most
+        # common route, mean iterations and residual over the sampled
+        # documents, and whether the layer was ill-defined in any of them.
+        "route": per_layer,
+        "iterations": profiles.get("jacobian_iterations", {}).get("mean"),
+        "residual": profiles.get("jacobian_residual", {}).get("mean"),
+        "ill_defined": [
+            None if v is None else bool(v > 0)
+            for v in profiles.get("jacobian_ill_defined", {}).get("mean") or []
+        ],
     }
 
 

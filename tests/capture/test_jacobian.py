@@ -22,7 +22,12 @@ import transformers
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
 from lm_coupling.demo.tiny import tiny_config
-from lm_coupling.metrics.coupling import coupling_matrices, coupling_score, miscoupling
+from lm_coupling.metrics.coupling import (
+    coupling_matrices_dense,
+    coupling_score,
+    miscoupling,
+    swapped_coupling_matrices_dense,
+)
 
 F64 = torch.float64
 IDS = torch.tensor([5, 17, 42, 99, 3, 250, 77, 310])
@@ -125,7 +130,7 @@ def gapped():
 
 
 def _coupling(factors):
-    m = miscoupling(coupling_matrices(factors.U, factors.JV), factors.S)
+    m = miscoupling(factors.A, factors.S)
     return m, coupling_score(m)
 
 
@@ -133,9 +138,11 @@ def _coupling(factors):
     ("method", "extra", "route"),
     [
         ("dense", {}, "dense"),
-        ("randomized", {}, "randomized"),
+        ("gram", {}, "gram"),
+        ("subspace", {}, "subspace"),
+        ("randomized", {"oversample": 10}, "randomized"),
         ("auto", {}, "dense"),
-        ("auto", {"dense_max_d": 0}, "randomized"),
+        ("auto", {"dense_max_d": 0, "max_iters": 50}, "subspace"),
     ],
 )
 def test_every_route_gives_the_dense_coupling(gapped, method, extra, route):
@@ -148,44 +155,52 @@ def test_every_route_gives_the_dense_coupling(gapped, method, extra, route):
     assert factors.method == [route] * 3
     m_ref, c_ref = _coupling(dense)
     m, c = _coupling(factors)
-    torch.testing.assert_close(m, m_ref, rtol=0, atol=1e-4)
-    torch.testing.assert_close(c, c_ref, rtol=0, atol=1e-4)
+    atol = 1e-4 if route == "randomized" else 1e-6
+    torch.testing.assert_close(m, m_ref, rtol=0, atol=atol)
+    torch.testing.assert_close(c, c_ref, rtol=0, atol=atol)
     torch.testing.assert_close(factors.S[:, :K], S[:, :K], rtol=1e-8, atol=0)
     torch.testing.assert_close(factors.S[:, K], S[:, K], rtol=1e-4, atol=0)
     torch.testing.assert_close(factors.spectral_gap, dense.spectral_gap, rtol=1e-4, atol=0)
-    # JV[l, m] = J^l V_m with the route's own V.
-    JV = torch.einsum("lde,mek->lmdk", dense.dense, factors.V)
-    torch.testing.assert_close(factors.JV, JV, rtol=0, atol=1e-10)
+    # A[l, m] = U_m^T J^l V_m with the route's own U, V.
+    A = coupling_matrices_dense(dense.dense, factors.U, factors.V)
+    torch.testing.assert_close(factors.A, A, rtol=0, atol=1e-10)
+    assert not bool(factors.ill_defined.any())
+    assert len(factors.iterations) == 3 and factors.residual.shape == (3,)
+    if route in ("dense", "gram"):
+        assert factors.iterations == [0, 0, 0]
+    else:
+        assert all(i >= 1 for i in factors.iterations)
+    if route != "randomized":
+        assert bool((factors.residual < 1e-8).all())
 
 
-def test_randomized_products_match_dense_matrices(gapped):
+def test_randomized_products_match_dense_matrices_and_are_reproducible(gapped):
     model, parts, dense = gapped
     factors = JacobianEngine(
         model, parts, k_max=K, method="randomized", swapped=True, seed=3
     ).factors(IDS)
-    UtJ = torch.einsum("mdk,lde->lmke", factors.U, dense.dense)
-    torch.testing.assert_close(factors.UtJ, UtJ, rtol=0, atol=1e-10)
+    B = swapped_coupling_matrices_dense(dense.dense, factors.U, factors.V)
+    torch.testing.assert_close(factors.B, B, rtol=0, atol=1e-10)
     assert factors.dense is None
     again = JacobianEngine(
         model, parts, k_max=K, method="randomized", swapped=True, seed=3
     ).factors(IDS)
-    for a, b in [(factors.U, again.U), (factors.S, again.S), (factors.JV, again.JV)]:
+    for a, b in [(factors.U, again.U), (factors.S, again.S), (factors.A, again.A)]:
         assert torch.equal(a, b)
 
 
-def test_auto_falls_back_to_dense_where_the_gap_is_unclear(tiny_model):
-    model = tiny_model("llama", dtype=F64, n_layers=2)
+def test_auto_falls_back_to_an_exact_route_where_the_iteration_does_not_converge(tiny_model):
+    model = tiny_model("gpt2", dtype=F64, n_layers=2)
     parts = locate_model_parts(model)
     dense = JacobianEngine(model, parts, k_max=K, method="dense").factors(IDS)
-    strict = JacobianEngine(
-        model, parts, k_max=K, method="auto", dense_max_d=0, min_gap=1e9
-    ).factors(IDS)
-    assert strict.method == ["dense", "dense"]
-    torch.testing.assert_close(strict.JV, dense.JV, rtol=0, atol=1e-12)
-    lax = JacobianEngine(model, parts, k_max=K, method="auto", dense_max_d=0, min_gap=0.0).factors(
-        IDS
-    )
-    assert lax.method == ["randomized", "randomized"]
+    # One iteration cannot converge on this flat spectrum: auto recomputes exactly.
+    auto = JacobianEngine(model, parts, k_max=K, method="auto", dense_max_d=0, max_iters=1)
+    factors = auto.factors(IDS)
+    assert factors.method == ["gram", "gram"]
+    torch.testing.assert_close(factors.A.abs(), dense.A.abs(), rtol=0, atol=1e-10)
+    alone = JacobianEngine(model, parts, k_max=K, method="subspace", max_iters=1).factors(IDS)
+    assert alone.method == ["subspace", "subspace"] and alone.iterations == [1, 1]
+    assert bool((alone.residual > 1e-6).all())
 
 
 def test_dense_factors_are_the_svd_of_the_dense_jacobians(gapped):
@@ -196,7 +211,7 @@ def test_dense_factors_are_the_svd_of_the_dense_jacobians(gapped):
     overlap = torch.einsum("ldk,ldk->lk", dense.U, U[..., :K]).abs()
     torch.testing.assert_close(overlap, torch.ones_like(overlap), rtol=0, atol=1e-10)
     torch.testing.assert_close(
-        dense.JV, torch.einsum("lde,mek->lmdk", dense.dense, dense.V), rtol=0, atol=1e-12
+        dense.A, coupling_matrices_dense(dense.dense, dense.U, dense.V), rtol=0, atol=1e-12
     )
 
 
@@ -220,8 +235,8 @@ def test_one_token_prompt(tiny_model):
     ids = IDS[:1]
     factors = JacobianEngine(model, parts, k_max=K, keep_dense=True).factors(ids)
     _rel_close(factors.dense, naive_block_jacobians(model, parts, ids), 1e-6)
-    assert factors.JV.shape == (2, 2, 32, K)
-    assert bool(torch.isfinite(factors.JV).all())
+    assert factors.A.shape == (2, 2, K, K)
+    assert bool(torch.isfinite(factors.A).all())
 
 
 def test_bfloat16_model_gives_float32_results_and_is_not_modified(tiny_model):
@@ -229,7 +244,7 @@ def test_bfloat16_model_gives_float32_results_and_is_not_modified(tiny_model):
     parts = locate_model_parts(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     factors = JacobianEngine(model, parts, k_max=K, swapped=True).factors(IDS)
-    for t in (factors.U, factors.S, factors.V, factors.JV, factors.UtJ, factors.spectral_gap):
+    for t in (factors.U, factors.S, factors.V, factors.A, factors.B, factors.spectral_gap):
         assert t.dtype == torch.float32
         assert bool(torch.isfinite(t).all())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

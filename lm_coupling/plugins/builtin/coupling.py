@@ -1,7 +1,18 @@
-"""Built-in coupling metrics: block coupling and the alignment ratio.
+"""Built-in coupling metrics: block coupling, swapped coupling and the alignment ratio.
 
-Both need the block Jacobians at the target position, so they run on the
+All need the block Jacobians at the target position, so they run on the
 coupling sample of documents (``coupling_docs``) only.
+
+- ``coupling``: ``1 - m_K`` of ``A^{l,l'} = U_{l'}^T J^l V_{l'}`` (ICLR 2025 eq. 9).
+- ``coupling_swapped`` (opt-in): the same score of the swapped matrices
+  ``B^{l,l'} = V_{l'}^T J^l U_{l'}`` (left and right singular vectors
+  exchanged, the paper's second comparison), with its own L x L matrix; same
+  options as ``coupling``. Selecting it makes the engine compute B as well.
+- ``alignment_ratio``: mean |off-diagonal| / mean |diagonal| of A at K = 30.
+
+Per layer the coupling profiles also carry the engine's diagnostics
+(``jacobian_iterations``, ``jacobian_residual``, ``jacobian_ill_defined``;
+see ``lm_coupling.capture.jacobian``).
 """
 
 from __future__ import annotations
@@ -12,7 +23,6 @@ import torch
 
 from lm_coupling.metrics.coupling import (
     alignment_ratio,
-    coupling_matrices,
     coupling_score,
     miscoupling,
     resolve_k,
@@ -61,9 +71,13 @@ ALIGNMENT_K = OptionSpec(
 _NEEDS = frozenset({"jacobian"})
 
 
+DIAGNOSTICS = ("jacobian_iterations", "jacobian_residual", "jacobian_ill_defined")
+"""Per-layer engine diagnostics stored with the coupling profiles."""
+
+
 @hookimpl
 def lmc_declare_metrics():
-    """Declare coupling and alignment_ratio."""
+    """Declare coupling, coupling_swapped and alignment_ratio."""
     shared = (DOCS, METHOD)
     return [
         MetricSpec(
@@ -71,9 +85,23 @@ def lmc_declare_metrics():
             "mean coupling 1 - m_K(l,l') of the blocks' top-K singular vectors at n",
             _NEEDS,
             (K, NORM, ABS, PAIRS, *shared),
-            ("coupling", "singular_values", "spectral_gap"),
+            ("coupling", "singular_values", "spectral_gap", *DIAGNOSTICS),
+            matrices=("coupling",),
+            k_option="k",
             sampled=True,
             higher_is_better=True,
+        ),
+        MetricSpec(
+            "coupling_swapped",
+            "mean coupling 1 - m_K(l,l') of B = V_l'^T J^l U_l' (singular vectors swapped)",
+            _NEEDS,
+            (K, NORM, ABS, PAIRS, *shared),
+            ("coupling_swapped",),
+            matrices=("coupling_swapped",),
+            k_option="k",
+            sampled=True,
+            higher_is_better=True,
+            opt_in=True,
         ),
         MetricSpec(
             "alignment_ratio",
@@ -81,6 +109,8 @@ def lmc_declare_metrics():
             _NEEDS,
             (ALIGNMENT_K, *shared),
             ("alignment_ratio",),
+            matrices=("alignment_ratio",),
+            k_option="alignment_k",
             sampled=True,
             higher_is_better=False,
         ),
@@ -107,24 +137,41 @@ def jacobian_k_max(options, d_model: int) -> int:
     return max(wanted)
 
 
+def _score(M: torch.Tensor, S: torch.Tensor, options) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(coupling score, [L, L] coupling matrix 1 - m)`` of K x K matrices M."""
+    m = miscoupling(M, S, norm=options["norm"], elementwise_abs=options["elementwise_abs"])
+    return coupling_score(m, pairs=options["pairs"]), 1 - m
+
+
 def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, torch.Tensor]:
     k = min(clamped_k(options["k"], d_model), factors.U.shape[-1])
-    A = coupling_matrices(factors.U[..., :k], factors.JV[..., :k])
-    m = miscoupling(
-        A, factors.S[:, :k], norm=options["norm"], elementwise_abs=options["elementwise_abs"]
-    )
+    score, matrix = _score(factors.A[..., :k, :k], factors.S[:, :k], options)
     gap = spectral_gap(factors.S, k) if factors.S.shape[1] > k else factors.spectral_gap
-    return {
-        "coupling": coupling_score(m, pairs=options["pairs"]),
-        "coupling_matrix": 1 - m,
+    out = {
+        "coupling": score,
+        "coupling_matrix": matrix,
         "singular_values": factors.S[:, : k + 1],
         "spectral_gap": gap,
+        "jacobian_iterations": torch.tensor(factors.iterations, dtype=torch.float64),
+        "jacobian_residual": _per_layer(factors.residual, factors),
+        "jacobian_ill_defined": _per_layer(factors.ill_defined, factors),
     }
+    if factors.B is not None:
+        out["swapped"], out["swapped_matrix"] = _score(
+            factors.B[..., :k, :k], factors.S[:, :k], options
+        )
+    return out
+
+
+def _per_layer(values: torch.Tensor | None, factors: JacobianFactors) -> torch.Tensor:
+    if values is None:
+        return torch.full((factors.S.shape[0],), math.nan, dtype=torch.float64)
+    return values.detach().to("cpu", torch.float64)
 
 
 def _alignment_one(factors: JacobianFactors, options, d_model: int) -> torch.Tensor:
     k = min(clamped_k(options["alignment_k"], d_model), factors.U.shape[-1])
-    return alignment_ratio(coupling_matrices(factors.U[..., :k], factors.JV[..., :k]))
+    return alignment_ratio(factors.A[..., :k, :k])
 
 
 def _offdiag_mean(matrix: torch.Tensor) -> torch.Tensor:
@@ -132,48 +179,57 @@ def _offdiag_mean(matrix: torch.Tensor) -> torch.Tensor:
     return matrix[off].mean() if off.any() else torch.tensor(math.nan)
 
 
+def _coupling_rows(jacobians, options, L: int, d: int, swapped: bool) -> dict[str, list]:
+    """Per-document coupling values and profiles (NaN for documents outside the sample)."""
+    k = clamped_k(options.get("k", K.default), d)
+    blank = {
+        "coupling": torch.tensor(math.nan),
+        "coupling_matrix": torch.full((L, L), math.nan),
+        "singular_values": torch.full((L, k + 1), math.nan),
+        "spectral_gap": torch.full((L,), math.nan),
+        "swapped": torch.tensor(math.nan),
+        "swapped_matrix": torch.full((L, L), math.nan),
+        **{name: torch.full((L,), math.nan) for name in DIAGNOSTICS},
+    }
+    rows: dict[str, list] = {name: [] for name in blank}
+    for factors in jacobians:
+        one = _coupling_one(factors, options, d) if factors is not None else {}
+        for name, empty in blank.items():
+            rows[name].append(one[name].detach().cpu() if name in one else empty)
+    if not swapped:
+        rows.pop("swapped"), rows.pop("swapped_matrix")
+    return rows
+
+
 @hookimpl
 def lmc_compute_batch(selected, states: GeometryStates, options):
-    """Coupling and alignment ratio of each sampled document (NaN elsewhere)."""
-    wanted = {"coupling", "alignment_ratio"} & set(selected)
+    """Coupling, swapped coupling and alignment ratio of each sampled document (NaN elsewhere)."""
+    wanted = {"coupling", "coupling_swapped", "alignment_ratio"} & set(selected)
     if not wanted or not states.jacobians:
         return None
     L, d = states.n_layers, states.d_model
-    rows = {
-        name: []
-        for name in (
-            "coupling",
-            "coupling_matrix",
-            "singular_values",
-            "spectral_gap",
-            "alignment_ratio",
-            "alignment_matrix",
-        )
-    }
-    k = clamped_k(options.get("k", K.default), d)
-    for factors in states.jacobians:
-        nan_matrix = torch.full((L, L), math.nan)
-        if "coupling" in wanted:
-            one = _coupling_one(factors, options, d) if factors is not None else None
-            rows["coupling"].append(one["coupling"].cpu() if one else torch.tensor(math.nan))
-            rows["coupling_matrix"].append(one["coupling_matrix"].cpu() if one else nan_matrix)
-            sv = one["singular_values"].cpu() if one else torch.full((L, k + 1), math.nan)
-            rows["singular_values"].append(sv)
-            gap = one["spectral_gap"].cpu() if one else torch.full((L,), math.nan)
-            rows["spectral_gap"].append(gap)
-        if "alignment_ratio" in wanted:
-            ratio = _alignment_one(factors, options, d).cpu() if factors is not None else nan_matrix
-            rows["alignment_matrix"].append(ratio)
-            rows["alignment_ratio"].append(_offdiag_mean(ratio))
     values, profiles = {}, {}
-    if "coupling" in wanted:
-        values["coupling"] = torch.stack(rows["coupling"]).float()
-        profiles["coupling"] = torch.stack(rows["coupling_matrix"]).float()
-        profiles["singular_values"] = _stack_ragged(rows["singular_values"])
-        profiles["spectral_gap"] = torch.stack(rows["spectral_gap"]).float()
+    if wanted & {"coupling", "coupling_swapped"}:
+        swapped = "coupling_swapped" in wanted
+        rows = _coupling_rows(states.jacobians, options, L, d, swapped)
+        if "coupling" in wanted:
+            values["coupling"] = torch.stack(rows["coupling"]).float()
+            profiles["coupling"] = torch.stack(rows["coupling_matrix"]).float()
+            profiles["singular_values"] = _stack_ragged(rows["singular_values"])
+            profiles["spectral_gap"] = torch.stack(rows["spectral_gap"]).float()
+            for name in DIAGNOSTICS:
+                profiles[name] = torch.stack(rows[name]).double()
+        if swapped:
+            values["coupling_swapped"] = torch.stack(rows["swapped"]).float()
+            profiles["coupling_swapped"] = torch.stack(rows["swapped_matrix"]).float()
     if "alignment_ratio" in wanted:
-        values["alignment_ratio"] = torch.stack(rows["alignment_ratio"]).float()
-        profiles["alignment_ratio"] = torch.stack(rows["alignment_matrix"]).float()
+        nan_matrix = torch.full((L, L), math.nan)
+        matrices = [
+            _alignment_one(f, options, d).cpu() if f is not None else nan_matrix
+            for f in states.jacobians
+        ]
+        values["alignment_ratio"] = torch.stack([_offdiag_mean(m) for m in matrices]).float()
+        profiles["alignment_ratio"] = torch.stack(matrices).float()
     return {"values": values, "profiles": profiles}
 
 

@@ -1,0 +1,221 @@
+"""The two passes of the Jacobian engine over the blocks, for a batch of B documents.
+
+Pass one (:func:`top_factors`) finds the top K+1 singular triplets of every
+block Jacobian, layer by layer, with the route of each layer. Pass two
+(:func:`reduce_products`) forms, per layer l, ``J^l V_m`` (and ``J^l U_m``)
+for all m, a layer-group at a time, and reduces them at once to
+``A[l, m] = U_m^T J^l V_m`` (and ``B[l, m] = V_m^T J^l U_m``): the engine
+never holds the ``[L, L, d, K]`` products, and its extra memory grows
+linearly in L (the ``[L, L, K, K]`` results aside).
+
+Each block's triplets and Jacobian stay on that block's device (model split
+over GPUs); only the K x K results move to the output device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lm_coupling.capture.jacobian_calls import BlockCall
+from lm_coupling.capture.jacobian_linalg import (
+    TopK,
+    dense_jacobian,
+    gram_top,
+    jvp_columns,
+    subspace_svd,
+    svd_top,
+)
+
+__all__ = ["LayerTop", "MemoryLedger", "RouteSettings", "reduce_products", "top_factors"]
+
+
+class MemoryLedger:
+    """The bytes the engine holds, and their peak (plus the CUDA allocator's peak on GPUs).
+
+    ``hold(key, *tensors)`` counts tensors under a key (replacing what the key
+    held), ``release(key)`` forgets them. Counted: every layer's triplets,
+    kept dense Jacobians, pass two's gathered U, V and one group of products;
+    not counted: the ``[L, L, K, K]`` results and autograd temporaries. On
+    CUDA devices the allocator's peak since construction is also read, and
+    ``peak`` is the larger of the two.
+    """
+
+    def __init__(self, devices: list[torch.device]):
+        self._held: dict[str, int] = {}
+        self._peak = 0
+        self._cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+        self._cuda_start = {}
+        for index in self._cuda:
+            torch.cuda.reset_peak_memory_stats(index)
+            self._cuda_start[index] = torch.cuda.memory_allocated(index)
+
+    def hold(self, key: str, *tensors: torch.Tensor | None) -> None:
+        """Count ``tensors`` under ``key``."""
+        self._held[key] = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        self._peak = max(self._peak, sum(self._held.values()))
+
+    def release(self, key: str) -> None:
+        """Forget what ``key`` held."""
+        self._held.pop(key, None)
+
+    @property
+    def peak(self) -> int:
+        """Peak bytes held (or allocated on CUDA devices above the start level)."""
+        cuda = sum(torch.cuda.max_memory_allocated(i) - self._cuda_start[i] for i in self._cuda)
+        return int(max(self._peak, cuda))
+
+
+@dataclass
+class RouteSettings:
+    """How pass one chooses and runs a route (see ``JacobianEngine``)."""
+
+    method: str
+    k: int
+    dense_max_d: int
+    block: int
+    max_iters: int
+    power_iters: int
+    tol: float
+    ill_gap: float
+    keep_bytes: int
+    seed: int
+
+
+@dataclass
+class LayerTop:
+    """Pass one's result for one layer: triplets, route per document, kept Jacobian."""
+
+    top: TopK
+    routes: list[str]
+    J: torch.Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _merge(base: TopK, other: TopK, rows: torch.Tensor) -> TopK:
+    """``base`` with the documents in ``rows`` replaced by ``other``'s."""
+    for name in ("U", "S", "V", "iterations", "residual", "converged", "ill_defined"):
+        getattr(base, name)[rows] = getattr(other, name)[rows].to(getattr(base, name).dtype)
+    return base
+
+
+def _layer_top(call: BlockCall, chunk: int, rs: RouteSettings, generator, warm) -> LayerTop:
+    """Top K+1 triplets of one layer's Jacobians by the configured route."""
+    f, x = call.last_token_map()
+    B, d = x.shape
+    method = rs.method
+    if method == "auto":
+        method = "dense" if d <= rs.dense_max_d else "auto"
+    if method in ("dense", "gram"):
+        J = dense_jacobian(f, x, chunk)
+        top = (svd_top if method == "dense" else gram_top)(J, rs.k, rs.ill_gap)
+        return LayerTop(top, [method] * B, J)
+    fixed = method == "randomized"
+    top = subspace_svd(
+        f,
+        x,
+        rs.k,
+        block=rs.block,
+        max_iters=rs.power_iters + 1 if fixed else rs.max_iters,
+        tol=rs.tol,
+        ill_gap=rs.ill_gap,
+        chunk=chunk,
+        generator=generator,
+        warm_start=warm,
+        fixed_iters=fixed,
+    )
+    routes = ["randomized" if fixed else "subspace"] * B
+    if method != "auto":
+        return LayerTop(top, routes)
+    redo = ~top.converged & ~top.ill_defined
+    if not bool(redo.any()):
+        return LayerTop(top, routes)
+    # Not converged within a dense route's cost and well-defined: exact route.
+    J = dense_jacobian(f, x, chunk)
+    top = _merge(top, gram_top(J, rs.k, rs.ill_gap), redo)
+    routes = ["gram" if bool(r) else route for r, route in zip(redo, routes, strict=True)]
+    return LayerTop(top, routes, J)
+
+
+def top_factors(
+    calls: list[BlockCall], chunks: list[int], rs: RouteSettings, ledger: MemoryLedger
+) -> list[LayerTop]:
+    """Pass one: every layer's top K+1 triplets (each on its block's device).
+
+    A dense Jacobian computed on the way is kept for pass two while the kept
+    ones fit in ``rs.keep_bytes``; otherwise pass two recomputes products by JVP.
+    """
+    tops: list[LayerTop] = []
+    generator, warm, kept = None, None, 0
+    for index, (call, chunk) in enumerate(zip(calls, chunks, strict=True)):
+        device = call.hidden.device
+        if generator is None or generator.device != device:
+            generator = torch.Generator(device=device).manual_seed(rs.seed + index)
+        layer = _layer_top(call, chunk, rs, generator, None if warm is None else warm.to(device))
+        if layer.J is not None:
+            size = layer.J.numel() * layer.J.element_size()
+            if kept + size <= rs.keep_bytes:
+                kept += size
+                ledger.hold(f"J{index}", layer.J)
+            else:
+                ledger.hold("J_current", layer.J)
+                layer.J = None
+                ledger.release("J_current")
+        ledger.hold(f"top{index}", layer.top.U, layer.top.V, layer.top.S)
+        tops.append(layer)
+        warm = layer.top.V
+    return tops
+
+
+def _gather(tops: list[LayerTop], name: str, k: int, device) -> torch.Tensor:
+    """``[B, L, d, K]`` of every layer's U or V, on ``device``."""
+    return torch.stack([getattr(t.top, name)[:, :, :k].to(device) for t in tops], dim=1)
+
+
+def _pair_block(call, J, left, right, chunk: int, group: int) -> torch.Tensor:
+    """``[B, L, K, K]`` with ``[b, m] = left_m^T J^l right_m`` (J given, or by JVP in groups)."""
+    if J is not None:
+        return torch.einsum("bmdi,bmdj->bmij", left, torch.einsum("bde,bmej->bmdj", J, right))
+    f, x = call.last_token_map()
+    B, L, d, k = right.shape
+    out = []
+    for start in range(0, L, group):
+        part = right[:, start : start + group]
+        g = part.shape[1]
+        tangents = part.permute(0, 2, 1, 3).reshape(B, d, g * k)
+        W = jvp_columns(f, x, tangents, chunk).reshape(B, d, g, k).permute(0, 2, 1, 3)
+        out.append(torch.einsum("bmdi,bmdj->bmij", left[:, start : start + g], W))
+    return torch.cat(out, dim=1)
+
+
+def reduce_products(
+    calls: list[BlockCall],
+    tops: list[LayerTop],
+    chunks: list[int],
+    k: int,
+    swapped: bool,
+    out_device: torch.device,
+    ledger: MemoryLedger,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Pass two: ``A [B, L, L, K, K]`` (and B) on ``out_device``, one layer at a time.
+
+    Per layer l only ``U, V [B, L, d, K]`` (copied to block l's device) and one
+    group of ``J^l V_m`` products ``[B, d, g K]`` exist at a time.
+    """
+    L = len(calls)
+    rows_A, rows_B = [], []
+    for index, (call, layer, chunk) in enumerate(zip(calls, tops, chunks, strict=True)):
+        device = call.hidden.device
+        U, V = _gather(tops, "U", k, device), _gather(tops, "V", k, device)
+        group = max(1, min(L, chunk // max(k, 1)))
+        ledger.hold("pass2", U, V, U.new_empty(U.shape[0], U.shape[2], group * k))
+        rows_A.append(_pair_block(call, layer.J, U, V, chunk, group).to(out_device))
+        if swapped:
+            rows_B.append(_pair_block(call, layer.J, V, U, chunk, group).to(out_device))
+        if layer.J is not None:
+            layer.J = None
+            ledger.release(f"J{index}")
+    ledger.release("pass2")
+    A = torch.stack(rows_A, dim=1)
+    return A, torch.stack(rows_B, dim=1) if swapped else None
