@@ -21,18 +21,26 @@ from lm_coupling.capture import jacobian
 from lm_coupling.capture.architecture import ModelParts, locate_model_parts
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
 from lm_coupling.demo.tiny import tiny_config
-from lm_coupling.metrics.coupling import coupling_matrices, coupling_matrices_dense, miscoupling
+from lm_coupling.metrics.coupling import coupling_matrices_dense, miscoupling
 
-FALLBACK_ROUTES = ("auto", "dense", "randomized")
-"""Routes when the engine exposes no public ``METHODS`` list."""
+FALLBACK_ROUTES = ("auto", "dense", "gram", "subspace", "randomized")
+"""Routes when the engine module lists none."""
 
 LLAMA_7B = {"d_model": 4096, "d_ff": 11008, "n_heads": 32, "n_layers": 32}
 GPT2_SMALL = {"d_model": 768, "d_ff": 3072, "n_heads": 12, "n_layers": 12}
 
 
 def engine_routes() -> tuple[str, ...]:
-    """Every ``method=`` the engine offers (its public ``METHODS`` when it has one)."""
-    return tuple(getattr(jacobian, "METHODS", FALLBACK_ROUTES))
+    """Every ``method=`` the engine offers: the list ``JacobianEngine`` validates against.
+
+    That list is module-private (``_METHODS``) today; a public ``METHODS`` is
+    preferred when the engine grows one, and ``FALLBACK_ROUTES`` is the last resort.
+    """
+    for name in ("METHODS", "_METHODS"):
+        routes = getattr(jacobian, name, None)
+        if routes:
+            return tuple(routes)
+    return FALLBACK_ROUTES
 
 
 def default_route() -> str:
@@ -77,8 +85,7 @@ def random_prompt(vocab: int, tokens: int, device: str, seed: int = 0) -> torch.
 
 def coupling_of(factors, k: int) -> torch.Tensor:
     """The ``[L, L]`` mis-coupling ``m_K`` from the engine's factors, as the metric computes it."""
-    A = coupling_matrices(factors.U[..., :k], factors.JV[..., :k])
-    return miscoupling(A, factors.S[:, :k])
+    return miscoupling(factors.A[..., :k, :k], factors.S[:, :k])
 
 
 def engine_coupling(model, parts, ids, k: int, method: str, seed: int = 0):
@@ -103,9 +110,13 @@ def authors_coupling(model, parts, ids, k: int, layers: int | None = None) -> to
 
 
 def route_summary(factors) -> str:
-    """The per-layer routes the engine took, e.g. ``dense x30 randomized x2``."""
+    """The per-layer routes the engine took, e.g. ``gram x2 subspace x30 (ill-defined 1)``."""
     counts = collections.Counter(factors.method)
-    return " ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+    text = " ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+    ill = getattr(factors, "ill_defined", None)
+    if ill is not None and bool(ill.any()):
+        text += f" (ill-defined {int(ill.sum())})"
+    return text
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

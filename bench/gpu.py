@@ -9,8 +9,10 @@ Rows of the table (issue 10, "One command measures it on a GPU"):
   every block plus the coupling matrix, for every ``method=`` the engine
   offers, at K = 10 and K = d/10 (410). Seconds per document (median of
   ``--repeats``), peak GPU memory during that document and the peak above the
-  model's own weights ("extra"), the routes the layers took, and the largest
-  difference of the coupling matrix from the ``dense`` route's.
+  model's own weights ("extra"), the engine's own account of the memory it
+  held ("engine MiB", ``JacobianFactors.peak_bytes``; also on a CPU), the
+  routes the layers took, and the largest difference of the coupling matrix
+  from the ``dense`` route's.
 * ``authors' route, 1 layer``: d backward passes through the whole sequence
   plus a full SVD (``naive_block_jacobians`` then ``torch.linalg.svd``) on
   the first block; the per-document figure is that layer times L
@@ -25,7 +27,8 @@ Rows of the table (issue 10, "One command measures it on a GPU"):
   the process's peak (GPU: ``max_memory_allocated``; CPU: peak RSS). Ratios
   are to ``plain`` at the same batch setting.
 
-``--quick`` uses reduced shapes (seconds on a CPU) so CI exercises the script.
+``--quick`` uses reduced shapes (seconds on a CPU) so CI exercises the script;
+its lm-eval runs skip the untimed warm-up, so their ratios include first-call costs.
 Ratios are printed, never asserted. Columns: ``seconds`` is per document for
 the engine rows and per lm-eval run for the lm-eval rows; memory columns are
 NaN for the engine rows on a CPU (a process's peak RSS cannot be reset per
@@ -69,6 +72,7 @@ HEADER = (
     "peak MiB",
     "mem ratio",
     "extra MiB",
+    "engine MiB",
     "layer routes / batch",
     "max|dC| vs dense",
 )
@@ -110,6 +114,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.tasks = args.tasks or ("lmc_arc_easy_offline" if args.quick else DEFAULT_TASKS)
     if args.limit is None:
         args.limit = 2 if args.quick else 50
+    args.warm_up = not args.quick
     return args
 
 
@@ -133,16 +138,50 @@ def layers_that_fit(args: argparse.Namespace) -> tuple[int, str]:
     return fit, f"{fit} of {wanted} blocks (all that fit in {free / 2**30:.1f} GiB free)"
 
 
-def engine_rows(args: argparse.Namespace) -> list[tuple]:
-    """Rows of the engine routes and the authors' route (module docstring)."""
+def _engine_stack(args: argparse.Namespace):
+    """The Llama-7B-shaped random model, its parts, a prompt and a note on the blocks."""
     n_layers, note = layers_that_fit(args)
     shape = {**args.engine_shape, "n_layers": n_layers}
     vocab = 512 if args.quick else 32000
-    dtype = getattr(torch, args.dtype)
     model, parts = build_random_model(
-        "llama", vocab=vocab, max_len=args.tokens, device=args.device, dtype=dtype, **shape
+        "llama",
+        vocab=vocab,
+        max_len=args.tokens,
+        device=args.device,
+        dtype=getattr(torch, args.dtype),
+        **shape,
     )
-    ids = random_prompt(vocab, args.tokens, args.device)
+    return model, parts, random_prompt(vocab, args.tokens, args.device), note
+
+
+def _time_routes(model, parts, ids, args: argparse.Namespace) -> dict[tuple, list[dict]]:
+    """Every (route, K) timed on one document, ``--repeats`` interleaved rounds."""
+    results = {(route, k): [] for k in args.ks for route in args.routes}
+    for _ in range(args.repeats):
+        for (route, k), runs in results.items():
+            reset_peak(args.device)
+            (matrix, factors), seconds = timed(
+                lambda r=route, k=k: engine_coupling(model, parts, ids, k, r), args.device
+            )
+            peak = peak_mb(args.device) if is_cuda(args.device) else math.nan
+            engine_mb = getattr(factors, "peak_bytes", math.nan) / 2**20
+            runs.append(
+                dict(
+                    s=seconds,
+                    peak=peak,
+                    engine_mb=engine_mb,
+                    m=matrix.cpu(),
+                    routes=route_summary(factors),
+                )
+            )
+            print(f"  {route} K={k}: {seconds:.2f} s", flush=True)
+    return results
+
+
+def engine_rows(args: argparse.Namespace) -> list[tuple]:
+    """Rows of the engine routes and the authors' route (module docstring)."""
+    model, parts, ids, note = _engine_stack(args)
+    L = parts.n_layers
     print(
         f"engine: Llama-7B shape {args.engine_shape}, {note}, T={args.tokens}, {args.dtype} "
         f"random weights, K={args.ks}, routes={args.routes}, median of {args.repeats}",
@@ -152,31 +191,22 @@ def engine_rows(args: argparse.Namespace) -> list[tuple]:
         engine_coupling(model, parts, ids[:8], 2, route)
     authors_coupling(model, parts, ids[:4], 2, 1)
     weights_mb = peak_mb(args.device) if is_cuda(args.device) else math.nan
-    results = {(route, k): [] for k in args.ks for route in args.routes}
-    for _ in range(args.repeats):
-        for (route, k), runs in results.items():
-            reset_peak(args.device)
-            (matrix, factors), seconds = timed(
-                lambda r=route, k=k: engine_coupling(model, parts, ids, k, r), args.device
-            )
-            peak = peak_mb(args.device) if is_cuda(args.device) else math.nan
-            runs.append((seconds, peak, matrix.cpu(), route_summary(factors)))
-            print(f"  {route} K={k}: {seconds:.2f} s", flush=True)
     rows = []
+    results = _time_routes(model, parts, ids, args)
     for (route, k), runs in results.items():
         ref = results.get(("dense", k))
-        diff = max_diff(runs[-1][2], ref[-1][2]) if ref else math.nan
-        peak = max(r[1] for r in runs)
-        extra = peak - weights_mb
-        seconds = median([r[0] for r in runs])
-        rows.append((f"engine {route} K={k}", seconds, None, peak, None, extra, runs[-1][3], diff))
+        diff = max_diff(runs[-1]["m"], ref[-1]["m"]) if ref else math.nan
+        peak = max(r["peak"] for r in runs)
+        seconds = median([r["s"] for r in runs])
+        engine_mb = max(r["engine_mb"] for r in runs)
+        row = (seconds, None, peak, None, peak - weights_mb, engine_mb, runs[-1]["routes"], diff)
+        rows.append((f"engine {route} K={k}", *row))
     reset_peak(args.device)
     _, seconds = timed(lambda: authors_coupling(model, parts, ids, args.ks[0], 1), args.device)
     peak = peak_mb(args.device) if is_cuda(args.device) else math.nan
-    extra = peak - weights_mb
-    label = f"authors' route K={args.ks[0]}: 1 layer x {n_layers} (extrapolated)"
-    rows.append((label, seconds * n_layers, None, peak, None, extra, "d backward + SVD", None))
-    return rows
+    label = f"authors' route K={args.ks[0]}: 1 layer x {L} (extrapolated)"
+    row = (seconds * L, None, peak, None, peak - weights_mb, None, "d backward + SVD", None)
+    return [*rows, (label, *row)]
 
 
 def lmeval_rows(args: argparse.Namespace) -> list[tuple]:
@@ -203,7 +233,7 @@ def lmeval_rows(args: argparse.Namespace) -> list[tuple]:
                 metrics, metric_args = LM_CONFIGS[name]
                 spec = RunSpec(
                     str(model_dir), args.tasks, args.limit, batch, args.device, args.dtype,
-                    metrics, metric_args,
+                    metrics, metric_args, warm_up=args.warm_up,
                 )  # fmt: skip
                 results.append(run_fresh(spec))
                 out = results[-1]
@@ -216,10 +246,9 @@ def lmeval_rows(args: argparse.Namespace) -> list[tuple]:
         base_peak = max(r["peak_mb"] for r in runs[("plain", batch)])
         chosen = ",".join(str(b) for b in results[-1]["batch_sizes"]) or batch
         coupled = f"bs {chosen}; coupled {results[-1]['n_coupling']}"
-        rows.append(
-            (f"lm-eval {name} bs={batch}", wall, wall / base, peak, peak / base_peak, None, coupled)
-        )
-    return [(*row, None) for row in rows]
+        row = (wall, wall / base, peak, peak / base_peak, None, None, coupled, None)
+        rows.append((f"lm-eval {name} bs={batch}", *row))
+    return rows
 
 
 def main(argv=None) -> None:

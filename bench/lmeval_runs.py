@@ -53,6 +53,8 @@ class RunSpec:
     dtype: str = "float32"
     metrics: str | None = None
     metric_args: str | None = None
+    warm_up: bool = True
+    """:func:`run_fresh` first runs one document per task, untimed (``--quick``: no)."""
 
 
 def tokenizer_texts(seed: int = 0) -> list[str]:
@@ -180,7 +182,8 @@ def _worker(spec_json: str) -> None:
     """Subprocess entry: run one spec once and print its result and peak memory as JSON."""
     spec = RunSpec(**json.loads(spec_json))
     tm = task_manager(spec.tasks)
-    run_in_process(spec, tm, limit=1)  # untimed: imports, first calls, dataset caches
+    if spec.warm_up:  # untimed: imports, first calls, dataset caches
+        run_in_process(spec, tm, limit=1)
     gc.collect()
     if is_cuda(spec.device):
         torch.cuda.empty_cache()

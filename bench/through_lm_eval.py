@@ -31,7 +31,7 @@ ARC = "lmc_arc_challenge_offline"
 
 
 def arc_contexts(n_docs: int) -> list[str]:
-    """Zero-shot contexts of the first ``n_docs`` ARC-Challenge documents, as lm-eval builds them."""
+    """Zero-shot contexts of the first ``n_docs`` ARC-Challenge documents, as lm-eval makes them."""
     from lm_eval.tasks import get_task_dict
 
     task = get_task_dict([ARC], task_manager(ARC))[ARC]

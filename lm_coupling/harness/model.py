@@ -358,7 +358,8 @@ class CouplingHFLM(HFLM):
         context, gold = self._prompt_tokens(plan)
         target = self._first_target_token(plan.key) if plan.kind == "generate_until" else gold
         ids = torch.tensor(context, dtype=torch.long, device=self.device)
-        return self._lmc_session.runner.measure_prompt(ids, target, sampled=plan.sampled)
+        session = self._lmc_session
+        return session.runner.measure_prompt(ids, target, sampled=session.sampled(plan.key))
 
     def _prompt_tokens(self, plan: DocumentPlan) -> tuple[list[int], int]:
         context, continuation = plan.key

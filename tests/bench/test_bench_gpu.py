@@ -68,8 +68,9 @@ def test_engine_rows_cover_every_route_and_k(quick_run):
     assert len(ks) == 2
     for k in ks:
         for route in routes:
-            seconds, *_, diff = rows[f"engine {route} K={k}"]
+            seconds, *_, engine_mb, _routes, diff = rows[f"engine {route} K={k}"]
             assert math.isfinite(float(seconds)) and float(seconds) > 0
+            assert math.isfinite(float(engine_mb)) and float(engine_mb) > 0
             assert math.isfinite(float(diff))
         assert float(rows[f"engine dense K={k}"][-1]) == 0.0
     authors = [label for label in rows if label.startswith("authors' route")]
@@ -81,9 +82,7 @@ def test_lmeval_rows_have_finite_ratios_and_count_coupled_documents(quick_run):
     rows = _table(quick_run)
     for batch in ("8", "auto"):
         for name in LM_CONFIGS:
-            seconds, ratio, peak, mem_ratio, _extra, batch_info, _ = rows[
-                f"lm-eval {name} bs={batch}"
-            ]
+            seconds, ratio, peak, mem_ratio, *_, batch_info, _ = rows[f"lm-eval {name} bs={batch}"]
             for value in (seconds, ratio, peak, mem_ratio):
                 assert math.isfinite(float(value)) and float(value) > 0
             coupled = int(re.search(r"coupled (\d+)", batch_info).group(1))
