@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
-from harness_cli import REPO_PTH, installed_startup_pth, offline_env, require_startup_hook
+from harness_cli import (
+    REPO_PTH,
+    STARTUP_PTH,
+    installed_startup_pth,
+    offline_env,
+    require_startup_hook,
+)
 
 from lm_coupling.harness.startup import DISABLE_ENV, is_lm_eval_with_metrics
 
@@ -22,7 +29,8 @@ PY = "/usr/bin/python3"
         (["/x/lm_eval/__main__.py", "--metrics", "lss"], [PY, "-m", "lm_eval", "--metrics"], True),
         (["/x/__main__.py", "--metrics", "lss"], [PY, "-m", "lm_eval.__main__", "--metrics"], True),
         (["/venv/bin/lm_eval", "--tasks", "arc"], [PY, "/venv/bin/lm_eval"], False),
-        (["/venv/bin/lm_eval", "--metric_args", "k=3"], [PY, "/venv/bin/lm_eval"], False),
+        (["/venv/bin/lm_eval", "--metric_args", "k=3"], [PY, "/venv/bin/lm_eval"], True),
+        (["/venv/bin/lm_eval", "--metrics_file", "m"], [PY, "/venv/bin/lm_eval"], False),
         (["/venv/bin/pytest", "--metrics", "all"], [PY, "/venv/bin/pytest"], False),
         (["-c", "--metrics", "all"], [PY, "-c", "pass", "--metrics", "all"], False),
         (["/x/__main__.py", "--metrics", "lss"], [PY, "-m", "lm_coupling", "--metrics"], False),
@@ -46,20 +54,99 @@ def test_installed_hook_matches_the_repository():
 
 
 PROBE = (
-    "import sys, lm_coupling; "
-    "print(sorted(m for m in ('lm_eval', 'lm_eval._cli.run', 'lm_coupling.harness.startup') "
-    "if m in sys.modules))"
+    "import sys; print(sorted(m for m in ('torch', 'lm_coupling', 'lm_eval') if m in sys.modules))"
 )
 
 
-@pytest.mark.parametrize(
-    ("extra", "imported"),
-    [([], "[]"), (["--metrics", "all"], "['lm_coupling.harness.startup']")],
-)
-def test_startup_of_other_programs_never_imports_lm_eval(extra, imported):
+@pytest.mark.parametrize("extra", [[], ["--metrics", "all"], ["--metrics_file", "x"]])
+def test_startup_of_other_programs_never_imports_lm_eval(extra):
+    """The installed hook: another program with ``--metrics`` imports nothing of ours."""
     require_startup_hook()
     done = subprocess.run(
         [sys.executable, "-c", PROBE, *extra],
         capture_output=True, text=True, env=offline_env(), timeout=120, check=True,
     )  # fmt: skip
-    assert done.stdout.strip() == imported
+    assert done.stdout.strip() == "[]"
+
+
+# -- the repository's .pth line, processed by `site` exactly as at start-up ---------------------
+
+WATCHED = ("lm_coupling", "lm_coupling.harness.startup", "torch", "lm_eval")
+SCRIPT = """import json, site, sys
+sys.path.append({venv_site!r})  # dependencies importable; no .pth file of theirs runs
+before = set(sys.modules)
+site.addsitedir({hook_site!r})  # runs the .pth line the way interpreter start-up does
+hooked = any(type(f).__name__ == "_PatchAfterImport" for f in sys.meta_path)
+print(json.dumps({{"new": sorted(set(sys.modules) - before), "hooked": hooked}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def pth_programs(tmp_path_factory):
+    """A site folder holding the repository's .pth, and two programs that process it."""
+    root = tmp_path_factory.mktemp("pth")
+    hook_site = root / "site"
+    hook_site.mkdir()
+    (hook_site / STARTUP_PTH).write_text(REPO_PTH.read_text())
+    venv_site = next(p for p in map(str, sys.path) if p.endswith("site-packages"))
+    programs = {}
+    for name in ("lm_eval", "other.py"):
+        path = root / name
+        path.write_text(SCRIPT.format(venv_site=venv_site, hook_site=str(hook_site)))
+        programs[name] = path
+    return programs
+
+
+def _start(program, args, disable: bool = False) -> dict:
+    env = offline_env()
+    if disable:
+        env[DISABLE_ENV] = "1"
+    done = subprocess.run(
+        [sys.executable, "-S", str(program), *args],
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_repository_hook_is_one_import_line():
+    lines = [line for line in REPO_PTH.read_text().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("import ")
+
+
+@pytest.mark.parametrize(
+    ("program", "args", "disable", "hooked"),
+    [
+        ("lm_eval", ["run", "--metrics", "all"], False, True),
+        ("lm_eval", ["--metrics=lss"], False, True),
+        ("lm_eval", ["--metric_args", "k=3"], False, True),
+        ("lm_eval", ["--metrics", "all"], True, False),
+        ("lm_eval", ["--metrics_file", "m.json"], False, False),
+        ("lm_eval", ["--tasks", "arc"], False, False),
+        ("other.py", ["--metrics", "all"], False, False),
+        ("other.py", ["--metrics=all"], False, False),
+    ],
+)
+def test_repository_hook_decides_from_argv(pth_programs, program, args, disable, hooked):
+    started = _start(pth_programs[program], args, disable)
+    assert started["hooked"] is hooked
+    assert "torch" not in started["new"] and "lm_eval" not in started["new"]
+    if hooked:
+        assert "lm_coupling.harness.startup" in started["new"]
+    else:
+        assert started["new"] == []  # exactly as without the package
+
+
+def test_lm_eval_is_patched_only_when_it_runs(pth_programs):
+    """The hook imports lm_coupling's start-up module alone: no torch, no lm-eval yet."""
+    started = _start(pth_programs["lm_eval"], ["--metrics", "all"])
+    ours = [m for m in started["new"] if m.startswith("lm_coupling")]
+    assert set(ours) == {"lm_coupling", "lm_coupling.harness", "lm_coupling.harness.startup"}
+
+
+def test_report_imports_no_torch():
+    code = "import lm_coupling.report, sys; print('torch' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(),
+        timeout=300, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "False"
