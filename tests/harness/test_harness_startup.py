@@ -150,3 +150,20 @@ def test_report_imports_no_torch():
         timeout=300, check=True,
     )  # fmt: skip
     assert done.stdout.strip() == "False"
+
+
+def test_report_command_imports_no_torch(tmp_path):
+    """``lm-coupling report`` through the package's own CLI dispatch, on an empty folder."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    code = (
+        "import sys\nfrom lm_coupling.cli import main\n"
+        f"try:\n    main(['report', {str(folder)!r}])\nexcept SystemExit as exc:\n"
+        "    print('exit', exc.code)\n"
+        "print('lm_coupling.report.build' in sys.modules, 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=offline_env(),
+        timeout=300, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1] == "True False", done.stdout + done.stderr
