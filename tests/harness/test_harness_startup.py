@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from harness_cli import (
@@ -83,7 +85,11 @@ print(json.dumps({{"new": sorted(set(sys.modules) - before), "hooked": hooked}})
 
 @pytest.fixture(scope="module")
 def pth_programs(tmp_path_factory):
-    """A site folder holding the repository's .pth, and two programs that process it."""
+    """A site folder holding the repository's .pth, and programs that process it.
+
+    ``python -m lm_eval`` runs a stand-in ``lm_eval`` package (found first on
+    the path) whose ``__main__`` processes the .pth.
+    """
     root = tmp_path_factory.mktemp("pth")
     hook_site = root / "site"
     hook_site.mkdir()
@@ -92,17 +98,29 @@ def pth_programs(tmp_path_factory):
     programs = {}
     for name in ("lm_eval", "other.py"):
         path = root / name
-        path.write_text(SCRIPT.format(venv_site=venv_site, hook_site=str(hook_site)))
-        programs[name] = path
+        path.write_text(programs_script(venv_site, hook_site))
+        programs[name] = [str(path)]
+    package = root / "fake" / "lm_eval"
+    package.mkdir(parents=True)
+    (package / "__main__.py").write_text(programs_script(venv_site, hook_site))
+    programs["-m lm_eval"] = ["-m", "lm_eval"]
+    programs["-m other"] = ["-m", "other_module"]
+    (root / "fake" / "other_module.py").write_text(programs_script(venv_site, hook_site))
+    programs["path"] = str(root / "fake")
     return programs
 
 
-def _start(program, args, disable: bool = False) -> dict:
+def programs_script(venv_site: str, hook_site: Path) -> str:
+    return SCRIPT.format(venv_site=venv_site, hook_site=str(hook_site))
+
+
+def _start(programs, name, args, disable: bool = False) -> dict:
     env = offline_env()
+    env["PYTHONPATH"] = os.pathsep.join([programs["path"], env.get("PYTHONPATH", "")])
     if disable:
         env[DISABLE_ENV] = "1"
     done = subprocess.run(
-        [sys.executable, "-S", str(program), *args],
+        [sys.executable, "-S", *programs[name], *args],
         capture_output=True, text=True, env=env, timeout=120, check=True,
     )  # fmt: skip
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -124,10 +142,13 @@ def test_repository_hook_is_one_import_line():
         ("lm_eval", ["--tasks", "arc"], False, False),
         ("other.py", ["--metrics", "all"], False, False),
         ("other.py", ["--metrics=all"], False, False),
+        ("-m lm_eval", ["run", "--metrics", "all"], False, True),
+        ("-m lm_eval", ["--metrics_file", "m.json"], False, False),
+        ("-m other", ["--metrics", "all"], False, False),
     ],
 )
 def test_repository_hook_decides_from_argv(pth_programs, program, args, disable, hooked):
-    started = _start(pth_programs[program], args, disable)
+    started = _start(pth_programs, program, args, disable)
     assert started["hooked"] is hooked
     assert "torch" not in started["new"] and "lm_eval" not in started["new"]
     if hooked:
@@ -138,7 +159,7 @@ def test_repository_hook_decides_from_argv(pth_programs, program, args, disable,
 
 def test_lm_eval_is_patched_only_when_it_runs(pth_programs):
     """The hook imports lm_coupling's start-up module alone: no torch, no lm-eval yet."""
-    started = _start(pth_programs["lm_eval"], ["--metrics", "all"])
+    started = _start(pth_programs, "lm_eval", ["--metrics", "all"])
     ours = [m for m in started["new"] if m.startswith("lm_coupling")]
     assert set(ours) == {"lm_coupling", "lm_coupling.harness", "lm_coupling.harness.startup"}
 
