@@ -124,7 +124,8 @@ def run_with_geometry(args: argparse.Namespace, execute: Callable) -> dict | Non
 
     register_with_lm_eval(session.selection.specs)
     session.cache_path_prefix = args.use_cache
-    with geometry_run(session, model_type=model_type) as run:
+    run = GeometryRun(session)
+    with geometry_run(session, model_type=model_type, run=run):
         try:
             execute(args)
         except LmCouplingError as exc:
@@ -146,7 +147,9 @@ class GeometryRun:
 
 
 @contextlib.contextmanager
-def geometry_run(session: GeometrySession, model_type: str | None = None) -> Iterator[GeometryRun]:
+def geometry_run(
+    session: GeometrySession, model_type: str | None = None, run: GeometryRun | None = None
+) -> Iterator[GeometrySession]:
     """Install the session and lm-eval hooks for one run; undo them after.
 
     Args:
@@ -154,13 +157,15 @@ def geometry_run(session: GeometrySession, model_type: str | None = None) -> Ite
         model_type: the ``--model`` the user typed; the results keep it as
             ``config.model`` and record the class lm-coupling substituted as
             ``config.lm_coupling.model_class``.
+        run: filled with the tasks and geometry files written (for
+            `print_run_summary`).
     """
     from lm_eval.loggers.evaluation_tracker import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
     from lm_coupling.harness.tasks import attach_geometry
 
-    run = GeometryRun(session)
+    run = run if run is not None else GeometryRun(session)
     stock_load = TaskManager.load
     stock_save = EvaluationTracker.save_results_aggregated
 
@@ -186,7 +191,7 @@ def geometry_run(session: GeometrySession, model_type: str | None = None) -> Ite
     evaluator_log.addFilter(sampled_filter)
     set_active_session(session)
     try:
-        yield run
+        yield session
     finally:
         set_active_session(None)
         evaluator_log.removeFilter(sampled_filter)

@@ -83,8 +83,11 @@ def probe_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
     changed = ids.clone()
     changed[0, -1] = 0
     with torch.no_grad():
-        out = model(ids, use_cache=True)
-        other = model(changed, use_cache=False)
+        try:
+            out = model(ids, use_cache=True)
+        except TypeError:  # a model without a use_cache argument keeps no cache
+            out = model(ids)
+        other = model(changed)
     first, second = out.logits[0, :-1].float(), other.logits[0, :-1].float()
     max_change = float((first - second).abs().max()) if first.numel() else 0.0
     scale = float(first.abs().max()) if first.numel() else 1.0
@@ -232,6 +235,7 @@ def check_readout(
         problems = [p for p in problems if not p.startswith("unembed(")]
     if not problems:
         return
+    others = _runnable(JACOBIAN_NEEDS | {"lens"})
     raise UnsupportedModelError(
         f"lm-coupling's view of {type(model).__name__} (model_type={parts.model_type!r}) is "
         f"not the model's own function: {'; '.join(problems)}. Located: final norm "
@@ -241,7 +245,8 @@ def check_readout(
         "lm-coupling before the run, e.g. lm_coupling.capture.architecture.register_override("
         f"{parts.model_type!r}, blocks='model.layers', final_norm='model.norm', "
         "unembed='lm_head', logit_scale=..., logit_softcap=...) with your model's paths and "
-        "values, rather than measuring the lens of a different function"
+        "values, rather than measuring the lens of a different function. Metrics that read "
+        f"neither the lens nor the Jacobians can still run: {', '.join(others)}"
     )
 
 

@@ -218,3 +218,17 @@ def test_model_parts_sizes_from_fields():
     torch.testing.assert_close(
         parts.unembed_fp32(x), x @ parts.unembed_weight.T + parts.unembed_bias
     )
+
+
+def test_override_sets_logit_scale_and_soft_cap(tiny_model, tokenizer, restore_overrides):
+    model = tiny_model("gpt2")
+    register_override("gpt2", logit_scale=0.5, logit_softcap=2.0)
+    parts = locate_model_parts(model)
+    assert (parts.logit_scale, parts.logit_softcap) == (0.5, 2.0)
+    x = torch.randn(5, 32)
+    z = nn.functional.linear(x, parts.unembed_weight) * 0.5
+    torch.testing.assert_close(parts.unembed_fp32(x), 2.0 * torch.tanh(z / 2.0))
+    register_override("gpt2", logit_softcap=0)  # 0: no soft-cap, the scale from the config
+    parts = locate_model_parts(model)
+    assert (parts.logit_scale, parts.logit_softcap) == (1.0, None)
+    torch.testing.assert_close(parts.unembed_fp32(x), nn.functional.linear(x, parts.unembed_weight))

@@ -132,9 +132,12 @@ def test_task_without_documents_behaves_like_stock(harness_setup, tmp_path):
         assert not geometry.geometry
 
 
-def test_metric_args_without_metrics(harness_setup, tmp_path):
+@pytest.mark.parametrize("program", ["lm_eval", "lm-coupling"])
+def test_metric_args_without_metrics(program, harness_setup, tmp_path):
+    if program == "lm_eval":
+        require_startup_hook()  # the hook also answers --metric_args alone
     args = [*harness_setup.args(), "--metric_args", "k=3"]
-    stderr = _failed(run_cli("lm-coupling", args, tmp_path))
+    stderr = _failed(run_cli(program, args, tmp_path))
     assert "--metric_args was given but --metrics is missing" in stderr
 
 

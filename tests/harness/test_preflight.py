@@ -111,6 +111,7 @@ def test_wrong_final_norm_override_is_caught(tiny_model, prompt_ids, restore_ove
     assert "LlamaForCausalLM (model_type='llama') is not the model's own function" in message
     assert "final norm none (identity)" in message
     assert "register_override('llama'" in message
+    assert "can still run: lss, expodistance, equidistance" in message
     # Metrics that read no lens are not stopped by it.
     preflight.check_readout(model, parts, prompt_ids, TRAJECTORY)
 
