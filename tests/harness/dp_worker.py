@@ -63,7 +63,9 @@ def main(argv: list[str]) -> None:
         device="cpu",
         output_path=output_path,
         extra_args=[
-            "--num_fewshot", "2", "--log_samples",
+            # Zero-shot: lm-eval draws few-shot examples per rank, so a sharded
+            # run's prompts would differ from a single process's.
+            "--num_fewshot", "0", "--log_samples",
             "--metadata", json.dumps({"lmc_data_dir": data_dir}),
         ],
     )  # fmt: skip

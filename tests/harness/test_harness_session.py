@@ -1,0 +1,87 @@
+"""The session's bookkeeping without a run: capture counts, their merge, K as used."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from lm_coupling.errors import GeometryWarning
+from lm_coupling.geometry import DocumentGeometry
+from lm_coupling.harness.plan import DocumentPlan
+from lm_coupling.harness.session import GeometrySession, TaskRecords
+from lm_coupling.plugins.builtin.coupling import clamped_k
+from lm_coupling.plugins.specs import used_k
+from lm_coupling.selection import make_selection
+
+
+def _session(metric_args: str | None = None) -> GeometrySession:
+    session = GeometrySession(make_selection("lss,coupling,alignment_ratio", metric_args))
+    session.model_shape = {"d_model": 32}
+    return session
+
+
+def _record(session: GeometrySession, doc_id: int, source: str, **values: float) -> None:
+    key = (f"context {doc_id}", " answer")
+    sampled = frozenset({"coupling", "alignment_ratio"})
+    plan = DocumentPlan("task", doc_id, key, "loglikelihood", sampled)
+    session.plans_by_key[key].append(plan)
+    session.store(key, DocumentGeometry(values=dict(values)), source)
+    session.document_values(plan, session.measured[key], record=True)
+    session.document_values(plan, session.measured[key], record=True)  # a second filter
+
+
+def test_documents_measured_alone_without_use_cache_warn_once_per_task():
+    session = _session()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _record(session, 0, "in_batch", lss=1.5, coupling=0.5, alignment_ratio=1.0)
+        _record(session, 1, "alone", lss=1.6, coupling=0.4, alignment_ratio=1.1)
+        _record(session, 2, "alone", lss=1.7, coupling=0.3, alignment_ratio=1.2)
+        report = session.capture_report()
+        session.capture_report()
+    assert report["task"]["capture"] == {"in_batch": 1, "alone": 2, "cached": 0, "failed": 0}
+    assert report["task"]["n_measured"] == {"lss": 3, "coupling": 3, "alignment_ratio": 3}
+    (warning,) = [w for w in caught if issubclass(w.category, GeometryWarning)]
+    assert "task 'task': 2 of 3 documents" in str(warning.message)
+    assert "measured alone" in str(warning.message)
+
+
+def test_with_use_cache_alone_is_expected_and_silent():
+    session = _session()
+    session.cache_path_prefix = "cache/lm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _record(session, 0, "alone", lss=1.5, coupling=0.5, alignment_ratio=1.0)
+        assert session.capture_report()["task"]["capture"]["alone"] == 1
+
+
+def test_records_of_two_ranks_merge_with_their_counts():
+    first, second = TaskRecords(), TaskRecords()
+    first.doc_ids, first.documents = [0, 2], [DocumentGeometry({"lss": 1.0})] * 2
+    first.capture["in_batch"] = 2
+    second.doc_ids, second.documents = [1], [DocumentGeometry({"lss": float("nan")})]
+    second.capture["failed"] = 1
+    second.failures = [{"doc_id": 1, "error": "x"}]
+    session = _session()
+    session.merge_records([{"task": first}, {"task": second}])
+    merged = session.records["task"]
+    assert merged.doc_ids == [0, 2, 1] and merged.failures == second.failures
+    assert merged.capture == {"in_batch": 2, "alone": 0, "cached": 0, "failed": 1}
+    assert merged.n_measured(["lss"]) == {"lss": 2}
+
+
+def test_k_is_recorded_as_used_and_as_requested():
+    session = _session("k=1000,alignment_k=0.5")
+    assert session.options_used()["k"] == 31 and session.options_used()["alignment_k"] == 16
+    assert session.options_changed() == {"k": 1000, "alignment_k": 0.5}
+    assert _session().options_changed() == {}
+
+
+@pytest.mark.parametrize(
+    ("k", "d_model", "expected"),
+    [(10, 32, 10), (31, 32, 31), (32, 32, 31), (1000, 32, 31), (1, 2, 1), (1000, 1, 1),
+     (0.1, 768, 76), (0.1, 32, 3), (0.01, 32, 1), (0.5, 2, 1), (0.999, 32, 31)],
+)  # fmt: skip
+def test_used_k_is_the_k_the_coupling_plugin_computes(k, d_model, expected):
+    assert used_k(k, d_model) == expected == clamped_k(k, d_model)
