@@ -60,7 +60,7 @@ def _relative_gaps(S: torch.Tensor) -> torch.Tensor:
     return (S[:, :-1] - S[:, 1:]).amin(dim=1) / S[:, 0]
 
 
-@pytest.mark.parametrize("method", ["gram", "krylov", "subspace"])
+@pytest.mark.parametrize("method", ["gram", "krylov"])
 def test_flat_spectrum_routes_give_the_dense_coupling(small, method):
     name, model, parts, dense = small
     # Random tiny models have flat spectra (gap s_K/s_{K+1} near 1) but
@@ -126,7 +126,7 @@ def test_ill_defined_layer_is_flagged_and_stops_early(tiny_model):
 def test_batched_documents_equal_one_at_a_time(tiny_model, model_type):
     model = tiny_model(model_type, dtype=F64, n_layers=2)
     parts = locate_model_parts(model)
-    prompts = [IDS, IDS[:3], IDS[2:9], IDS[:1], IDS[4:]]
+    prompts = [IDS, IDS[:3], IDS[:1], IDS[4:]]
     atol = BATCH_ATOL[model_type]
     # The iterative route freezes each document once it converges: batch-independent.
     for method in ("dense", "krylov") if model_type == "gpt2" else ("dense",):
