@@ -38,6 +38,10 @@ def list_metrics(_: argparse.Namespace | None = None) -> None:
         choices = f" (one of {', '.join(map(str, option.choices))})" if option.choices else ""
         print(f"  {option.name} = {option.default!r}{choices}")
         print(textwrap.indent(textwrap.fill(option.help, 74), "      "))
+    from lm_coupling.presets import describe_presets
+
+    print("\nPresets (the papers' settings; options given beside a preset win):\n")
+    print(describe_presets())
 
 
 def _sweep(argv: Sequence[str]) -> int:

@@ -29,8 +29,8 @@ class ModelStatus:
     Attributes:
         model: name or path.
         revision: revision, "" for the default.
-        status: ``done`` (ran now), ``complete`` (found complete, skipped) or
-            ``failed``.
+        status: ``done`` (ran, results and geometry complete) or ``failed``
+            (a rerun tries it again).
         tasks: the tasks run (``;``-separated).
         seconds: wall time of the model's lm-eval process.
         error: the error's last line, for a failed model.
