@@ -166,14 +166,34 @@ class GeometryRunner:
         """Block Jacobian factors at the last position of ``input_ids`` ``[T]``."""
         return self.engine.factors(input_ids)
 
+    def position_jacobians(self, input_ids: torch.Tensor) -> dict:
+        """``J^l_{t_in t_out}`` of one prompt ``[T]`` at the keys the plugins ask for.
+
+        Empty unless a selected metric needs ``tokenwise_jacobian`` (hook
+        ``lmc_position_jacobian_keys``).
+        """
+        if "tokenwise_jacobian" not in self.selection.needs:
+            return {}
+        asked = self.pm.hook.lmc_position_jacobian_keys(
+            selected=self.selection.metrics,
+            options=self.selection.options,
+            n_layers=self.parts.n_layers,
+            n_tokens=int(input_ids.shape[-1]),
+        )
+        keys = sorted({tuple(key) for answer in asked for key in answer or ()})
+        return {key: self.engine.position_jacobian(input_ids, *key) for key in keys}
+
     def compute_sampled(self, input_ids: torch.Tensor) -> DocumentGeometry:
         """The sampled (Jacobian) metrics of one prompt ``[T]``."""
-        factors = self.jacobian_factors(input_ids)
+        needs_factors = "jacobian" in self.selection.needs
+        factors = self.jacobian_factors(input_ids) if needs_factors else None
         states = GeometryStates(
             self.parts.n_layers, self.parts.d_model, self.parts.vocab_size, jacobians=[factors]
         )
+        states.tokenwise = [self.position_jacobians(input_ids)]
         (doc,) = self.compute(states, self.sampled_metrics)
-        doc.jacobian_methods = list(factors.method)
+        if factors is not None:
+            doc.jacobian_methods = list(factors.method)
         return doc
 
     def measure_prompt(

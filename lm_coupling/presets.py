@@ -13,6 +13,7 @@ geometry files. A preset sets only the options of the selected metrics (with
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -97,5 +98,6 @@ def describe_presets() -> str:
     lines = []
     for preset in PRESETS.values():
         values = ",".join(f"{k}={v}" for k, v in preset.values.items())
-        lines.append(f"  preset={preset.name}  ({values})\n      {preset.source}")
+        source = textwrap.indent(textwrap.fill(preset.source, 74), "      ")
+        lines.append(f"  preset={preset.name}  ({values})\n{source}")
     return "\n".join(lines)
