@@ -40,7 +40,7 @@ def sweep(root, out, *extra):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.pop("LM_COUPLING_DATA_DIR", None)
     done = subprocess.run(
-        [*command, *extra], env=env, capture_output=True, text=True, timeout=900, cwd=root
+        [*command, *extra], env=env, capture_output=True, text=True, timeout=1800, cwd=root
     )
     return done
 
