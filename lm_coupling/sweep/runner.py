@@ -76,19 +76,19 @@ def run_model(
     start = time.monotonic()
     with log.open("wb") as sink:
         sink.write(("$ " + " ".join(command) + "\n").encode())
-        process = subprocess.Popen(
+        with subprocess.Popen(
             list(command),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env if env is not None else os.environ.copy(),
-        )
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        while chunk := process.stdout.read1(65536):  # type: ignore[union-attr]
-            sink.write(chunk)
-            if echo:
-                sys.stderr.write(decoder.decode(chunk))
-                sys.stderr.flush()
-        returncode = process.wait()
+        ) as process:
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            while chunk := process.stdout.read1(65536):  # type: ignore[union-attr]
+                sink.write(chunk)
+                if echo:
+                    sys.stderr.write(decoder.decode(chunk))
+                    sys.stderr.flush()
+            returncode = process.wait()
     seconds = time.monotonic() - start
     error = "" if returncode == 0 else last_error(log.read_text(errors="replace"))
     if returncode < 0:
