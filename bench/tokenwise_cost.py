@@ -31,6 +31,9 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=4)
     parser.add_argument("--layers", default="0:-1")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--single", action="store_true", help="time one position Jacobian J^0_{n-1, n} only"
+    )
     args = parser.parse_args()
     model = build_tiny_model(
         "gpt2", 50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=1024
@@ -40,6 +43,16 @@ def main() -> None:
     runner = GeometryRunner(model, selection)
     ids = torch.randint(0, 50257, (args.tokens,), generator=torch.Generator().manual_seed(0))
     keys = lmc_position_jacobian_keys(NAMES.split(","), selection.options, 12, args.tokens)
+    if args.single:
+        start, cpu = time.perf_counter(), time.process_time()
+        runner.engine.position_jacobian(ids, 0, args.tokens - 2, args.tokens - 1)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        print(
+            f"GPT-2-small shape, T={args.tokens}: one position Jacobian {wall:.1f} s wall, "
+            f"{cpu:.1f} s CPU (torch threads {torch.get_num_threads()}, load average "
+            f"{os.getloadavg()[0]:.1f}); a document with these options needs {len(keys)}"
+        )
+        return
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
