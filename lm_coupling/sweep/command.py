@@ -147,12 +147,20 @@ def run_sweep(argv: Sequence[str]) -> int:
     if failed:
         print(f"lm-coupling sweep: {failed} model(s) failed; see {out / records.STATUS_CSV}",
               file=sys.stderr)  # fmt: skip
+    reported = True
     if not (args.no_report or args.shard or stopped):
-        _report(out)
-    return EXIT_SOME_FAILED if failed else 0
+        reported = _report(out)
+    return EXIT_SOME_FAILED if failed or not reported else 0
 
 
-def _report(out: Path) -> None:
+def _report(out: Path) -> bool:
+    """Build the report on the folder; False (with the error printed) when it fails.
+
+    The results are on disk either way: a failing report does not undo the
+    sweep, and ``lm-coupling report DIR`` can be rerun on its own.
+    """
+    import traceback
+
     from lm_coupling.report.build import build_report
     from lm_coupling.report.cli import format_result
     from lm_coupling.report.loading import ReportInputError
@@ -161,3 +169,12 @@ def _report(out: Path) -> None:
         print(format_result(build_report(out)))
     except ReportInputError as exc:
         print(f"lm-coupling sweep: no report: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001  (a report bug must not hide the finished sweep)
+        traceback.print_exc()
+        print(
+            f"lm-coupling sweep: the report failed ({type(exc).__name__}: {exc}); the results "
+            f"in {out} are complete; rerun `lm-coupling report {out}`",
+            file=sys.stderr,
+        )
+        return False
+    return True
