@@ -1,4 +1,4 @@
-"""The ``lm-coupling`` command: run, report, metrics, demo."""
+"""The ``lm-coupling`` command: run, sweep, report, metrics, demo."""
 
 from __future__ import annotations
 
@@ -38,6 +38,20 @@ def list_metrics(_: argparse.Namespace | None = None) -> None:
         choices = f" (one of {', '.join(map(str, option.choices))})" if option.choices else ""
         print(f"  {option.name} = {option.default!r}{choices}")
         print(textwrap.indent(textwrap.fill(option.help, 74), "      "))
+    from lm_coupling.presets import describe_presets
+
+    print("\nPresets (the papers' settings; options given beside a preset win):\n")
+    print(describe_presets())
+
+
+def _sweep(argv: Sequence[str]) -> int:
+    from lm_coupling.sweep.command import run_sweep
+
+    try:
+        return run_sweep(argv)
+    except LmCouplingError as exc:
+        print(f"lm-coupling sweep: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "run",
         help="lm_eval's run command plus --metrics/--metric_args (all lm_eval flags work)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "sweep",
+        help="many models or checkpoints through one lm-eval evaluation, then the report "
+        "(lm-coupling sweep --help)",
         add_help=False,
     )
     commands.add_parser("metrics", help="list the available metrics and their options")
@@ -70,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv and argv[0] == "run":
         run_lm_eval(argv[1:])
         return
+    if argv and argv[0] == "sweep":
+        raise SystemExit(_sweep(argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         if args.command == "metrics":

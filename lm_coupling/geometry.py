@@ -168,45 +168,97 @@ class GeometryRunner:
         """Block Jacobian factors at the last position of ``input_ids`` ``[T]``."""
         return self.engine.factors(input_ids)
 
-    def compute_sampled(self, input_ids: torch.Tensor) -> DocumentGeometry:
+    def position_jacobians(self, input_ids: torch.Tensor) -> dict:
+        """``J^l_{t_in t_out}`` of one prompt ``[T]`` at the keys the plugins ask for.
+
+        Empty unless a selected metric needs ``tokenwise_jacobian`` (hook
+        ``lmc_position_jacobian_keys``).
+        """
+        if "tokenwise_jacobian" not in self.selection.needs:
+            return {}
+        asked = self.pm.hook.lmc_position_jacobian_keys(
+            selected=self.selection.metrics,
+            options=self.selection.options,
+            n_layers=self.parts.n_layers,
+            n_tokens=int(input_ids.shape[-1]),
+        )
+        keys = sorted({tuple(key) for answer in asked for key in answer or ()})
+        return {key: self.engine.position_jacobian(input_ids, *key) for key in keys}
+
+    def compute_sampled(
+        self, input_ids: torch.Tensor, metrics: Sequence[str] | None = None
+    ) -> DocumentGeometry:
         """The sampled (Jacobian) metrics of one prompt ``[T]``.
+
+        Args:
+            input_ids: ``[T]`` token ids; the target position is the last one.
+            metrics: the sampled metrics to compute (default: all selected).
 
         Raises:
             JacobianMismatchError: the engine cannot reproduce the model's own
                 block outputs for this prompt (the caller records NaN).
         """
-        return self._sampled_documents([self.jacobian_factors(input_ids)])[0]
+        (result,) = self.compute_sampled_batch([input_ids], metrics, errors="raise")
+        return result
 
     def compute_sampled_batch(
-        self, prompts: Sequence[torch.Tensor]
+        self,
+        prompts: Sequence[torch.Tensor],
+        metrics: Sequence[str] | None = None,
+        errors: str = "return",
     ) -> list[DocumentGeometry | LmCouplingError]:
         """The sampled metrics of several prompts, their Jacobian work batched.
 
         The engine runs the prompts in groups sized to free memory (each keeps
         its own frozen prefix); each document's values equal
-        :meth:`compute_sampled` of its prompt alone, up to round-off.
+        :meth:`compute_sampled` of its prompt alone, up to round-off. Block
+        factors are computed only when one of ``metrics`` needs them, position
+        Jacobians only when a token-wise metric is among ``metrics``.
 
         Args:
             prompts: ``[T_b]`` token ids of each prompt.
+            metrics: the sampled metrics to compute (default: all selected).
+            errors: ``"return"`` puts a ``JacobianMismatchError`` in the
+                failing prompt's place; ``"raise"`` raises it.
 
         Returns:
             Per prompt, in order: its `DocumentGeometry`, or the
             ``JacobianMismatchError`` that makes its values NaN (record it
             as a failed document, as for an exception of ``compute_sampled``).
         """
+        metrics = tuple(metrics if metrics is not None else self.sampled_metrics)
+        needs = {need for name in metrics for need in self.selection.specs[name].needs}
         prompts = [torch.as_tensor(p).reshape(-1) for p in prompts]
-        results = self.engine.factors_batch(prompts, errors="return")
-        factors = [r for r in results if not isinstance(r, Exception)]
-        docs = iter(self._sampled_documents(factors) if factors else [])
+        if "jacobian" in needs:
+            results = self.engine.factors_batch(prompts, errors=errors)
+        else:
+            results = [None] * len(prompts)
+        kept = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
+        docs = iter(
+            self._sampled_documents(
+                [prompts[i] for i in kept], [results[i] for i in kept], metrics, needs
+            )
+            if kept
+            else []
+        )
         return [r if isinstance(r, Exception) else next(docs) for r in results]
 
-    def _sampled_documents(self, factors: list[JacobianFactors]) -> list[DocumentGeometry]:
+    def _sampled_documents(
+        self,
+        prompts: list[torch.Tensor],
+        factors: list[JacobianFactors | None],
+        metrics: tuple[str, ...],
+        needs: set[str],
+    ) -> list[DocumentGeometry]:
         states = GeometryStates(
             self.parts.n_layers, self.parts.d_model, self.parts.vocab_size, jacobians=factors
         )
-        docs = self.compute(states, self.sampled_metrics)
+        if "tokenwise_jacobian" in needs:
+            states.tokenwise = [self.position_jacobians(ids) for ids in prompts]
+        docs = self.compute(states, metrics)
         for doc, one in zip(docs, factors, strict=True):
-            doc.jacobian_methods = list(one.method)
+            if one is not None:
+                doc.jacobian_methods = list(one.method)
         return docs
 
     def measure_prompt(

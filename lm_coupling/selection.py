@@ -13,6 +13,7 @@ from typing import Any
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.plugins.manager import MetricRegistry, get_registry
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec
+from lm_coupling.presets import expand_preset
 from lm_coupling.states import Need
 
 
@@ -100,6 +101,8 @@ def parse_metric_args(
     if text is None or text == "":
         return options
     pairs = text.items() if isinstance(text, dict) else _split_pairs(text)
+    pairs, recorded = expand_preset(pairs, by_name)  # preset=NAME (lm_coupling.presets)
+    options.update(recorded)
     problems = []
     for key, raw in pairs:
         if key not in by_name:

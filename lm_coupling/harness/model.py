@@ -213,8 +213,7 @@ class CouplingHFLM(HFLM):
             torch.zeros(batch, dtype=torch.long),
             target,
         )
-        for _, plan in matches:
-            self._measure_sampled(session, plan.key, plan.context_tokens)
+        self._measure_sampled(session, [(plan.key, plan.context_tokens) for _, plan in matches])
         return logits
 
     # -- generation ------------------------------------------------------------
@@ -255,9 +254,9 @@ class CouplingHFLM(HFLM):
             return call()
         last = torch.full((batch,), width - 1, dtype=torch.long)
         output = self._captured_call(call, session, matches, last, first, target)
-        for b, key in matches:
-            tokens = tuple(context[b, int(first[b]) :].tolist())
-            self._measure_sampled(session, key, tokens)
+        self._measure_sampled(
+            session, [(key, tuple(context[b, int(first[b]) :].tolist())) for b, key in matches]
+        )
         return output
 
     def _first_target_token(self, key: GeometryKey) -> int:
@@ -311,19 +310,41 @@ class CouplingHFLM(HFLM):
         return output
 
     def _measure_sampled(
-        self, session: GeometrySession, key: GeometryKey, tokens: tuple[int, ...]
+        self, session: GeometrySession, documents: list[tuple[GeometryKey, tuple[int, ...]]]
     ) -> None:
+        """The sampled (Jacobian) metrics of a batch's documents, their work batched.
+
+        Documents are grouped by the sampled metrics they need (each metric
+        has its own document sample); each group is one batched engine call.
+        A failure of a whole group makes its documents' sampled values NaN.
+        """
         runner = session.runner
-        if not runner.sampled_metrics or not session.sampled(key):
+        if not runner.sampled_metrics:
             return
-        error = None
-        try:
-            ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-            session.store(key, runner.compute_sampled(ids))
-        except Exception as exc:
-            error = repr(exc)
-        if error is not None:
-            session.fail([key], error, metrics=runner.sampled_metrics)
+        groups: dict[tuple[str, ...], list[tuple[GeometryKey, tuple[int, ...]]]] = {}
+        for key, tokens in documents:
+            if not session.sampled(key):
+                continue
+            wanted = session.needed_metrics(key) & set(runner.sampled_metrics)
+            metrics = tuple(m for m in runner.sampled_metrics if m in wanted)
+            groups.setdefault(metrics, []).append((key, tokens))
+        for metrics, group in groups.items():
+            error, results = None, []
+            try:
+                prompts = [
+                    torch.tensor(tokens, dtype=torch.long, device=self.device) for _, tokens in group
+                ]
+                results = runner.compute_sampled_batch(prompts, metrics)
+            except Exception as exc:
+                error = repr(exc)  # the text only: the traceback must not outlive this block
+            if error is not None:
+                session.fail([key for key, _ in group], error, metrics=metrics)
+                continue
+            for (key, _), result in zip(group, results, strict=True):
+                if isinstance(result, Exception):
+                    session.fail([key], repr(result), metrics=metrics)
+                else:
+                    session.store(key, result)
 
     # -- batch size detection ------------------------------------------------------
     def _detect_batch_size(self, requests: Any = None, pos: int = 0) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "PositionJacobians",
     "context_coupling_fixed_input",
     "context_coupling_fixed_output",
+    "mean_offdiagonal",
     "pairwise_coupling",
     "self_coupling",
 ]
@@ -174,3 +175,28 @@ def context_coupling_fixed_output(
         ``(t_ins, c)``: sorted input tokens t1 <= t2 and the ``[N, N]`` coupling.
     """
     return _context_coupling(jacobians, layer, 2, t_out, k, norm, elementwise_abs)
+
+
+def mean_offdiagonal(c: torch.Tensor) -> torch.Tensor:
+    """Mean of the finite off-diagonal entries of ``[..., N, N]`` coupling matrices.
+
+    The per-document value of the token-wise coupling metrics: the mean of
+    ``c(i, j)`` over ordered pairs ``i != j`` (and over any leading axes, e.g.
+    layers), NaN entries (positions a short prompt lacks) left out.
+
+    Reference: Aubry et al., ICLR 2025, token-wise coupling (the pairwise
+    average used for the layer coupling, applied to positions).
+
+    Args:
+        c: ``[..., N, N]`` coupling matrices.
+
+    Returns:
+        0-d tensor; NaN when no off-diagonal entry is finite (N < 2).
+    """
+    n = c.shape[-1]
+    off = ~torch.eye(n, dtype=torch.bool, device=c.device)
+    entries = c[..., off]
+    finite = entries[torch.isfinite(entries)]
+    if finite.numel() == 0:
+        return torch.tensor(float("nan"), dtype=c.dtype)
+    return finite.mean()

@@ -71,3 +71,26 @@ def lmc_aggregate_task(
     Returns:
         Extra top-level entries for the geometry file, or None.
     """
+
+
+@hookspec
+def lmc_position_jacobian_keys(
+    selected: Sequence[str], options: Mapping[str, Any], n_layers: int, n_tokens: int
+) -> Sequence[tuple[int, int, int]] | None:
+    """Ask for Jacobians between positions of a sampled document.
+
+    Called once per sampled document when a selected metric needs
+    ``tokenwise_jacobian``. The union of the answers is computed
+    (``JacobianEngine.position_jacobian``) and handed to
+    ``lmc_compute_batch`` as ``states.tokenwise[0]``, a mapping
+    ``{(layer, t_in, t_out): [d, d] tensor}``. Not firstresult.
+
+    Args:
+        selected: every selected metric name.
+        options: parsed ``--metric_args``.
+        n_layers: the model's number of blocks L.
+        n_tokens: the prompt's length T (positions 0..T-1, n = T - 1).
+
+    Returns:
+        ``(layer, t_in, t_out)`` keys with ``0 <= t_in <= t_out < T``, or None.
+    """

@@ -24,6 +24,7 @@ from lm_coupling.report.leaderboard import (
 from lm_coupling.report.loading import IDENTITY, load_results, newest_values
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
+from lm_coupling.report.tokenwise import tokenwise_figure, with_tokenwise
 from lm_coupling.report.within_model import within_model
 
 # Geometry drawn over training when revisions name steps (besides the primary metric).
@@ -101,6 +102,9 @@ def _figures(board, corr, primary, geometry, out_dir: Path) -> list[Path]:
             ax = fig.metric_vs_score(board, row["metric"], AVERAGE, fit=row)
             paths += _save(ax, out_dir, f"fig1a_{_slug(row['metric'])}_vs_average")
     paths += _per_model_figures(geometry, out_dir)
+    for identity, geo in with_tokenwise(geometry).items():
+        axes = tokenwise_figure(geo, f"{identity[0]} {identity[1]} ({geo.get('task')})")
+        paths += _save(axes, out_dir, f"tokenwise_{_slug(*identity)}")
     if board.dropna(subset=["step"]).groupby("model")["step"].nunique().max() >= 2:
         shown = [c for c in dict.fromkeys((primary, *TRAINING_METRICS)) if c in board.columns]
         axes = fig.training_dynamics(board, shown, AVERAGE)

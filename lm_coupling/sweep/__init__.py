@@ -1,0 +1,14 @@
+"""``lm-coupling sweep``: many models or checkpoints through one evaluation, then the report.
+
+- `lm_coupling.sweep.spec`: MODELS (files, comma lists, brace ranges) to entries;
+- `lm_coupling.sweep.plan`: sharding and what a rerun still has to run;
+- `lm_coupling.sweep.runner`: one model's ``lm-coupling run`` process;
+- `lm_coupling.sweep.status`: the per-model records (``sweep_status.csv``);
+- `lm_coupling.sweep.progress`: the sweep's progress lines;
+- `lm_coupling.sweep.command`: the command itself.
+"""
+
+from lm_coupling.sweep.command import run_sweep
+from lm_coupling.sweep.spec import ModelEntry, parse_models
+
+__all__ = ["ModelEntry", "parse_models", "run_sweep"]

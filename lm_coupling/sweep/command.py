@@ -1,0 +1,180 @@
+"""``lm-coupling sweep MODELS --tasks ... --output_path DIR [lm_eval arguments]``.
+
+Every model of MODELS (see `lm_coupling.sweep.spec`) runs through the same
+lm-eval evaluation, one process per model, into one results folder; then the
+report is built on the folder. Models (and tasks) already complete in the
+folder are skipped (the rule: `lm_coupling.sweep.plan`), a failing model is
+recorded (`lm_coupling.sweep.status`) and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from lm_coupling.errors import ConfigurationError
+from lm_coupling.sweep import status as records
+from lm_coupling.sweep.plan import PlannedModel, parse_shard, plan_sweep
+from lm_coupling.sweep.progress import SweepProgress
+from lm_coupling.sweep.runner import LOG_DIR, run_command, run_model
+from lm_coupling.sweep.spec import parse_models, split_top_level
+
+EXIT_SOME_FAILED = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The sweep's own options; every other argument goes to ``lm_eval run``."""
+    parser = argparse.ArgumentParser(
+        prog="lm-coupling sweep",
+        allow_abbrev=False,
+        usage="lm-coupling sweep MODELS --tasks TASKS --output_path DIR [options] "
+        "[any lm_eval run argument]",
+        description="Run every model of MODELS through the same lm-eval evaluation into one "
+        "results folder, then write the report. MODELS: a YAML/CSV file or a comma list of "
+        "name[@revision]; braces expand, e.g. EleutherAI/pythia-160m@step{0,1000,...,143000}.",
+    )
+    parser.add_argument("--tasks", required=True, help="lm-eval tasks, as for lm_eval")
+    parser.add_argument("--output_path", required=True, help="the shared results folder")
+    parser.add_argument("--model_args", default=None, help="added to every model's pretrained=")
+    parser.add_argument("--metrics", default=None, help="lm-coupling metrics, as for run")
+    parser.add_argument("--shard", default=None, help="i/n: run every n-th model from the i-th")
+    parser.add_argument(
+        "--max-models",
+        type=int,
+        default=None,
+        help="stop after running this many models (a rerun finishes the rest)",
+    )
+    parser.add_argument(
+        "--no-report", action="store_true", help="do not build the report (default with --shard)"
+    )
+    parser.add_argument("--quiet", action="store_true", help="lm-eval's output to the logs only")
+    return parser
+
+
+def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split ``MODELS [options]`` into the sweep's options and lm-eval's arguments.
+
+    Raises:
+        ConfigurationError: MODELS missing or not first, or an argument the
+            sweep sets itself (``--model_args`` pretrained, ``--model``).
+    """
+    argv = list(argv)
+    if argv and argv[0] in ("-h", "--help"):
+        build_parser().print_help()
+        raise SystemExit(0)
+    if not argv or argv[0].startswith("-"):
+        raise ConfigurationError(
+            "lm-coupling sweep needs MODELS first: a YAML/CSV file or a comma list of "
+            "name[@revision], e.g. lm-coupling sweep gpt2,gpt2-medium --tasks hellaswag "
+            "--output_path results"
+        )
+    args, rest = build_parser().parse_known_args(argv[1:])
+    args.models = argv[0]
+    for flag in ("--model", "--model_args", "-o", "--include_path"):
+        if any(word == flag or word.startswith(flag + "=") for word in rest):
+            raise ConfigurationError(
+                f"lm-coupling sweep sets {flag} itself"
+                + ("; add model arguments with --model_args" if flag == "--model" else "")
+            )
+    if args.model_args and "pretrained=" in args.model_args:
+        raise ConfigurationError(
+            "--model_args of a sweep must not hold pretrained= (MODELS has it)"
+        )
+    if args.metrics is not None:
+        rest += ["--metrics", args.metrics]
+    return args, rest
+
+
+def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> str:
+    entry = planned.entry
+    progress.begin(entry.label, f"running {len(planned.tasks)} task(s): {','.join(planned.tasks)}")
+    command = run_command(entry, planned.tasks, out, args.model_args, lm_eval_args)
+    outcome = run_model(command, out / LOG_DIR / f"{entry.slug}.log", echo=not args.quiet)
+    missing = plan_sweep([entry], planned.tasks, _metric_names(args), out)[0].tasks
+    error = outcome.error
+    if outcome.returncode == 0 and missing:
+        error = f"finished, but no complete results and geometry for {','.join(missing)}"
+    state = "failed" if outcome.returncode != 0 or missing else "done"
+    records.record(
+        out,
+        entry,
+        records.ModelStatus(
+            entry.name,
+            entry.revision or "",
+            state,
+            ";".join(planned.tasks),
+            round(outcome.seconds, 1),
+            error,
+            str(outcome.log.relative_to(out)),
+        ),
+    )
+    progress.end(entry.label, state, outcome.seconds)
+    if error:
+        progress.line(entry.label, f"error: {error} (log: {outcome.log})")
+    return state
+
+
+def _metric_names(args: argparse.Namespace) -> list[str] | None:
+    return split_top_level(args.metrics) if args.metrics else None
+
+
+def run_sweep(argv: Sequence[str]) -> int:
+    """Run the sweep; returns the exit status (1 when a model failed)."""
+    args, lm_eval_args = parse_sweep_args(argv)
+    entries = parse_models(args.models)
+    shard = parse_shard(args.shard)
+    tasks = split_top_level(args.tasks)
+    out = Path(args.output_path)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = plan_sweep(entries, tasks, _metric_names(args), out, shard)
+    to_run = [p for p in plan if not p.done]
+    if args.max_models is not None:
+        to_run = to_run[: args.max_models]
+    progress = SweepProgress(len(plan), len(to_run))
+    failed = 0
+    for planned in plan:
+        if planned.done:
+            progress.begin(planned.entry.label, "complete in the folder, skipped")
+            progress.end(planned.entry.label, "complete", 0.0, ran=False)
+        elif planned in to_run:
+            failed += _run_one(planned, args, lm_eval_args, out, progress) == "failed"
+    stopped = len(to_run) < sum(not p.done for p in plan)
+    if stopped:
+        print(f"lm-coupling sweep: stopped after {len(to_run)} model(s) (--max-models); "
+              "rerun the same command to finish", file=sys.stderr)  # fmt: skip
+    if failed:
+        print(f"lm-coupling sweep: {failed} model(s) failed; see {out / records.STATUS_CSV}",
+              file=sys.stderr)  # fmt: skip
+    reported = True
+    if not (args.no_report or args.shard or stopped):
+        reported = _report(out)
+    return EXIT_SOME_FAILED if failed or not reported else 0
+
+
+def _report(out: Path) -> bool:
+    """Build the report on the folder; False (with the error printed) when it fails.
+
+    The results are on disk either way: a failing report does not undo the
+    sweep, and ``lm-coupling report DIR`` can be rerun on its own.
+    """
+    import traceback
+
+    from lm_coupling.report.build import build_report
+    from lm_coupling.report.cli import format_result
+    from lm_coupling.report.loading import ReportInputError
+
+    try:
+        print(format_result(build_report(out)))
+    except ReportInputError as exc:
+        print(f"lm-coupling sweep: no report: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001  (a report bug must not hide the finished sweep)
+        traceback.print_exc()
+        print(
+            f"lm-coupling sweep: the report failed ({type(exc).__name__}: {exc}); the results "
+            f"in {out} are complete; rerun `lm-coupling report {out}`",
+            file=sys.stderr,
+        )
+        return False
+    return True
