@@ -143,9 +143,11 @@ def _unknown_option(
         if name not in specs and any(opt.name == key for opt in spec.options)
     ]
     if owners:
+        names = owners[0] if len(owners) == 1 else f"{', '.join(owners[:-1])} and {owners[-1]}"
+        verb = "is" if len(owners) == 1 else "are"
         return (
-            f"--metric_args option {key!r} belongs to {' and '.join(owners)}, which is not "
-            f"selected: add it to --metrics. Options of the selected metrics: {valid}"
+            f"--metric_args option {key!r} belongs to {names}, which {verb} not selected: "
+            f"add one to --metrics. Options of the selected metrics: {valid}"
         )
     return (
         f"unknown --metric_args option {key!r}.{_did_you_mean(key, list(by_name))} "

@@ -332,7 +332,8 @@ class CouplingHFLM(HFLM):
             error, results = None, []
             try:
                 prompts = [
-                    torch.tensor(tokens, dtype=torch.long, device=self.device) for _, tokens in group
+                    torch.tensor(tokens, dtype=torch.long, device=self.device)
+                    for _, tokens in group
                 ]
                 results = runner.compute_sampled_batch(prompts, metrics)
             except Exception as exc:

@@ -33,11 +33,13 @@ def test_every_bad_option_is_listed(registry):
 
 def test_option_of_an_unselected_metric_names_its_metric(registry):
     message = _error(registry, "lss", "k=5")
-    assert "option 'k' belongs to coupling, which is not selected" in message
-    assert "add it to --metrics" in message
+    assert "option 'k' belongs to coupling and coupling_swapped, which are not selected" in message
+    assert "add one to --metrics" in message
     assert "Options of the selected metrics: tokens, windowed" in message
-    shared = _error(registry, "lss", "coupling_docs=3")
-    assert "belongs to coupling and alignment_ratio" in shared
+    shared = _error(registry, "lss", "alignment_k=3")
+    assert "option 'alignment_k' belongs to alignment_ratio, which is not selected" in shared
+    several = _error(registry, "lss", "coupling_docs=3")
+    assert "belongs to coupling, coupling_swapped and alignment_ratio, which are" in several
 
 
 @pytest.mark.parametrize("metrics", ["coupling", "alignment_ratio", "lss,coupling", "all"])
