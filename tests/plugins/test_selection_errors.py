@@ -51,7 +51,7 @@ def test_zero_coupling_documents_is_refused(registry, metrics):
 
 def test_zero_documents_without_a_sampled_metric_is_not_an_option(registry):
     message = _error(registry, "lss", "coupling_docs=0")
-    assert "belongs to coupling and alignment_ratio" in message
+    assert "belongs to coupling, coupling_swapped and alignment_ratio" in message
 
 
 def test_one_coupling_document_is_accepted(registry):
