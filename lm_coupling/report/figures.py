@@ -129,7 +129,7 @@ def metric_vs_score(
     for group in dict.fromkeys(groups):
         pick = [g == group for g in groups]
         ax.scatter(data[metric][pick], data[target][pick], zorder=3, s=22, label=group)
-    by_step = len(set(groups)) > 1 or groups[:1] != ["models"]
+    by_step = bool(groups) and (len(set(groups)) > 1 or groups[0] != "models")
     if by_step:
         ax.legend(fontsize=7, title="model (labels: step)", title_fontsize=7)
     log_x = spans_decades(data[metric].to_numpy())
@@ -170,7 +170,9 @@ def _ring_influential(ax: Axes, data: pd.DataFrame, metric: str, target: str, fi
         label=f"influential: Cook's D = {fit['cooks_d_max']:.3g}; R^2 without = "
         f"{fit.get('r2_without', math.nan):.2f}",
     )  # fmt: skip
-    ax.legend(fontsize=7)
+    old = ax.get_legend()
+    title = old.get_title().get_text() if old is not None else ""
+    ax.legend(fontsize=7, title=title or None, title_fontsize=7)
 
 
 def layer_profile(

@@ -18,7 +18,9 @@ gates `controls.csv` and the figures.
 Influence: ``cooks_d_max`` is the largest Cook's distance of the OLS fit
 (statsmodels ``OLSInfluence``; infinite for a point of leverage 1) and
 ``cooks_d_model`` the model it belongs to; ``influential`` is True when it
-exceeds ``COOKS_THRESHOLD`` = 4 / n (Bollen and Jackman's rule of thumb), and
+exceeds ``COOKS_THRESHOLD`` = 1 (Cook and Weisberg's conventional cut-off:
+removing that one model moves the fitted line by more than the whole
+fit's 50% confidence region), and
 ``r2_without`` is the R^2 of the fit refitted without that model. Read the
 rank statistics (Spearman, Kendall) beside OLS for such a row: they do not
 depend on how far the point lies. ``x_log_scale`` is True when the metric is
@@ -42,7 +44,7 @@ from lm_coupling.report.benchmarks import SCHEMA_VERSION
 N_BOOT = 2000
 MIN_MODELS = 5
 DECADES = 2.0
-COOKS_THRESHOLD_NUMERATOR = 4.0
+COOKS_THRESHOLD = 1.0
 ESTIMATOR = "OLS-HC3"
 CORRECTION = "holm"
 FIT_COLUMNS = [
@@ -133,7 +135,7 @@ def influence(x: np.ndarray, y: np.ndarray, labels: list[str] | None) -> dict[st
     return dict(
         cooks_d_max=float(cooks[top]),
         cooks_d_model=labels[top] if labels else str(top),
-        influential=bool(cooks[top] > COOKS_THRESHOLD_NUMERATOR / len(x)),
+        influential=bool(cooks[top] > COOKS_THRESHOLD),
         r2_without=r2_without,
     )
 

@@ -41,7 +41,7 @@ def primary_sentence(correlations: pd.DataFrame) -> str:
     if str(row.get("influential")).lower() == "true":
         flag = (
             f" Influence: {row['cooks_d_model']} has Cook's distance {row['cooks_d_max']:.3g} "
-            f"(> 4/n); without it R^2 = {row['r2_without']:.3f}: read the rank statistics."
+            f"(> 1); without it R^2 = {row['r2_without']:.3f}: read the rank statistics."
         )
     return (
         f"Primary test: across {int(row['n'])} models, {row['target']} score = "

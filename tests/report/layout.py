@@ -11,6 +11,12 @@ def visible_texts(fig: Figure) -> list[Text]:
     fig.canvas.draw()
     hidden = set()
     for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):  # ticks outside the view are not drawn
+            low, high = sorted(axis.get_view_interval())
+            span = (high - low) * 1e-9
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                if not low - span <= tick.get_loc() <= high + span:
+                    hidden.update((id(tick.label1), id(tick.label2)))
         if not ax.axison:  # an axes drawn without its axis lines, ticks and labels
             for axis in (ax.xaxis, ax.yaxis):
                 hidden.update(map(id, axis.get_ticklabels(which="both")))
