@@ -132,7 +132,7 @@ def run_lm_eval(root: Path) -> list[Path]:
             )
         )
     for proc in procs:
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=900)
         if proc.returncode:
             raise RuntimeError(f"lm_eval failed:\n{out[-3000:]}")
     return sorted(p.parent for p in (root / "runs").rglob("results_*.json"))
