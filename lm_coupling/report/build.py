@@ -196,11 +196,13 @@ def build_report(
     if scores_csv is not None:
         ids = selected[IDENTITY].drop_duplicates()
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
-    board, sets = build_leaderboard(selected, loaded.shapes, sources, loaded.geometry)
+    board, sets = build_leaderboard(
+        selected, loaded.shapes, sources, loaded.geometry, loaded.by_results
+    )
     result = ReportResult(
         out,
         board,
-        geometry_long(selected, loaded.geometry),
+        geometry_long(selected, loaded.geometry, loaded.by_results),
         provenance,
         sources,
         notes=[f"skipped {s}" for s in loaded.skipped],

@@ -183,15 +183,24 @@ def _geometry_lookup(geometry: list[dict[str, Any]]) -> dict[tuple, dict[str, An
     return {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
 
 
-def geometry_rows(selected: pd.DataFrame, geometry: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per (identity, task, metric): value, unit, documents measured, K used."""
+def geometry_rows(
+    selected: pd.DataFrame,
+    geometry: list[dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> pd.DataFrame:
+    """One row per (identity, task, metric): value, unit, documents measured, K used.
+
+    A value's geometry file is the one written beside its own results file
+    (``by_results``), else the newest for its model and task.
+    """
     geo = _first_filter(selected[selected["kind"] == "geometry"], None)
     lookup = _geometry_lookup(geometry)
+    by_results = by_results or {}
     groups = scored_groups(selected)
     rows = []
     for r in geo.to_dict("records"):
         ident = tuple(r[k] for k in IDENTITY)
-        doc = lookup.get((ident, r["task"]))
+        doc = by_results.get((str(r["file"]), r["task"])) or lookup.get((ident, r["task"]))
         coupling = (doc or {}).get("coupling") or {}
         k_used = coupling.get("k") if r["base_metric"] == "coupling" else None
         rows.append(
@@ -233,8 +242,17 @@ def build_leaderboard(
     shapes: pd.DataFrame,
     scores: pd.DataFrame,
     geometry: list[dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
 ) -> tuple[pd.DataFrame, TaskSets]:
-    """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets."""
+    """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
+
+    Args:
+        selected: the newest values (`newest_values`).
+        shapes: model shapes.
+        scores: benchmark scores (`benchmark_scores`, `join_external`).
+        geometry: the newest geometry file per model and task.
+        by_results: every geometry file by (results file, task) (`LoadedResults.by_results`).
+    """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
     board.insert(3, "step", board["revision"].map(parse_step).astype("Int64"))
@@ -251,21 +269,25 @@ def build_leaderboard(
     extra = task_scores(selected)
     if len(extra.columns):
         board = board.merge(extra.reset_index(), on=IDENTITY, how="left")
-    wide, sets = geometry_table(geometry_rows(selected, geometry))
+    wide, sets = geometry_table(geometry_rows(selected, geometry, by_results))
     if len(wide.columns):
         board = board.merge(wide.reset_index(), on=IDENTITY, how="left")
     board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
     return board, sets
 
 
-def geometry_long(selected: pd.DataFrame, geometry: list[dict[str, Any]]) -> pd.DataFrame:
+def geometry_long(
+    selected: pd.DataFrame,
+    geometry: list[dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> pd.DataFrame:
     """Per-task geometry: scalars (``layer`` empty) and per-layer profiles from geometry files.
 
     ``n`` of a scalar is the number of documents it was measured on (a sampled
     metric's sample, not the task size); of a profile entry, the documents
     with a finite value at that layer.
     """
-    rows = geometry_rows(selected, geometry)
+    rows = geometry_rows(selected, geometry, by_results)
     rows = rows[rows["metric"] != BOUNDARY_COLUMN]
     stderr = _first_filter(selected[selected["kind"] == "geometry"], None)
     rows = rows.merge(
@@ -331,7 +353,7 @@ def write_leaderboard(results_dir: str | Path) -> Path:
     loaded = load_results(results_dir)
     selected, _ = newest_values(loaded.values, loaded.paths)
     board, _ = build_leaderboard(
-        selected, loaded.shapes, benchmark_scores(selected), loaded.geometry
+        selected, loaded.shapes, benchmark_scores(selected), loaded.geometry, loaded.by_results
     )
     path = Path(results_dir) / "leaderboard.csv"
     board.to_csv(path, index=False)

@@ -93,6 +93,9 @@ class LoadedResults:
         geometry: parsed geometry files, newest per (identity, task).
         skipped: the files skipped, with the reason.
         paths: display name -> full model name or path (`display_names`).
+        by_results: every geometry file, keyed by (its results file, task), so
+            that a value is matched to the geometry file of its own run (runs
+            at two K settings each keep their own ``coupling.k``).
     """
 
     values: pd.DataFrame
@@ -101,6 +104,7 @@ class LoadedResults:
     geometry: list[dict[str, Any]]
     skipped: list[str]
     paths: dict[str, str] = field(default_factory=dict)
+    by_results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
 
 def file_timestamp(path: Path, fallback: float | None = None) -> float:
@@ -359,7 +363,14 @@ def _parse_geometry(
             str(model.get("name", "unknown")), str(model.get("revision") or "main")
         )
         identity = (names.get(name, name), revision, normalize_dtype(model.get("dtype")))
-    return dict(data, identity=identity, path=str(path), timestamp=file_timestamp(path))
+    results_file = str(sibling) if sibling in runs_by_file else ""
+    return dict(
+        data,
+        identity=identity,
+        path=str(path),
+        timestamp=file_timestamp(path),
+        results_file=results_file,
+    )
 
 
 def _skip(path: Path, reason: str, skipped: list[str]) -> None:
@@ -411,6 +422,7 @@ def load_results(results_dir: str | Path) -> LoadedResults:
         run.identity = (names[run.identity[0]], *run.identity[1:])
     by_file = {run.path: run for run in runs}
     newest: dict[tuple, dict[str, Any]] = {}
+    by_results: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(root.rglob("geometry_*.json")):
         try:
             geo = _parse_geometry(path, by_file, names)
@@ -420,11 +432,14 @@ def load_results(results_dir: str | Path) -> LoadedResults:
         key = (geo["identity"], geo.get("task"))
         if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
             newest[key] = geo
+        if geo["results_file"]:
+            by_results[(geo["results_file"], str(geo.get("task")))] = geo
     rows = [row for run in runs for row in _run_values(run)]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
     geometry = list(newest.values())
     paths = {short: full for full, short in names.items()}
-    return LoadedResults(values, _shapes(runs, geometry), runs, geometry, skipped, paths)
+    shapes = _shapes(runs, geometry)
+    return LoadedResults(values, shapes, runs, geometry, skipped, paths, by_results)
 
 
 def newest_values(

@@ -231,11 +231,12 @@ def test_newest_run_wins_and_provenance(real_runs, tmp_path):
         write_row(tmp_path, row["run"], row, f"2024-03-0{i + 1}T00-00-00.000000")
     result = build_report(tmp_path)
     board = result.leaderboard.set_index("model")
-    first = board.loc[rows[0]["model"]]
+    first = board.loc["models/tiny-a"]  # the last two folder names of the local path
     assert first["arc"] == pytest.approx(0.77)  # the newer run's score
     old_geo = json.loads(next(tmp_path.rglob("results_2024-01-01*.json")).read_text())
     assert first["coupling_k4"] == pytest.approx(old_geo["results"][TASK]["coupling,none"])
-    prov = result.provenance[result.provenance["model"] == rows[0]["model"]]
+    prov = result.provenance[result.provenance["model_path"] == rows[0]["model"]]
+    assert set(prov["model"]) == {"models/tiny-a"}
     assert set(prov["status"]) == {"used"} and len(prov) == 4  # 2 files x 2 tasks
     newer = prov[prov["file"].str.contains("2024-06-01") & (prov["task"] == TASK)].iloc[0]
     assert "acc_norm" in newer["metrics"] and "coupling" not in newer["metrics"]
@@ -342,6 +343,7 @@ def test_k_settings_are_separate_columns_and_names_are_short(real_runs, tmp_path
     board = result.leaderboard.set_index("model")
     assert {"coupling_k4", "coupling_k0.1"} <= set(board.columns)  # neither overwrote the other
     assert board["coupling_k0.1__k_used"].astype(str).tolist() == ["3", "4", "6"]
+    assert board["coupling_k4__k_used"].astype(str).tolist() == ["4", "4", "4"]  # its own run's K
     assert board.index.tolist() == ["models/tiny-a", "models/tiny-b", "models/tiny-c"]
     paths = set(result.provenance["model_path"])
     assert paths == {row["model"] for row in rows}
