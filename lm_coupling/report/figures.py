@@ -76,7 +76,7 @@ def _fit_text(metric: str, target: str, fit: Mapping | None, n: int) -> str:
         return f"n = {n} models"
     reason = str(fit.get("reason") or "")
     if reason or not np.isfinite(fit.get("slope", math.nan)):
-        return f"n = {n} models: no fit ({reason or 'not fitted'})"
+        return f"no fit: {reason.split(':')[0] or 'not fitted'}"
     text = (
         f"OLS R^2 = {fit['r2']:.3f}, p (HC3) = {fit['p_hc3']:.2g}, "
         f"Holm p = {fit.get('p_holm', math.nan):.2g}, n = {int(fit['n'])}; "
