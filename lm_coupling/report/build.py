@@ -109,6 +109,8 @@ def _figures(board, corr, primary, target, sets, geometry, out_dir: Path) -> lis
     paths = []
     if corr is not None and target is not None:
         for row in corr[corr["target"] == target].to_dict("records"):
+            if not row["n"]:
+                continue  # no model has both values: no empty panel (the CSV row says so)
             used = sets.used.get(row["metric"], "")
             tasks = f"{len(used.split(';'))} task(s)" if used else "each model's own tasks (mixed)"
             ax = fig.metric_vs_score(board, row["metric"], target, fit=row, tasks=tasks)
