@@ -5,6 +5,23 @@ percentages. GSM8K uses the ``strict-match`` filter (the answer after
 ``####``, as the Open LLM Leaderboard v1 scored it); ``flexible-extract`` is
 taken only when a results file has no ``strict-match`` value, and the
 provenance table records which filter was used.
+
+CSV schema versions (``schema_version`` in every statistics table; columns
+are never renamed without a new version listed here):
+
+- ``lm_coupling.report/1``: first release.
+- ``lm_coupling.report/2``: ``average`` only when all six benchmarks are
+  present (was: the mean of those present); ``score:<task>:<metric>``
+  columns for every other task; a metric with a K option is named after the
+  setting (``coupling`` -> ``coupling_k10``), with companions
+  ``<metric>__tasks``, ``<metric>__n``, ``<metric>__k_used``; local model
+  paths shortened (``provenance.csv`` gains ``model_path``);
+  ``correlations.csv`` gains ``task_set``, ``cooks_d_max``,
+  ``cooks_d_model``, ``influential``, ``r2_without``, ``x_log_scale`` (also
+  in ``controls.csv``) and reports no fit below 5 models (was 3);
+  ``within_model.csv`` gains ``score_type``, ``p_holm``, ``correction``;
+  ``geometry_long.csv``: ``n`` of a sampled metric is the documents measured,
+  ``windowed_lss`` layers are numbered 1..L.
 """
 
 from __future__ import annotations
@@ -12,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-SCHEMA_VERSION = "lm_coupling.report/1"
+SCHEMA_VERSION = "lm_coupling.report/2"
 
 
 @dataclass(frozen=True)

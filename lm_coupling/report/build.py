@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from matplotlib.figure import Figure
 
 from lm_coupling.report import figures as fig
-from lm_coupling.report.benchmarks import AVERAGE, benchmark_of
+from lm_coupling.report.benchmarks import benchmark_of
 from lm_coupling.report.controls import controls_table
 from lm_coupling.report.leaderboard import (
     benchmark_scores,
@@ -18,12 +19,14 @@ from lm_coupling.report.leaderboard import (
     geometry_columns,
     geometry_long,
     join_external,
+    primary_target,
     read_scores_csv,
     target_columns,
 )
 from lm_coupling.report.loading import IDENTITY, load_results, newest_values
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
+from lm_coupling.report.tasksets import TaskSets
 from lm_coupling.report.tokenwise import tokenwise_figure, with_tokenwise
 from lm_coupling.report.within_model import within_model
 
@@ -44,6 +47,7 @@ class ReportResult:
     controls: pd.DataFrame | None = None
     within_model: pd.DataFrame | None = None
     primary_metric: str | None = None
+    primary_target: str | None = None
     figures: list[Path] = field(default_factory=list)
     summary: Path | None = None
     notes: list[str] = field(default_factory=list)
@@ -53,61 +57,80 @@ def _slug(*parts: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", "_".join(parts)).strip("_")[-120:]
 
 
-def _save(axes_owner, out_dir: Path, name: str) -> list[Path]:
-    figure = axes_owner.figure
+def _save(owner, out_dir: Path, name: str) -> list[Path]:
+    """Save a figure (or the figure of an axes) as PNG and SVG under ``out_dir/figures``."""
+    figure = owner if isinstance(owner, Figure) else owner.figure
+    figure.canvas.draw()  # constrained layout settles equal-aspect axes on a second pass
     paths = [out_dir / "figures" / f"{name}.{ext}" for ext in ("png", "svg")]
     for path in paths:
         figure.savefig(path, format=path.suffix[1:])
     return paths
 
 
-def _model_geometry(geometry: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    """One geometry file per identity: a benchmark task first, then by task name."""
-    best: dict[tuple, dict[str, Any]] = {}
-    for geo in sorted(
-        geometry, key=lambda g: (benchmark_of(str(g.get("task"))) is None, str(g.get("task")))
-    ):
-        best.setdefault(geo["identity"], geo)
-    return best
+def _figure_task(geometry: list[dict[str, Any]]) -> str | None:
+    """The task whose per-model figures are drawn: measured on the most models, benchmark first."""
+    counts: dict[str, int] = {}
+    for geo in geometry:
+        if (geo.get("profiles") or geo.get("matrices")) and geo.get("task"):
+            counts[str(geo["task"])] = counts.get(str(geo["task"]), 0) + 1
+    return min(counts, key=lambda t: (-counts[t], benchmark_of(t) is None, t), default=None)
+
+
+def _model_title(identity: tuple, task: str, n_tasks: int) -> str:
+    model, revision, _ = identity
+    name = model if revision == "main" else f"{model} @ {revision}"
+    return f"{name}, task {task} (1 of {n_tasks} measured; all in geometry_long.csv)"
 
 
 def _per_model_figures(geometry: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    task = _figure_task(geometry)
     paths = []
-    for identity, geo in _model_geometry(geometry).items():
+    for geo in [g for g in geometry if str(g.get("task")) == task]:
+        identity = tuple(geo["identity"])
+        n_tasks = sum(1 for g in geometry if tuple(g["identity"]) == identity)
+        title = _model_title(identity, str(task), n_tasks)
         slug = _slug(*identity)
         profiles = geo.get("profiles") or {}
-        names = [n for n in fig.PROFILE_LABELS if (profiles.get(n) or {}).get("mean")]
-        if names:
-            axes = fig.new_axes(len(names), figsize=(3.0 * len(names), 3.0))
-            boundary = fig.profile_boundary(profiles)
-            for ax, name in zip(axes, names, strict=True):
-                prof = profiles[name]
-                fig.layer_profile(prof["mean"], name, boundary, ax=ax, stderr=prof.get("stderr"))
-            axes[0].figure.suptitle(f"{identity[0]} ({geo.get('task')})", fontsize=9)
-            paths += _save(axes[0], out_dir, f"profiles_{slug}")
+        n_layers = (
+            int((geo.get("model") or {}).get("n_layers") or 0)
+            or len((profiles.get("norm") or {}).get("mean") or [0, 0]) - 1
+        )
+        figure = fig.profiles_figure(profiles, n_layers, title)
+        if figure is not None:
+            paths += _save(figure, out_dir, f"profiles_{slug}")
         matrix = ((geo.get("matrices") or {}).get("coupling") or {}).get("mean")
         if matrix:
-            axes = fig.new_axes(2, figsize=(10.0, 4.5))
-            fig.coupling_heatmap(matrix, ax=axes[0])
-            fig.coupling_graph(matrix, ax=axes[1])
-            paths += _save(axes[0], out_dir, f"coupling_{slug}")
+            k = (geo.get("coupling") or {}).get("k")
+            paths += _save(fig.coupling_figure(matrix, k, title), out_dir, f"coupling_{slug}")
     return paths
 
 
-def _figures(board, corr, primary, geometry, out_dir: Path) -> list[Path]:
+def _figures(board, corr, primary, target, sets, geometry, out_dir: Path) -> list[Path]:
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     paths = []
-    if corr is not None:
-        for row in corr[corr["target"] == AVERAGE].to_dict("records"):
-            ax = fig.metric_vs_score(board, row["metric"], AVERAGE, fit=row)
-            paths += _save(ax, out_dir, f"fig1a_{_slug(row['metric'])}_vs_average")
+    if corr is not None and target is not None:
+        for row in corr[corr["target"] == target].to_dict("records"):
+            if not row["n"]:
+                continue  # no model has both values: no empty panel (the CSV row says so)
+            used = sets.used.get(row["metric"], "")
+            tasks = f"{len(used.split(';'))} task(s)" if used else "each model's own tasks (mixed)"
+            ax = fig.metric_vs_score(board, row["metric"], target, fit=row, tasks=tasks)
+            paths += _save(ax, out_dir, f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}")
     paths += _per_model_figures(geometry, out_dir)
     for identity, geo in with_tokenwise(geometry).items():
         axes = tokenwise_figure(geo, f"{identity[0]} {identity[1]} ({geo.get('task')})")
         paths += _save(axes, out_dir, f"tokenwise_{_slug(*identity)}")
-    if board.dropna(subset=["step"]).groupby("model")["step"].nunique().max() >= 2:
-        shown = [c for c in dict.fromkeys((primary, *TRAINING_METRICS)) if c in board.columns]
-        axes = fig.training_dynamics(board, shown, AVERAGE)
+    steps = board.dropna(subset=["step"]).groupby("model")["step"].nunique()
+    if len(steps) and steps.max() >= 2 and target is not None:
+        wanted = (primary, *TRAINING_METRICS)
+        shown = [c for c in dict.fromkeys(wanted) if c in board.columns]
+        shown += [
+            m
+            for base in TRAINING_METRICS
+            for m in geometry_columns(board)
+            if m.startswith(f"{base}_k") and m not in shown
+        ]
+        axes = fig.training_dynamics(board, list(dict.fromkeys(shown)), target)
         paths += _save(axes[0][0], out_dir, "emergence")
     return paths
 
@@ -119,6 +142,31 @@ def _score_notes(sources: pd.DataFrame, scores_csv) -> list[str]:
         notes.append(
             f"{len(ext)} benchmark scores came from --scores {scores_csv}; the others "
             "from the runs' results files (see score_sources.csv)."
+        )
+    return notes
+
+
+def task_set_notes(board: pd.DataFrame, sets: TaskSets, targets: list[str]) -> list[str]:
+    """Warnings for models measured or scored on different task sets."""
+    notes = []
+    for metric in sets.mixed:
+        per_model = board[f"{metric}__tasks"].dropna().unique()
+        notes.append(
+            f"WARNING: models were measured on different task sets for {metric} "
+            f"(no task common to all: {' | '.join(sorted(map(str, per_model)))}); each model's "
+            "value is the mean over its own tasks, so these values are not comparable."
+        )
+    for metric, dropped in sets.dropped.items():
+        notes.append(
+            f"{metric} is averaged over the tasks every model has ({sets.used[metric]}); "
+            f"left out because only some models have them: {', '.join(dropped)}."
+        )
+    partial = [t for t in targets if 0 < board[t].notna().sum() < len(board)]
+    if partial:
+        counts = ", ".join(f"{t} ({int(board[t].notna().sum())}/{len(board)})" for t in partial)
+        notes.append(
+            "WARNING: models were run on different tasks; scores present on only some "
+            f"models: {counts}. Each score column is correlated on the models that have it."
         )
     return notes
 
@@ -136,7 +184,8 @@ def build_report(
         results_dir: folder holding lm-eval runs (searched recursively).
         out_dir: where to write (default ``<results_dir>/report``).
         scores_csv: external scores with a ``model`` column and benchmark columns.
-        primary: geometry metric of the primary test (against the average).
+        primary: geometry metric of the primary test (against the average, or
+            the score present on most models when no model has all six).
         seed: bootstrap seed.
 
     Returns:
@@ -148,33 +197,39 @@ def build_report(
     loaded = load_results(results_dir)
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    selected, provenance = newest_values(loaded.values)
+    selected, provenance = newest_values(loaded.values, loaded.paths)
     sources = benchmark_scores(selected)
     if scores_csv is not None:
         ids = selected[IDENTITY].drop_duplicates()
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
-    board = build_leaderboard(selected, loaded.shapes, sources, loaded.geometry)
+    board, sets = build_leaderboard(
+        selected, loaded.shapes, sources, loaded.geometry, loaded.by_results
+    )
     result = ReportResult(
         out,
         board,
-        geometry_long(selected, loaded.geometry),
+        geometry_long(selected, loaded.geometry, loaded.by_results),
         provenance,
         sources,
         notes=[f"skipped {s}" for s in loaded.skipped],
     )
-    result.notes += _score_notes(sources, scores_csv)
     metrics, targets = geometry_columns(board), target_columns(board)
+    result.notes = task_set_notes(board, sets, targets) + result.notes
+    result.notes += _score_notes(sources, scores_csv)
     result.primary_metric = resolve_primary(metrics, primary)
+    result.primary_target = primary_target(board, targets)
     if len(board) < MIN_MODELS:
         result.notes.append(
-            f"Statistics skipped: {len(board)} model row(s), at least "
-            f"{MIN_MODELS} are needed; tables are descriptive only."
+            f"{len(board)} model row(s): at least {MIN_MODELS} are needed for any fit or "
+            "p-value, so the statistics tables are descriptive only (every row says why)."
         )
-    elif not targets:
-        result.notes.append("Statistics skipped: no leaderboard benchmark score was found.")
+    if result.primary_target is None:
+        result.notes.append("Statistics skipped: no task score was found.")
     else:
-        result.correlations = correlations(board, metrics, targets, primary, seed)
-        result.controls = controls_table(board, metrics, AVERAGE, seed)
+        result.correlations = correlations(
+            board, metrics, targets, primary, seed, result.primary_target, sets.used
+        )
+        result.controls = controls_table(board, metrics, result.primary_target, seed)
     wm = within_model(loaded.runs)
     result.within_model = wm if len(wm) else None
     tables = {
@@ -190,7 +245,15 @@ def build_report(
         if table is not None:
             table.to_csv(out / f"{name}.csv", index=False)
     result.figures = _figures(
-        board, result.correlations, result.primary_metric, loaded.geometry, out
+        board,
+        result.correlations,
+        result.primary_metric,
+        result.primary_target,
+        sets,
+        loaded.geometry,
+        out,
     )
-    result.summary = write_summary(out, result.primary_metric, result.figures, result.notes)
+    result.summary = write_summary(
+        out, result.primary_metric, result.figures, result.notes, result.primary_target
+    )
     return result

@@ -36,7 +36,7 @@ import statsmodels.api as sm
 from scipy import stats
 
 from lm_coupling.report.benchmarks import AVERAGE, SCHEMA_VERSION
-from lm_coupling.report.stats import FIT_COLUMNS, fit_pair, paired, skip_reason
+from lm_coupling.report.stats import FIT_COLUMNS, fit_pair, model_labels, paired, skip_reason
 
 CONTROL_VARIABLES = ("log_n_params", "n_layers", "d_model")
 CONTROL_COLUMNS = [
@@ -180,8 +180,9 @@ def controls_table(
     rows = []
     ctrl = control_frame(board)
     if target in board.columns:
+        labels = model_labels(board)
         for name in CONTROL_VARIABLES:
-            x, y = paired(ctrl[name], board[target])
+            x, y, names = paired(ctrl[name], board[target], labels)
             rows.append(
                 dict(
                     analysis="control",
@@ -189,7 +190,7 @@ def controls_table(
                     target=target,
                     controls="",
                     estimator="OLS-HC3",
-                    **fit_pair(x, y, seed),
+                    **fit_pair(x, y, seed, names),
                 )
             )
         for metric in metrics:
@@ -197,4 +198,6 @@ def controls_table(
             rows.append(exponential_fit(board, metric, target))
     table = pd.DataFrame(rows, columns=CONTROL_COLUMNS).assign(schema_version=SCHEMA_VERSION)
     table["reason"] = table["reason"].fillna("")
+    for column in ("influential", "x_log_scale"):
+        table[column] = table[column].fillna(False).astype(bool)
     return table

@@ -1,8 +1,14 @@
 """The report's figures. Each function draws on an optional ``ax`` and returns it.
 
-Figures are built on `matplotlib.figure.Figure` (no pyplot state, any
-backend); callers save them. `new_axes` makes a figure of ``FIGSIZE`` inches at
-``DPI``, so a saved PNG is ``FIGSIZE * DPI`` pixels.
+Figures are built on `matplotlib.figure.Figure` with an Agg canvas (no pyplot
+state); callers save them. `new_axes` makes a figure of ``FIGSIZE`` inches at
+``DPI`` with constrained layout, so that titles, tick labels and colour bars
+never overlap or leave the canvas.
+
+Layer numbering is the same everywhere: blocks are 1..L (heatmap rows and
+columns, graph nodes, windowed LSS), and a per-state profile runs over
+l = 0..L, where state l is the output of block l and 0 the embeddings. Layer
+axes carry integer ticks only.
 """
 
 from __future__ import annotations
@@ -13,35 +19,83 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, MaxNLocator
 
 from lm_coupling.report.benchmarks import parse_step
 from lm_coupling.report.boundary import boundary_layer, boundary_profile
+from lm_coupling.report.labels import place_labels
+from lm_coupling.report.stats import spans_decades
 
 FIGSIZE = (6.0, 4.5)
 DPI = 100
+LSS_WINDOW = 11
 PROFILE_LABELS = {
     "norm": "norm ||x^l||",
-    "windowed_lss": "windowed LSS",
+    "windowed_lss": "windowed LSS (11 layers)",
     "logit_lens_entropy": "logit-lens entropy H/ln V",
     "tv_to_target": "TV to target",
 }
 
 
 def new_axes(ncols: int = 1, figsize: tuple[float, float] = FIGSIZE) -> list[Axes]:
-    """A fresh figure with ``ncols`` axes side by side."""
-    fig = Figure(figsize=figsize, dpi=DPI)
+    """A fresh figure (constrained layout, Agg canvas) with ``ncols`` axes side by side."""
+    fig = Figure(figsize=figsize, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
     return [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 
 def new_grid(nrows: int, ncols: int, cell: tuple[float, float] = (4.0, 3.4)) -> np.ndarray:
     """A fresh figure with an ``nrows x ncols`` array of axes, ``cell`` inches each."""
     fig = Figure(figsize=(cell[0] * ncols, cell[1] * nrows), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
     return np.asarray(fig.subplots(nrows, ncols, squeeze=False))
 
 
 def _short(model: str) -> str:
     return model.rstrip("/").split("/")[-1]
+
+
+def integer_layer_axis(ax: Axes, first: int, last: int, axis: str = "x") -> None:
+    """Integer ticks between ``first`` and ``last`` (all of them up to 12 layers)."""
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    if last - first <= 11:
+        target.set_major_locator(FixedLocator(list(range(first, last + 1))))
+    else:
+        target.set_major_locator(MaxNLocator(nbins=10, integer=True, min_n_ticks=3))
+    lim = (first - 0.5, last + 0.5)
+    if axis == "x":
+        ax.set_xlim(*lim)
+    else:
+        ax.set_ylim(*(lim[::-1] if ax.yaxis_inverted() else lim))
+
+
+def _fit_text(metric: str, target: str, fit: Mapping | None, n: int) -> str:
+    if fit is None:
+        return f"n = {n} models"
+    reason = str(fit.get("reason") or "")
+    if reason or not np.isfinite(fit.get("slope", math.nan)):
+        return f"no fit: {reason.split(':')[0] or 'not fitted'}"
+    text = (
+        f"OLS R^2 = {fit['r2']:.3f}, p (HC3) = {fit['p_hc3']:.2g}, "
+        f"Holm p = {fit.get('p_holm', math.nan):.2g}, n = {int(fit['n'])}; "
+        f"Spearman rho = {fit['spearman_rho']:.2f}"
+    )
+    return text
+
+
+def _point_labels(data: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """Point labels (the step for checkpoints of a family, else the model) and colour groups."""
+    steps = data["revision"].map(parse_step) if "revision" in data else pd.Series(None)
+    if steps.notna().all() and len(data):
+        return [f"{int(s)}" for s in steps], [_short(str(m)) for m in data["model"]]
+    names = [_short(str(m)) for m in data["model"]]
+    if "revision" in data:
+        names = [
+            n if r == "main" else f"{n}@{r}" for n, r in zip(names, data["revision"], strict=True)
+        ]
+    return names, ["models"] * len(data)
 
 
 def metric_vs_score(
@@ -50,34 +104,75 @@ def metric_vs_score(
     target: str,
     fit: Mapping | None = None,
     ax: Axes | None = None,
+    tasks: str = "",
 ) -> Axes:
     """Scatter of a geometry metric against a score with the OLS line (coupling paper, Fig. 1a).
+
+    The line and p-values are drawn only for a fitted ``correlations.csv``
+    row (``MIN_MODELS`` or more models, see `lm_coupling.report.stats`); the
+    most influential model is ringed and named when ``influential`` is set;
+    a metric spanning more than two decades gets a log axis. Checkpoints of a
+    family are labelled by step and coloured by model.
 
     Args:
         board: leaderboard rows.
         metric: x column.
         target: y column.
-        fit: a ``correlations.csv`` row (slope, intercept, r2, p_hc3) to draw and quote.
+        fit: a ``correlations.csv`` row.
         ax: axes to draw on (a new figure when None).
+        tasks: the tasks the metric was averaged over (for the title).
     """
     ax = ax if ax is not None else new_axes()[0]
-    data = board[["model", metric, target]].dropna()
-    ax.scatter(data[metric], data[target], color="tab:blue", zorder=3)
-    for row in data.itertuples(index=False):
-        ax.annotate(_short(str(row[0])), (row[1], row[2]), fontsize=7, alpha=0.7)
-    if fit is not None and np.isfinite(fit.get("slope", math.nan)) and len(data):
-        xs = np.linspace(data[metric].min(), data[metric].max(), 50)
-        ax.plot(xs, fit["intercept"] + fit["slope"] * xs, color="tab:red")
-        ax.set_title(
-            f"{metric} vs {target}: R^2 = {fit['r2']:.3f}, p (HC3) = "
-            f"{fit['p_hc3']:.3g}, n = {int(fit['n'])}",
-            fontsize=9,
-        )
-    else:
-        ax.set_title(f"{metric} vs {target}", fontsize=9)
-    ax.set_xlabel(metric)
+    cols = [c for c in ("model", "revision", metric, target) if c in board.columns]
+    data = board[cols].dropna(subset=[metric, target])
+    labels, groups = _point_labels(data)
+    for group in dict.fromkeys(groups):
+        pick = [g == group for g in groups]
+        ax.scatter(data[metric][pick], data[target][pick], zorder=3, s=22, label=group)
+    by_step = bool(groups) and (len(set(groups)) > 1 or groups[0] != "models")
+    if by_step:
+        ax.legend(fontsize=7, title="model (labels: step)", title_fontsize=7)
+    log_x = spans_decades(data[metric].to_numpy())
+    if log_x:
+        ax.set_xscale("log")
+    fitted = fit is not None and not fit.get("reason") and np.isfinite(fit.get("slope", math.nan))
+    if fitted and len(data):
+        lo, hi = data[metric].min(), data[metric].max()
+        xs = np.geomspace(lo, hi, 100) if log_x else np.linspace(lo, hi, 100)
+        ax.plot(xs, fit["intercept"] + fit["slope"] * xs, color="tab:red", label="OLS")
+        if fit.get("influential"):
+            _ring_influential(ax, data, metric, target, fit)
+    task_note = f"; geometry over {tasks}" if tasks else ""
+    ax.set_title(
+        f"{metric} vs {target}{task_note}\n{_fit_text(metric, target, fit, len(data))}",
+        fontsize=8,
+        wrap=True,
+    )
+    if not log_x:
+        ax.ticklabel_format(axis="x", useOffset=False)
+    ax.ticklabel_format(axis="y", useOffset=False)
+    ax.set_xlabel(metric + (" (log scale)" if log_x else ""))
     ax.set_ylabel(target)
+    place_labels(ax, data[metric].to_numpy(float), data[target].to_numpy(float), labels)
     return ax
+
+
+def _ring_influential(ax: Axes, data: pd.DataFrame, metric: str, target: str, fit: Mapping):
+    name = str(fit.get("cooks_d_model", ""))
+    model, _, rev = name.partition("@")
+    hit = data[data["model"].astype(str) == model]
+    if rev and "revision" in hit:
+        hit = hit[hit["revision"].astype(str) == rev]
+    if hit.empty:
+        return
+    ax.scatter(
+        hit[metric], hit[target], s=160, facecolors="none", edgecolors="tab:red", zorder=4,
+        label=f"influential: Cook's D = {fit['cooks_d_max']:.3g}; R^2 without = "
+        f"{fit.get('r2_without', math.nan):.2f}",
+    )  # fmt: skip
+    old = ax.get_legend()
+    title = old.get_title().get_text() if old is not None else ""
+    ax.legend(fontsize=7, title=title or None, title_fontsize=7)
 
 
 def layer_profile(
@@ -87,18 +182,25 @@ def layer_profile(
     ax: Axes | None = None,
     stderr: Sequence[float] | None = None,
 ) -> Axes:
-    """One per-layer profile, with the thought/fixation boundary layer as a dashed line."""
+    """One per-layer profile, with the thought/fixation boundary layer as a dashed line.
+
+    ``windowed_lss`` has one value per block (x = 1..L); the other profiles
+    one per state (x = 0..L, 0 = embeddings).
+    """
     ax = ax if ax is not None else new_axes()[0]
-    y = np.asarray(values, dtype=float)
-    layers = np.arange(len(y)) + (1 if name == "windowed_lss" else 0)
+    y = np.asarray([math.nan if v is None else v for v in values], dtype=float)
+    first = 1 if name == "windowed_lss" else 0
+    layers = np.arange(len(y)) + first
     ax.plot(layers, y, marker="o", markersize=3)
     if stderr is not None:
-        err = np.asarray(stderr, dtype=float)
+        err = np.asarray([math.nan if v is None else v for v in stderr], dtype=float)
         ax.fill_between(layers, y - err, y + err, alpha=0.2)
     if boundary is not None and math.isfinite(boundary):
         ax.axvline(boundary, color="tab:red", linestyle="--", label="thought/fixation")
         ax.legend(fontsize=7)
-    ax.set_xlabel("layer l")
+    integer_layer_axis(ax, first, first + len(y) - 1)
+    ax.ticklabel_format(axis="y", useOffset=False)
+    ax.set_xlabel("block l" if first else "state l (0 = embeddings)")
     ax.set_title(PROFILE_LABELS.get(name, name), fontsize=9)
     return ax
 
@@ -109,16 +211,71 @@ def profile_boundary(profiles: Mapping[str, Mapping]) -> float:
     return boundary_layer(profile) if profile is not None else math.nan
 
 
+def shown_profiles(profiles: Mapping[str, Mapping], n_layers: int) -> tuple[list[str], str]:
+    """Profiles to draw, and a note on any left out (windowed LSS when L < 11)."""
+    names = [n for n in PROFILE_LABELS if (profiles.get(n) or {}).get("mean")]
+    note = ""
+    if "windowed_lss" in names and n_layers < LSS_WINDOW:
+        names.remove("windowed_lss")
+        note = f"windowed LSS omitted: {n_layers} blocks < its {LSS_WINDOW}-layer window"
+    return names, note
+
+
+def profiles_figure(profiles: Mapping[str, Mapping], n_layers: int, title: str) -> Figure | None:
+    """One model's per-layer profiles side by side, with ``title`` (model and task) above.
+
+    Windowed LSS is left out, and the title says so, when the model has fewer
+    blocks than the window. None when no profile was measured.
+    """
+    names, note = shown_profiles(profiles, n_layers)
+    if not names:
+        return None
+    axes = new_axes(len(names), figsize=(3.2 * len(names), 3.4))
+    boundary = profile_boundary(profiles)
+    for ax, name in zip(axes, names, strict=True):
+        prof = profiles[name]
+        layer_profile(prof["mean"], name, boundary, ax=ax, stderr=prof.get("stderr"))
+    figure = axes[0].figure
+    figure.suptitle(title + (f"\n{note}" if note else ""), fontsize=9)
+    return figure
+
+
+def coupling_figure(matrix: Sequence[Sequence[float]], k: int | None, title: str) -> Figure:
+    """One model's coupling heatmap and graph, with ``title`` (model and task) above."""
+    axes = new_axes(2, figsize=(9.0, 4.4))
+    coupling_heatmap(matrix, ax=axes[0], title=f"coupling c_K(l, l'), K = {k}")
+    coupling_graph(matrix, ax=axes[1])
+    axes[0].figure.suptitle(title, fontsize=9)
+    return axes[0].figure
+
+
 def coupling_heatmap(
     matrix: Sequence[Sequence[float]], ax: Axes | None = None, title: str = "coupling c_K(l, l')"
 ) -> Axes:
-    """The L x L coupling matrix as a heatmap (rows l, columns l')."""
+    """The L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
+
+    The diagonal (a block with itself, not part of the coupling score) is
+    masked grey, and the colour scale spans the off-diagonal values only.
+    """
     ax = ax if ax is not None else new_axes()[0]
     data = np.asarray(matrix, dtype=float)
-    image = ax.imshow(data, cmap="viridis", origin="upper")
-    ax.figure.colorbar(image, ax=ax)
-    ax.set_xlabel("layer l'")
-    ax.set_ylabel("layer l")
+    n = len(data)
+    off = np.where(np.eye(n, dtype=bool), np.nan, data)
+    finite = off[np.isfinite(off)]
+    vmin, vmax = (finite.min(), finite.max()) if len(finite) else (0.0, 1.0)
+    if vmin == vmax:
+        vmin, vmax = vmin - 0.5e-3, vmax + 0.5e-3
+    extent = (0.5, n + 0.5, n + 0.5, 0.5)
+    image = ax.imshow(
+        np.ma.masked_invalid(off), cmap="viridis", vmin=vmin, vmax=vmax, extent=extent
+    )
+    image.cmap.set_bad("lightgrey")
+    bar = ax.figure.colorbar(image, ax=ax, shrink=0.85)
+    bar.set_label("c_K (off-diagonal; diagonal grey)", fontsize=8)
+    integer_layer_axis(ax, 1, n, "x")
+    integer_layer_axis(ax, 1, n, "y")
+    ax.set_xlabel("block l'")
+    ax.set_ylabel("block l")
     ax.set_title(title, fontsize=9)
     return ax
 
@@ -126,7 +283,7 @@ def coupling_heatmap(
 def coupling_graph(
     matrix: Sequence[Sequence[float]], ax: Axes | None = None, quantile: float = 0.5
 ) -> Axes:
-    """Layers on a circle, joined where their coupling is above the ``quantile`` of off-diagonals.
+    """Blocks 1..L on a circle, joined where coupling is above the ``quantile`` of off-diagonals.
 
     Edge width and opacity grow with the symmetric coupling ``(A + A^T) / 2``.
     """
@@ -134,7 +291,7 @@ def coupling_graph(
     data = np.asarray(matrix, dtype=float)
     sym = (data + data.T) / 2
     n = len(sym)
-    angle = 2 * np.pi * np.arange(n) / max(n, 1)
+    angle = np.pi / 2 - 2 * np.pi * np.arange(n) / max(n, 1)
     xy = np.column_stack([np.cos(angle), np.sin(angle)])
     off = sym[~np.eye(n, dtype=bool)]
     off = off[np.isfinite(off)]
@@ -150,19 +307,15 @@ def coupling_graph(
                         linewidth=0.5 + 3 * w,
                         alpha=0.3 + 0.7 * w,
                     )
-    ax.scatter(*xy.T, s=120, color="white", edgecolors="black", zorder=3)
+    ax.scatter(*xy.T, s=160, color="white", edgecolors="black", zorder=3)
     for i, (x, y) in enumerate(xy):
         ax.annotate(str(i + 1), (x, y), ha="center", va="center", fontsize=7, zorder=4)
+    ax.set_xlim(-1.25, 1.25)
+    ax.set_ylim(-1.25, 1.25)
     ax.set_aspect("equal")
     ax.set_axis_off()
-    ax.set_title("layer-to-layer coupling graph", fontsize=9)
+    ax.set_title(f"blocks 1..{n}: pairs above the median coupling", fontsize=9)
     return ax
-
-
-def _spans_decades(values: pd.Series, decades: float = 2.0) -> bool:
-    """True when ``values`` are positive and span more than ``decades`` powers of ten."""
-    values = values.dropna()
-    return bool(len(values)) and values.min() > 0 and values.max() / values.min() > 10**decades
 
 
 def training_dynamics(board: pd.DataFrame, metrics: Sequence[str], target: str) -> np.ndarray:
@@ -170,15 +323,15 @@ def training_dynamics(board: pd.DataFrame, metrics: Sequence[str], target: str) 
 
     Top row: ``target`` and each of ``metrics`` against training step (from
     the revision, e.g. ``step512``; symmetric-log axis so that the
-    initialisation, step 0, is shown). Bottom row: each metric against
-    ``target``, the checkpoints of a model joined in step order and its last
-    one ringed, so that the path from initialisation to the trained model reads
-    left to right or right to left (the papers' emergence plots). A metric
-    whose values span more than two decades (expodistance at initialisation)
-    gets a log axis.
+    initialisation, step 0, is shown). Bottom row: the legend, then each
+    metric against ``target``, the checkpoints of a model joined in step
+    order and its last one ringed, so that the path from initialisation to
+    the trained model reads left to right or right to left (the papers'
+    emergence plots). A metric whose values span more than two decades
+    (expodistance at initialisation) gets a log axis.
 
     Returns:
-        The ``2 x (len(metrics) + 1)`` axes array (the bottom-left one is off).
+        The ``2 x (len(metrics) + 1)`` axes array (the bottom-left one holds the legend).
     """
     columns = [target, *metrics]
     data = board.assign(_step=board["revision"].map(parse_step)).dropna(subset=["_step"])
@@ -188,12 +341,14 @@ def training_dynamics(board: pd.DataFrame, metrics: Sequence[str], target: str) 
             group = group.sort_values("_step")
             ax.plot(group["_step"], group[column], marker="o", ms=3, label=_short(str(model)))
         ax.set_xscale("symlog", linthresh=1.0)
-        if _spans_decades(data[column]):
+        if spans_decades(data[column].to_numpy(float)):
             ax.set_yscale("log")
         ax.set_xlabel("training step")
         ax.set_title(f"{column} over training", fontsize=9)
-    axes[0][0].legend(fontsize=7)
-    axes[1][0].set_axis_off()
+    handles, names = axes[0][0].get_legend_handles_labels()
+    legend_ax = axes[1][0]
+    legend_ax.set_axis_off()
+    legend_ax.legend(handles, names, title="model", loc="center", fontsize=8, title_fontsize=8)
     for ax, column in zip(axes[1][1:], metrics, strict=True):
         for model, group in data.dropna(subset=[column, target]).groupby("model"):
             group = group.sort_values("_step")
@@ -203,9 +358,9 @@ def training_dynamics(board: pd.DataFrame, metrics: Sequence[str], target: str) 
                 [last[column]], [last[target]], s=60, facecolors="none",
                 edgecolors=line[0].get_color(), zorder=3,
             )  # fmt: skip
-        if _spans_decades(data[column]):
+        if spans_decades(data[column].to_numpy(float)):
             ax.set_xscale("log")
         ax.set_xlabel(column)
         ax.set_ylabel(target)
-        ax.set_title(f"{target} vs {column} (ring: last step)", fontsize=9)
+        ax.set_title(f"{target} vs {column}\n(ring: last step)", fontsize=9)
     return axes

@@ -1,14 +1,24 @@
 """Build the leaderboard table (one row per model identity) and the long geometry table.
 
-Columns of ``leaderboard.csv``: ``model, revision, dtype, step, n_params,
-n_layers, d_model``, one column per benchmark present (``arc, hellaswag,
-mmlu, truthfulqa, winogrande, gsm8k``: scores in [0, 1]), ``n_benchmarks``,
-``average`` (the mean over the benchmarks present in that row), then one column
-per geometry metric and ``thought_fixation_boundary``.
+Columns of ``leaderboard.csv`` (schema ``lm_coupling.report/2``, see
+`lm_coupling.report.benchmarks` for the changes from /1):
 
-A model's geometry value is the mean of its per-task values over the
-leaderboard benchmark tasks that carry it; a model whose geometry was measured
-only on other tasks gets the mean over those tasks.
+- ``model, revision, dtype, step, n_params, n_layers, d_model``;
+- one column per leaderboard benchmark present (``arc, hellaswag, mmlu,
+  truthfulqa, winogrande, gsm8k``: scores in [0, 1], the metric of
+  `BENCHMARKS`), ``n_benchmarks`` (how many of the six this row has) and
+  ``average``: the mean of the six, only when all six are present (NaN
+  otherwise: a mean over a different subset per model compares nothing);
+- ``score:<task>:<metric>`` for every other task that was run: its primary
+  metric (`lm_coupling.report.loading.primary_score_metric`; ``,<filter>``
+  is appended when the filter is not ``none``). Subtasks of a scored group
+  (MMLU's subjects) are represented by the group;
+- per geometry metric ``<metric>`` (a metric with a K option is named after
+  the setting: ``coupling_k10``, ``coupling_k0.1``), ``<metric>__tasks``,
+  ``<metric>__n`` and, for coupling, ``<metric>__k_used`` (the K after the
+  d_model - 1 cap, per model); then ``thought_fixation_boundary`` with the
+  same companions. Which tasks a value is averaged over: see
+  `lm_coupling.report.tasksets`.
 """
 
 from __future__ import annotations
@@ -29,10 +39,19 @@ from lm_coupling.report.benchmarks import (
 )
 from lm_coupling.report.boundary import boundary_depth, boundary_profile
 from lm_coupling.report.loading import IDENTITY, ReportInputError, load_results, newest_values
+from lm_coupling.report.tasksets import (
+    TaskSets,
+    documents_measured,
+    geometry_table,
+    scored_groups,
+    task_unit,
+)
 
 LONG_COLUMNS = [*IDENTITY, "task", "metric", "layer", "value", "stderr", "n"]
 SOURCE_COLUMNS = [*IDENTITY, "benchmark", "task", "metric", "filter", "value", "source"]
 PROFILE_NAMES = ("norm", "windowed_lss", "logit_lens_entropy", "tv_to_target")
+# Profiles over blocks 1..L (the others are over states 0..L, 0 = embeddings).
+PROFILES_FROM_ONE = ("windowed_lss", "singular_values", "spectral_gap")
 
 
 def _first_filter(rows: pd.DataFrame, filters: tuple[str, ...] | None) -> pd.DataFrame:
@@ -124,35 +143,98 @@ def join_external(
     return pd.concat([keep, ext], ignore_index=True)
 
 
-def _geometry_means(selected: pd.DataFrame) -> pd.DataFrame:
-    geo = _first_filter(selected[selected["kind"] == "geometry"], None)
-    geo = geo.assign(_bench=geo["task"].map(lambda t: benchmark_of(t) is not None).astype(bool))
-    has_bench = geo.groupby([*IDENTITY, "metric"])["_bench"].transform("any")
-    geo = geo[geo["_bench"] | ~has_bench]
-    return geo.pivot_table(index=IDENTITY, columns="metric", values="value", aggfunc="mean")
+SCORE_PREFIX = "score:"
+AUX_SEPARATOR = "__"
 
 
-def _boundaries(geometry: list[dict[str, Any]]) -> pd.DataFrame:
-    rows = []
-    for geo in geometry:
-        profile = boundary_profile(geo.get("profiles") or {})
-        if profile is not None:
-            bench = benchmark_of(str(geo.get("task", ""))) is not None
-            rows.append(
-                dict(
-                    zip(IDENTITY, geo["identity"], strict=True),
-                    value=boundary_depth(profile),
-                    bench=bench,
-                )
-            )
-    table = pd.DataFrame(rows, columns=[*IDENTITY, "value", "bench"])
-    if table.empty:
-        return pd.DataFrame(
-            columns=[BOUNDARY_COLUMN], index=pd.MultiIndex.from_tuples([], names=IDENTITY)
+def task_score_column(task: str, metric: str, filt: str) -> str:
+    """``score:<task>:<metric>`` (``,<filter>`` appended unless the filter is ``none``)."""
+    suffix = "" if filt in ("none", "", None) else f",{filt}"
+    return f"{SCORE_PREFIX}{task}:{metric}{suffix}"
+
+
+def task_scores(selected: pd.DataFrame) -> pd.DataFrame:
+    """Primary scores of the tasks that are not leaderboard benchmarks, one column each."""
+    groups = scored_groups(selected)
+    rows = selected[(selected["kind"] == "score") & selected["primary_score"].astype(bool)]
+    keep = (
+        rows.apply(
+            lambda r: (
+                benchmark_of(r["task"]) is None
+                and task_unit(r["task"], r["group"], groups) == r["task"]
+            ),
+            axis=1,
         )
-    has_bench = table.groupby(IDENTITY)["bench"].transform("any")
-    table = table[table["bench"] | ~has_bench]
-    return table.groupby(IDENTITY)[["value"]].mean().rename(columns={"value": BOUNDARY_COLUMN})
+        if len(rows)
+        else pd.Series(dtype=bool)
+    )
+    rows = rows[keep.astype(bool)] if len(rows) else rows
+    rows = rows.drop_duplicates([*IDENTITY, "task"], keep="first")
+    if rows.empty:
+        return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=IDENTITY))
+    rows = rows.assign(
+        column=[task_score_column(t, m, f) for t, m, f in rows[["task", "metric", "filter"]].values]
+    )
+    wide = rows.pivot_table(index=IDENTITY, columns="column", values="value", aggfunc="first")
+    return wide[sorted(wide.columns)]
+
+
+def _geometry_lookup(geometry: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    return {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
+
+
+def geometry_rows(
+    selected: pd.DataFrame,
+    geometry: list[dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> pd.DataFrame:
+    """One row per (identity, task, metric): value, unit, documents measured, K used.
+
+    A value's geometry file is the one written beside its own results file
+    (``by_results``), else the newest for its model and task.
+    """
+    geo = _first_filter(selected[selected["kind"] == "geometry"], None)
+    lookup = _geometry_lookup(geometry)
+    by_results = by_results or {}
+    groups = scored_groups(selected)
+    rows = []
+    for r in geo.to_dict("records"):
+        ident = tuple(r[k] for k in IDENTITY)
+        doc = by_results.get((str(r["file"]), r["task"])) or lookup.get((ident, r["task"]))
+        coupling = (doc or {}).get("coupling") or {}
+        k_used = coupling.get("k") if r["base_metric"] == "coupling" else None
+        rows.append(
+            dict(
+                zip(IDENTITY, ident, strict=True),
+                task=r["task"],
+                metric=r["metric"],
+                unit=task_unit(r["task"], r["group"], groups),
+                value=r["value"],
+                n=documents_measured(doc, r["base_metric"], r["n"]),
+                k_used=math.nan if k_used is None else float(k_used),
+            )
+        )
+    keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
+    group_of = dict(zip(keys, selected["group"], strict=True))
+    for doc in geometry:
+        profile = boundary_profile(doc.get("profiles") or {})
+        if profile is None:
+            continue
+        task = str(doc.get("task", ""))
+        group = group_of.get((*doc["identity"], task), "")
+        rows.append(
+            dict(
+                zip(IDENTITY, doc["identity"], strict=True),
+                task=task,
+                metric=BOUNDARY_COLUMN,
+                unit=task_unit(task, group, groups),
+                value=boundary_depth(profile),
+                n=float(doc.get("n_documents") or math.nan),
+                k_used=math.nan,
+            )
+        )
+    columns = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used"]
+    return pd.DataFrame(rows, columns=columns).astype({"value": float, "n": float})
 
 
 def build_leaderboard(
@@ -160,8 +242,17 @@ def build_leaderboard(
     shapes: pd.DataFrame,
     scores: pd.DataFrame,
     geometry: list[dict[str, Any]],
-) -> pd.DataFrame:
-    """Assemble ``leaderboard.csv`` (see the module docstring for the columns)."""
+    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> tuple[pd.DataFrame, TaskSets]:
+    """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
+
+    Args:
+        selected: the newest values (`newest_values`).
+        shapes: model shapes.
+        scores: benchmark scores (`benchmark_scores`, `join_external`).
+        geometry: the newest geometry file per model and task.
+        by_results: every geometry file by (results file, task) (`LoadedResults.by_results`).
+    """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
     board.insert(3, "step", board["revision"].map(parse_step).astype("Int64"))
@@ -172,32 +263,56 @@ def build_leaderboard(
         )
         board = board.merge(wide[bench_cols].reset_index(), on=IDENTITY, how="left")
     board["n_benchmarks"] = board[bench_cols].notna().sum(axis=1) if bench_cols else 0
-    board[AVERAGE] = board[bench_cols].mean(axis=1) if bench_cols else np.nan
-    means = _geometry_means(selected)
-    board = board.merge(means.reset_index(), on=IDENTITY, how="left")
-    board = board.merge(_boundaries(geometry).reset_index(), on=IDENTITY, how="left")
-    return board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
+    complete = board["n_benchmarks"] == len(BENCHMARKS)
+    average = board[bench_cols].mean(axis=1) if bench_cols else pd.Series(np.nan, board.index)
+    board[AVERAGE] = average.where(complete)
+    extra = task_scores(selected)
+    if len(extra.columns):
+        board = board.merge(extra.reset_index(), on=IDENTITY, how="left")
+    wide, sets = geometry_table(geometry_rows(selected, geometry, by_results))
+    if len(wide.columns):
+        board = board.merge(wide.reset_index(), on=IDENTITY, how="left")
+    board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
+    return board, sets
 
 
-def geometry_long(selected: pd.DataFrame, geometry: list[dict[str, Any]]) -> pd.DataFrame:
-    """Per-task geometry: scalars (``layer`` empty) and per-layer profiles from geometry files."""
-    geo = _first_filter(selected[selected["kind"] == "geometry"], None)
-    rows = [geo.assign(layer=pd.NA)[LONG_COLUMNS]]
+def geometry_long(
+    selected: pd.DataFrame,
+    geometry: list[dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
+) -> pd.DataFrame:
+    """Per-task geometry: scalars (``layer`` empty) and per-layer profiles from geometry files.
+
+    ``n`` of a scalar is the number of documents it was measured on (a sampled
+    metric's sample, not the task size); of a profile entry, the documents
+    with a finite value at that layer.
+    """
+    rows = geometry_rows(selected, geometry, by_results)
+    rows = rows[rows["metric"] != BOUNDARY_COLUMN]
+    stderr = _first_filter(selected[selected["kind"] == "geometry"], None)
+    rows = rows.merge(
+        stderr[[*IDENTITY, "task", "metric", "stderr"]],
+        on=[*IDENTITY, "task", "metric"],
+        how="left",
+    )
+    parts = [rows.assign(layer=pd.NA)[LONG_COLUMNS]]
     for item in geometry:
         for name, profile in (item.get("profiles") or {}).items():
             mean = profile.get("mean") or []
-            stderr = profile.get("stderr") or [math.nan] * len(mean)
+            if any(isinstance(v, list) for v in mean):
+                continue  # per-layer vectors (singular values): in the geometry file only
+            err = profile.get("stderr") or [math.nan] * len(mean)
             count = profile.get("n") or [math.nan] * len(mean)
-            frame = pd.DataFrame(dict(value=mean, stderr=stderr, n=count), dtype=float)
-            frame = frame.assign(layer=range(len(mean)), task=item.get("task", ""), metric=name)
+            frame = pd.DataFrame(dict(value=mean, stderr=err, n=count), dtype=float)
+            first = 1 if name in PROFILES_FROM_ONE else 0
+            frame = frame.assign(
+                layer=range(first, first + len(mean)), task=item.get("task", ""), metric=name
+            )
             for key, value in zip(IDENTITY, item["identity"], strict=True):
                 frame[key] = value
-            rows.append(frame[LONG_COLUMNS])
-    out = (
-        pd.concat([r for r in rows if len(r)], ignore_index=True)
-        if any(len(r) for r in rows)
-        else pd.DataFrame(columns=LONG_COLUMNS)
-    )
+            parts.append(frame[LONG_COLUMNS])
+    parts = [p for p in parts if len(p)]
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=LONG_COLUMNS)
     out["layer"] = out["layer"].astype("Int64")
     return out.sort_values(
         [*IDENTITY, "task", "metric", "layer"], kind="stable", na_position="first"
@@ -205,15 +320,28 @@ def geometry_long(selected: pd.DataFrame, geometry: list[dict[str, Any]]) -> pd.
 
 
 def geometry_columns(board: pd.DataFrame) -> list[str]:
-    """The geometry metric columns of a leaderboard, in table order."""
+    """The geometry metric columns of a leaderboard, in table order (no companions)."""
     fixed = {*IDENTITY, "step", "n_params", "n_layers", "d_model", "n_benchmarks", AVERAGE}
     fixed |= {b.column for b in BENCHMARKS}
-    return [c for c in board.columns if c not in fixed]
+    return [
+        c
+        for c in board.columns
+        if c not in fixed and not c.startswith(SCORE_PREFIX) and AUX_SEPARATOR not in c
+    ]
 
 
 def target_columns(board: pd.DataFrame) -> list[str]:
-    """Benchmark columns present, then ``average``."""
-    return [c for c in (*[b.column for b in BENCHMARKS], AVERAGE) if c in board.columns]
+    """Score columns: the benchmarks present, ``average``, then ``score:<task>:<metric>``."""
+    fixed = [c for c in (*[b.column for b in BENCHMARKS], AVERAGE) if c in board.columns]
+    return fixed + [c for c in board.columns if c.startswith(SCORE_PREFIX)]
+
+
+def primary_target(board: pd.DataFrame, targets: list[str]) -> str | None:
+    """``average`` when any model has all six benchmarks, else the score on the most models."""
+    present = [t for t in targets if board[t].notna().any()]
+    if AVERAGE in present:
+        return AVERAGE
+    return max(present, key=lambda t: int(board[t].notna().sum()), default=None)
 
 
 def write_leaderboard(results_dir: str | Path) -> Path:
@@ -223,8 +351,10 @@ def write_leaderboard(results_dir: str | Path) -> Path:
     statistics and figures: the run command refreshes it after every run.
     """
     loaded = load_results(results_dir)
-    selected, _ = newest_values(loaded.values)
-    board = build_leaderboard(selected, loaded.shapes, benchmark_scores(selected), loaded.geometry)
+    selected, _ = newest_values(loaded.values, loaded.paths)
+    board, _ = build_leaderboard(
+        selected, loaded.shapes, benchmark_scores(selected), loaded.geometry, loaded.by_results
+    )
     path = Path(results_dir) / "leaderboard.csv"
     board.to_csv(path, index=False)
     return path

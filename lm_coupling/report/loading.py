@@ -6,9 +6,19 @@ A run writes, under ``<output_path>/<model_name_sanitized>/``, lm-eval's
 (see docs/CONTRACTS.md). A row of the report is one model identity
 ``(model, revision, dtype)``:
 
-- model: ``config.model_args["pretrained"]`` (else ``model_name``);
+- model: ``config.model_args["pretrained"]`` (else ``model_name``); a local
+  path is shown by its shortest tail of at least two folder names that no
+  other model of the report shares (``/scratch/me/fam/tiny`` -> ``fam/tiny``;
+  `display_names`); the full path stays in ``provenance.csv``
+  (``model_path``). Hub names (``org/name``) are kept as they are;
 - revision: ``config.model_revision``, else ``revision=`` in the model
-  arguments, else ``"main"``;
+  arguments, else ``"main"``. A local model folder whose last name is a
+  checkpoint name (``step512``, ``step-512``, ``step_512``,
+  ``checkpoint-2000``, ``ckpt_3``, ``iter100``, ``global_step100``; the whole
+  name, nothing else in it) becomes model = its parent folder, revision = that
+  name, so the checkpoints of one training run are revisions of one model, as
+  Pythia's hub revisions are. Nothing else is merged: ``run_step5_final``
+  or two folders with different parents stay different models;
 - dtype: ``config.model_dtype``, else ``dtype=`` in the model arguments,
   else ``"auto"``; a ``torch.`` prefix is dropped.
 
@@ -32,12 +42,18 @@ from typing import Any
 import pandas as pd
 
 from lm_coupling.errors import LmCouplingError
-from lm_coupling.report.benchmarks import is_geometry_metric, parse_step
+from lm_coupling.report.benchmarks import benchmark_of, is_geometry_metric, parse_step
 
 IDENTITY = ["model", "revision", "dtype"]
 VALUE_COLUMNS = [*IDENTITY, "task", "metric", "filter", "value", "stderr", "n", "kind"]
-VALUE_COLUMNS += ["file", "timestamp"]
+VALUE_COLUMNS += ["file", "timestamp", "base_metric", "primary_score", "group"]
+# Geometry metrics whose value depends on a K option: the report names their
+# column after the setting (``coupling_k10``, ``coupling_k0.1``), so runs at
+# different K never overwrite each other (MetricSpec.k_option of the built-ins).
+K_OPTIONS = {"coupling": "k", "alignment_ratio": "alignment_k"}
+_CHECKPOINT = re.compile(r"^(?:global_)?(?:step|checkpoint|ckpt|iter)[-_]?\d+$", re.IGNORECASE)
 _TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)")
+PROVENANCE_COLUMNS = [*IDENTITY, "model_path", "task", "file", "date", "status", "metrics"]
 _SKIP_KEYS = {"alias", "name", "sample_len", " ", ""}
 
 
@@ -60,6 +76,9 @@ class RunFile:
     declared: set[str]
     results: dict[str, dict[str, Any]]
     samples: dict[str, Path] = field(default_factory=dict)
+    higher_is_better: dict[str, dict[str, Any]] = field(default_factory=dict)
+    parents: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,6 +92,10 @@ class LoadedResults:
         runs: the parsed results files.
         geometry: parsed geometry files, newest per (identity, task).
         skipped: the files skipped, with the reason.
+        paths: display name -> full model name or path (`display_names`).
+        by_results: every geometry file, keyed by (its results file, task), so
+            that a value is matched to the geometry file of its own run (runs
+            at two K settings each keep their own ``coupling.k``).
     """
 
     values: pd.DataFrame
@@ -80,6 +103,8 @@ class LoadedResults:
     runs: list[RunFile]
     geometry: list[dict[str, Any]]
     skipped: list[str]
+    paths: dict[str, str] = field(default_factory=dict)
+    by_results: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
 
 def file_timestamp(path: Path, fallback: float | None = None) -> float:
@@ -124,13 +149,49 @@ def _split_local_checkpoint(model: str, revision: str) -> tuple[str, str]:
     """``/runs/tiny/step400`` (revision main) -> (``/runs/tiny``, ``step400``).
 
     Local checkpoints of one training run are revisions of one model, as hub
-    revisions such as Pythia's ``step1000`` are.
+    revisions such as Pythia's ``step1000`` are. Only a last folder name that
+    is wholly a checkpoint name (``_CHECKPOINT``) is split off.
     """
     path = model.rstrip("/")
     head, _, last = path.rpartition("/")
-    if revision == "main" and head and parse_step(last) is not None:
+    if revision == "main" and head and _CHECKPOINT.match(last) and parse_step(last) is not None:
         return head, last
     return model, revision
+
+
+def is_local_path(model: str) -> bool:
+    """Whether a model name is a local folder rather than a hub id (``org/name``)."""
+    if model.startswith(("/", "./", "../", "~")) or model.count("/") >= 2:
+        return True
+    return Path(model).is_dir() and "/" in model
+
+
+def display_names(models: list[str]) -> dict[str, str]:
+    """Short names for the report: the shortest unique tail of a local path (>= 2 folders).
+
+    Hub ids and bare names are kept. Two paths that share a tail get longer
+    tails until they differ (a path that cannot be told apart keeps its full
+    name), so different folders never merge.
+    """
+    unique = list(dict.fromkeys(models))
+    parts = {
+        m: [p for p in m.rstrip("/").split("/") if p not in ("", ".", "..", "~")]
+        for m in unique
+        if is_local_path(m)
+    }
+    names = {m: m for m in unique}
+    reserved = {m for m in unique if m not in parts}
+    pending, depth = set(parts), 2
+    while pending:
+        tails = {m: "/".join(p[-depth:]) for m, p in parts.items()}
+        for model in sorted(pending):
+            tail = tails[model]
+            clash = tail in reserved or any(tails[o] == tail for o in parts if o != model)
+            if not clash or depth >= len(parts[model]):
+                names[model] = model if clash else tail
+                pending.discard(model)
+        depth += 1
+    return names
 
 
 def _local_config_shape(model: str) -> dict[str, float]:
@@ -185,13 +246,66 @@ def parse_results_file(path: Path) -> RunFile:
     declared = set(lmc.get("metrics") or [])
     timestamp = file_timestamp(path, _as_float(data.get("date")))
     results = {k: v for k, v in data["results"].items() if isinstance(v, dict)}
-    return RunFile(path, timestamp, identity, _run_shape(data, identity[0]), declared, results)
+    run = RunFile(path, timestamp, identity, _run_shape(data, identity[0]), declared, results)
+    hib = data.get("higher_is_better")
+    run.higher_is_better = {k: v for k, v in (hib or {}).items() if isinstance(v, dict)}
+    for group, subtasks in (data.get("group_subtasks") or {}).items():
+        for task in subtasks if isinstance(subtasks, list) else []:
+            run.parents[str(task)] = str(group)
+    run.options = dict(lmc.get("options") or {})
+    return run
+
+
+def k_setting_name(metric: str, options: dict[str, Any]) -> str:
+    """``coupling`` run with option k = 10 -> ``coupling_k10`` (0.1 -> ``coupling_k0.1``).
+
+    A metric without a K option, or a run that did not record the option,
+    keeps its name.
+    """
+    option = K_OPTIONS.get(metric)
+    if option is None or options.get(option) is None:
+        return metric
+    value = options[option]
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return f"{metric}_k{text}"
+
+
+def primary_score_metric(run: RunFile, task: str) -> str | None:
+    """The score metric of a task: the leaderboard metric of a benchmark, else lm-eval's first.
+
+    For a task that is not one of the six leaderboard benchmarks this is the
+    first metric of lm-eval's ``higher_is_better`` table for the task (the
+    first metric of its ``metric_list``) that is not geometry and has a value;
+    without that table, the first such metric in the results entry.
+    """
+    entry = run.results.get(task, {})
+    present = {k.split(",", 1)[0] for k, v in entry.items() if "," in k and _is_number(v)}
+    bench = benchmark_of(task)
+    if bench is not None:
+        return bench.metric if bench.metric in present else None
+    ordered = [m for m, better in run.higher_is_better.get(task, {}).items() if better is not None]
+    ordered += sorted(present)
+    return next(
+        (
+            m
+            for m in ordered
+            if m in present
+            and not m.endswith("_stderr")
+            and not is_geometry_metric(m, run.declared)
+        ),
+        None,
+    )
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _run_values(run: RunFile) -> list[dict[str, Any]]:
     rows = []
     for task, entry in run.results.items():
         n = _as_float(entry.get("sample_len"))
+        primary = primary_score_metric(run, task)
         for key, value in entry.items():
             if "," not in key or key in _SKIP_KEYS:
                 continue
@@ -200,11 +314,15 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
                 continue
             kind = "geometry" if is_geometry_metric(metric, run.declared) else "score"
             stderr = _as_float(entry.get(f"{metric}_stderr,{filt}"))
+            name = k_setting_name(metric, run.options) if kind == "geometry" else metric
             rows.append(
                 dict(
                     zip(IDENTITY, run.identity, strict=True),
                     task=task,
-                    metric=metric,
+                    metric=name,
+                    base_metric=metric,
+                    primary_score=kind == "score" and metric == primary,
+                    group=run.parents.get(task, ""),
                     filter=filt,
                     value=float(value),
                     stderr=stderr,
@@ -227,7 +345,9 @@ def _attach_samples(run: RunFile) -> None:
             run.samples[task] = path
 
 
-def _parse_geometry(path: Path, runs_by_file: dict[Path, RunFile]) -> dict[str, Any]:
+def _parse_geometry(
+    path: Path, runs_by_file: dict[Path, RunFile], names: dict[str, str]
+) -> dict[str, Any]:
     data = json.loads(path.read_text())
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
         "lm_coupling.geometry/"
@@ -239,12 +359,18 @@ def _parse_geometry(path: Path, runs_by_file: dict[Path, RunFile]) -> dict[str, 
     if sibling in runs_by_file:
         identity = runs_by_file[sibling].identity
     else:
-        identity = (
-            str(model.get("name", "unknown")),
-            str(model.get("revision") or "main"),
-            normalize_dtype(model.get("dtype")),
+        name, revision = _split_local_checkpoint(
+            str(model.get("name", "unknown")), str(model.get("revision") or "main")
         )
-    return dict(data, identity=identity, path=str(path), timestamp=file_timestamp(path))
+        identity = (names.get(name, name), revision, normalize_dtype(model.get("dtype")))
+    results_file = str(sibling) if sibling in runs_by_file else ""
+    return dict(
+        data,
+        identity=identity,
+        path=str(path),
+        timestamp=file_timestamp(path),
+        results_file=results_file,
+    )
 
 
 def _skip(path: Path, reason: str, skipped: list[str]) -> None:
@@ -291,25 +417,39 @@ def load_results(results_dir: str | Path) -> LoadedResults:
         )
     for run in runs:
         _attach_samples(run)
+    names = display_names([run.identity[0] for run in runs])
+    for run in runs:
+        run.identity = (names[run.identity[0]], *run.identity[1:])
     by_file = {run.path: run for run in runs}
     newest: dict[tuple, dict[str, Any]] = {}
+    by_results: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(root.rglob("geometry_*.json")):
         try:
-            geo = _parse_geometry(path, by_file)
+            geo = _parse_geometry(path, by_file, names)
         except (OSError, ValueError, AttributeError) as exc:
             _skip(path, str(exc), skipped)
             continue
         key = (geo["identity"], geo.get("task"))
         if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
             newest[key] = geo
+        if geo["results_file"]:
+            by_results[(geo["results_file"], str(geo.get("task")))] = geo
     rows = [row for run in runs for row in _run_values(run)]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
     geometry = list(newest.values())
-    return LoadedResults(values, _shapes(runs, geometry), runs, geometry, skipped)
+    paths = {short: full for full, short in names.items()}
+    shapes = _shapes(runs, geometry)
+    return LoadedResults(values, shapes, runs, geometry, skipped, paths, by_results)
 
 
-def newest_values(values: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def newest_values(
+    values: pd.DataFrame, paths: dict[str, str] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Keep the newest value per (identity, task, metric, filter).
+
+    Args:
+        values: `LoadedResults.values`.
+        paths: display name -> full model path (``model_path`` column).
 
     Returns:
         ``(selected, provenance)``: the winning rows, and one provenance row
@@ -331,6 +471,7 @@ def newest_values(values: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                 model=model,
                 revision=rev,
                 dtype=dtype,
+                model_path=(paths or {}).get(model, model),
                 task=task,
                 file=file,
                 date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
@@ -338,6 +479,4 @@ def newest_values(values: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                 metrics=";".join(names),
             )
         )
-    return selected, pd.DataFrame(
-        prov, columns=[*IDENTITY, "task", "file", "date", "status", "metrics"]
-    )
+    return selected, pd.DataFrame(prov, columns=PROVENANCE_COLUMNS)

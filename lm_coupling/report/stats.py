@@ -8,6 +8,24 @@ p-values of the whole family are adjusted with Holm's step-down method
 (``numpy.random.default_rng(seed)``, ``N_BOOT`` draws) and gives the
 percentile 95% interval of the OLS slope; draws whose metric column is
 constant are dropped (``n_boot`` counts the draws kept).
+
+Minimum number of models: a pair measured on fewer than ``MIN_MODELS`` (5)
+models gets no fit, no p-value and no Holm adjustment: every statistic is
+NaN and ``reason`` says why (with four points an OLS line has two residual
+degrees of freedom, and one model decides the slope). The same constant
+gates `controls.csv` and the figures.
+
+Influence: ``cooks_d_max`` is the largest Cook's distance of the OLS fit
+(statsmodels ``OLSInfluence``; infinite for a point of leverage 1) and
+``cooks_d_model`` the model it belongs to; ``influential`` is True when it
+exceeds ``COOKS_THRESHOLD`` = 1 (Cook and Weisberg's conventional cut-off:
+removing that one model moves the fitted line by more than the whole
+fit's 50% confidence region), and
+``r2_without`` is the R^2 of the fit refitted without that model. Read the
+rank statistics (Spearman, Kendall) beside OLS for such a row: they do not
+depend on how far the point lies. ``x_log_scale`` is True when the metric is
+positive and spans more than two decades over the models (the figures then
+use a log axis: expodistance at initialisation).
 """
 
 from __future__ import annotations
@@ -24,7 +42,9 @@ from statsmodels.stats.multitest import multipletests
 from lm_coupling.report.benchmarks import SCHEMA_VERSION
 
 N_BOOT = 2000
-MIN_MODELS = 3
+MIN_MODELS = 5
+DECADES = 2.0
+COOKS_THRESHOLD = 1.0
 ESTIMATOR = "OLS-HC3"
 CORRECTION = "holm"
 FIT_COLUMNS = [
@@ -43,11 +63,17 @@ FIT_COLUMNS = [
     "boot_ci_low",
     "boot_ci_high",
     "n_boot",
+    "cooks_d_max",
+    "cooks_d_model",
+    "influential",
+    "r2_without",
+    "x_log_scale",
 ]
 CORRELATION_COLUMNS = [
     "schema_version",
     "metric",
     "target",
+    "task_set",
     *FIT_COLUMNS,
     "p_holm",
     "primary",
@@ -57,18 +83,69 @@ CORRELATION_COLUMNS = [
 ]
 
 
-def paired(x: pd.Series, y: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-    """The models where both columns are finite, as float arrays."""
+def paired(
+    x: pd.Series, y: pd.Series, labels: pd.Series | None = None
+) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, list[str]]:
+    """The models where both columns are finite, as float arrays (and their labels if given)."""
     xv = pd.to_numeric(x, errors="coerce").to_numpy(dtype=float)
     yv = pd.to_numeric(y, errors="coerce").to_numpy(dtype=float)
     keep = np.isfinite(xv) & np.isfinite(yv)
-    return xv[keep], yv[keep]
+    if labels is None:
+        return xv[keep], yv[keep]
+    return xv[keep], yv[keep], [str(v) for v in np.asarray(labels)[keep]]
+
+
+def spans_decades(values: np.ndarray, decades: float = DECADES) -> bool:
+    """True when ``values`` are all positive and span more than ``decades`` powers of ten."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return bool(len(values)) and values.min() > 0 and values.max() / values.min() > 10**decades
+
+
+def cooks_distance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Cook's distance of each point in the OLS fit of y on [1, x].
+
+    ``D_i = e_i^2 / (p s^2) * h_i / (1 - h_i)^2`` (p = 2 parameters, s^2 the
+    residual variance, h_i the leverage), as statsmodels ``OLSInfluence``
+    computes it. A point of leverage 1 (it alone fixes the slope) gets
+    ``inf``; a perfect fit (s = 0) gives 0 everywhere.
+    """
+    design = sm.add_constant(x, has_constant="add")
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        res = sm.OLS(y, design).fit()
+        hat = np.einsum("ij,ji->i", design, np.linalg.pinv(design))
+        resid = res.resid
+        dof = max(len(x) - 2, 1)
+        s2 = float(resid @ resid) / dof
+        if s2 <= 1e-300:
+            return np.zeros(len(x))
+        cooks = resid**2 / (2 * s2) * hat / (1 - hat) ** 2
+    return np.where(hat >= 1 - 1e-9, np.inf, cooks)
+
+
+def influence(x: np.ndarray, y: np.ndarray, labels: list[str] | None) -> dict[str, object]:
+    """The influence columns of a fit (see the module docstring)."""
+    cooks = cooks_distance(x, y)
+    top = int(np.argmax(cooks))
+    keep = np.arange(len(x)) != top
+    r2_without = math.nan
+    if np.ptp(x[keep]) > 0 and np.ptp(y[keep]) > 0:
+        r2_without = float(np.corrcoef(x[keep], y[keep])[0, 1] ** 2)
+    return dict(
+        cooks_d_max=float(cooks[top]),
+        cooks_d_model=labels[top] if labels else str(top),
+        influential=bool(cooks[top] > COOKS_THRESHOLD),
+        r2_without=r2_without,
+    )
 
 
 def skip_reason(x: np.ndarray, y: np.ndarray, min_n: int = MIN_MODELS) -> str:
     """Why a fit cannot be made ("" when it can)."""
     if len(x) < min_n:
-        return f"fewer than {min_n} models with both values (n={len(x)})"
+        return (
+            f"fewer than {min_n} models with both values (n={len(x)}): no fit or p-value reported"
+        )
     if np.ptp(x) == 0:
         return "metric is constant across models"
     if np.ptp(y) == 0:
@@ -102,15 +179,23 @@ def bootstrap_slope(x: np.ndarray, y: np.ndarray, seed: int, n_boot: int = N_BOO
     return float(low), float(high), int(ok.sum())
 
 
-def fit_pair(x: np.ndarray, y: np.ndarray, seed: int = 0) -> dict[str, float]:
+def fit_pair(
+    x: np.ndarray, y: np.ndarray, seed: int = 0, labels: list[str] | None = None
+) -> dict[str, object]:
     """All across-model statistics of y against x (``FIT_COLUMNS`` plus ``reason``).
+
+    Args:
+        x: metric of each model.
+        y: score of each model.
+        seed: bootstrap seed.
+        labels: model names (for ``cooks_d_model``).
 
     Returns:
         A dict; statistics are NaN and ``reason`` says why when the pair
-        cannot be fitted (fewer than 3 models, or a constant column).
+        cannot be fitted (fewer than ``MIN_MODELS`` models, or a constant column).
     """
-    out: dict[str, float | str] = {c: math.nan for c in FIT_COLUMNS}
-    out["n"] = len(x)
+    out: dict[str, object] = {c: math.nan for c in FIT_COLUMNS}
+    out.update(n=len(x), cooks_d_model="", influential=False, x_log_scale=spans_decades(x))
     out["reason"] = skip_reason(x, y)
     if out["reason"]:
         return out
@@ -134,8 +219,10 @@ def fit_pair(x: np.ndarray, y: np.ndarray, seed: int = 0) -> dict[str, float]:
         boot_ci_low=low,
         boot_ci_high=high,
         n_boot=kept,
+        **influence(x, y, labels),
     )
-    return {k: (float(v) if k not in ("reason",) else v) for k, v in out.items()}
+    text = ("reason", "cooks_d_model", "influential", "x_log_scale")
+    return {k: (v if k in text else float(v)) for k, v in out.items()}
 
 
 def holm(p_values: pd.Series) -> pd.Series:
@@ -145,6 +232,15 @@ def holm(p_values: pd.Series) -> pd.Series:
     if finite.any():
         out[finite] = multipletests(p_values[finite].astype(float), method="holm")[1]
     return out
+
+
+def model_labels(board: pd.DataFrame) -> pd.Series:
+    """``model`` or ``model@revision`` (revision other than main) for each leaderboard row."""
+    labels = board["model"].astype(str)
+    if "revision" in board.columns:
+        rev = board["revision"].astype(str)
+        labels = labels.where(rev.isin(["main", "nan", ""]), labels + "@" + rev)
+    return labels
 
 
 def resolve_primary(metrics: list[str], primary: str) -> str | None:
@@ -160,30 +256,39 @@ def correlations(
     targets: list[str],
     primary: str = "coupling",
     seed: int = 0,
+    primary_target: str = "average",
+    task_sets: dict[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Every geometry metric against every benchmark and the average.
+    """Every geometry metric against every score column.
 
     Args:
         board: the leaderboard, one row per model.
         metrics: geometry columns.
-        targets: score columns (benchmarks, ``average``).
-        primary: metric of the primary test (against ``average``).
+        targets: score columns (benchmarks, ``average``, per-task scores).
+        primary: metric of the primary test.
         seed: bootstrap seed (the same seed for every pair).
+        primary_target: score column of the primary test.
+        task_sets: per metric, the tasks its values were averaged over
+            (``task_set`` column; "" when unknown).
 
     Returns:
-        ``CORRELATION_COLUMNS``; ``p_holm`` adjusts ``p_hc3`` over all rows.
+        ``CORRELATION_COLUMNS``; ``p_holm`` adjusts ``p_hc3`` over the rows
+        that have one (rows below ``MIN_MODELS`` have none and are not counted).
     """
     rows = []
     main = resolve_primary(metrics, primary)
+    labels = model_labels(board)
     for metric in metrics:
         for target in targets:
-            x, y = paired(board[metric], board[target])
-            row = dict(metric=metric, target=target, **fit_pair(x, y, seed))
-            row["primary"] = metric == main and target == "average"
+            x, y, names = paired(board[metric], board[target], labels)
+            row = dict(metric=metric, target=target, **fit_pair(x, y, seed, names))
+            row["task_set"] = (task_sets or {}).get(metric, "")
+            row["primary"] = metric == main and target == primary_target
             rows.append(row)
     table = pd.DataFrame(rows, columns=[c for c in CORRELATION_COLUMNS if c != "schema_version"])
     table["p_holm"] = holm(table["p_hc3"])
-    table["primary"] = table["primary"].astype(bool)
+    for column in ("primary", "influential", "x_log_scale"):
+        table[column] = table[column].fillna(False).astype(bool)
     table = table.assign(schema_version=SCHEMA_VERSION, estimator=ESTIMATOR, correction=CORRECTION)
     table["reason"] = table["reason"].fillna("")
     return table[CORRELATION_COLUMNS]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from lm_coupling.report.benchmarks import AVERAGE, SCHEMA_VERSION
+from lm_coupling.report.stats import MIN_MODELS
 
 
 def _fmt(value) -> str:
@@ -36,6 +37,12 @@ def primary_sentence(correlations: pd.DataFrame) -> str:
     row = rows.iloc[0]
     if isinstance(row["reason"], str) and row["reason"]:
         return f"Primary test ({row['metric']} vs {row['target']}) skipped: {row['reason']}."
+    flag = ""
+    if str(row.get("influential")).lower() == "true":
+        flag = (
+            f" Influence: {row['cooks_d_model']} has Cook's distance {row['cooks_d_max']:.3g} "
+            f"(> 1); without it R^2 = {row['r2_without']:.3f}: read the rank statistics."
+        )
     return (
         f"Primary test: across {int(row['n'])} models, {row['target']} score = "
         f"{row['intercept']:.4g} + {row['slope']:.4g} x {row['metric']} (OLS, R^2 = "
@@ -43,32 +50,43 @@ def primary_sentence(correlations: pd.DataFrame) -> str:
         f"[{row['ci_low']:.4g}, {row['ci_high']:.4g}]; Holm-adjusted p = {row['p_holm']:.3g}). "
         f"Spearman rho = {row['spearman_rho']:.3f} (p = {row['spearman_p']:.3g}), Kendall tau = "
         f"{row['kendall_tau']:.3f} (p = {row['kendall_p']:.3g}); bootstrap 95% CI of the slope "
-        f"over models [{row['boot_ci_low']:.4g}, {row['boot_ci_high']:.4g}]."
+        f"over models [{row['boot_ci_low']:.4g}, {row['boot_ci_high']:.4g}]." + flag
     )
 
 
 def write_summary(
-    out_dir: Path, primary_metric: str | None, figures: list[Path], notes: list[str]
+    out_dir: Path,
+    primary_metric: str | None,
+    figures: list[Path],
+    notes: list[str],
+    primary_target: str | None = AVERAGE,
 ) -> Path:
-    """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path."""
+    """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path.
+
+    Notes that start with ``WARNING`` (models measured on different task sets)
+    come first, under their own heading.
+    """
     board = pd.read_csv(out_dir / "leaderboard.csv")
-    cols = [
-        c
-        for c in ("model", "revision", "dtype", AVERAGE, primary_metric)
-        if c and c in board.columns
-    ]
+    wanted = ("model", "revision", "dtype", primary_target, primary_metric)
+    cols = [c for c in dict.fromkeys(wanted) if c and c in board.columns]
     parts = [
-        f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows.",
-        "## Leaderboard (headline)\n\n" + markdown_table(board[cols]),
+        f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows. "
+        f"A fit, p-value or Holm adjustment is reported only for pairs measured on at "
+        f"least {MIN_MODELS} models; rows below that say why in `reason`."
     ]
+    warned = [n for n in notes if n.startswith("WARNING")]
+    if warned:
+        parts.append("## Warnings\n\n" + "\n".join(f"- {n}" for n in warned))
+    parts.append("## Leaderboard (headline)\n\n" + markdown_table(board[cols]))
     corr_path = out_dir / "correlations.csv"
     if corr_path.exists():
         parts.append(
             "## Primary test\n\n"
             + primary_sentence(pd.read_csv(corr_path, keep_default_na=True).fillna({"reason": ""}))
         )
-    if notes:
-        parts.append("## Notes\n\n" + "\n".join(f"- {n}" for n in notes))
+    others = [n for n in notes if not n.startswith("WARNING")]
+    if others:
+        parts.append("## Notes\n\n" + "\n".join(f"- {n}" for n in others))
     tables = sorted(p.name for p in out_dir.glob("*.csv"))
     parts.append("## Tables\n\n" + "\n".join(f"- [{t}]({t})" for t in tables))
     if figures:

@@ -1,12 +1,24 @@
-"""Within one model: does a document's geometry predict whether it was answered correctly?
+"""Within one model: does a document's geometry predict how well it was answered?
 
-For each (model, task, geometry metric) with logged samples, a logistic
-regression (statsmodels ``Logit``, maximum likelihood) of the document's
-correctness on the standardized metric ``z = (x - mean) / sd``. ``coef_per_sd``
-is the change in log-odds of a correct answer per standard deviation of the
-metric; ``odds_ratio_per_sd = exp(coef_per_sd)``. Correctness is the
-benchmark's leaderboard metric in the sample record (``acc_norm`` for ARC and
-HellaSwag, ...), else the first of ``acc_norm``, ``acc``, ``exact_match``.
+For each (model, task, geometry metric) with logged samples, the document's
+score is regressed on the standardized metric ``z = (x - mean) / sd``:
+
+- a right/wrong score (every value 0 or 1: ``acc``, ``acc_norm``,
+  ``exact_match``): logistic regression (statsmodels ``Logit``, maximum
+  likelihood; ``estimator = "Logit-MLE"``). ``coef_per_sd`` is the change in
+  log-odds of a correct answer per standard deviation of the metric,
+  ``odds_ratio_per_sd = exp(coef_per_sd)``;
+- a continuous score (TruthfulQA's mc2, the probability mass on true
+  answers): OLS with HC3 errors (``estimator = "OLS-HC3"``), ``coef_per_sd``
+  the change in score per standard deviation; ``odds_ratio_per_sd`` is NaN.
+  Feeding such a score to a logistic regression as right/wrong would be wrong.
+
+The score is the benchmark's leaderboard metric in the sample record
+(``acc_norm`` for ARC and HellaSwag, ...), else the first of ``acc_norm``,
+``acc``, ``exact_match``; ``score_type`` says which kind it was.
+
+Multiplicity: one model has a test per task and metric, so ``p_holm`` adjusts
+the p-values of each model's rows together (Holm; ``correction = "holm"``).
 """
 
 from __future__ import annotations
@@ -21,7 +33,8 @@ import pandas as pd
 import statsmodels.api as sm
 
 from lm_coupling.report.benchmarks import SCHEMA_VERSION, benchmark_of, is_geometry_metric
-from lm_coupling.report.loading import IDENTITY, ReportWarning, RunFile
+from lm_coupling.report.loading import IDENTITY, ReportWarning, RunFile, k_setting_name
+from lm_coupling.report.stats import holm, ols_hc3
 
 MIN_DOCUMENTS = 8
 WITHIN_COLUMNS = [
@@ -30,6 +43,7 @@ WITHIN_COLUMNS = [
     "task",
     "metric",
     "correct_metric",
+    "score_type",
     "n",
     "n_correct",
     "coef_per_sd",
@@ -39,7 +53,9 @@ WITHIN_COLUMNS = [
     "ci_low",
     "ci_high",
     "odds_ratio_per_sd",
+    "p_holm",
     "estimator",
+    "correction",
     "file",
     "reason",
 ]
@@ -82,11 +98,43 @@ def sample_table(run: RunFile, task: str) -> tuple[pd.DataFrame, str | None]:
     return pd.DataFrame(rows), correct
 
 
+def is_binary(y: np.ndarray) -> bool:
+    """Whether every finite score is 0 or 1 (right/wrong)."""
+    y = y[np.isfinite(y)]
+    return bool(np.isin(y, (0.0, 1.0)).all())
+
+
+def fit_ols(x: np.ndarray, y: np.ndarray) -> dict:
+    """OLS-HC3 of a continuous score on the standardized x, or a ``reason`` why not."""
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    out = dict(n=len(x), n_correct=math.nan, reason="", estimator="OLS-HC3")
+    if len(x) < MIN_DOCUMENTS:
+        out["reason"] = f"fewer than {MIN_DOCUMENTS} documents (n={len(x)})"
+    elif np.ptp(y) == 0:
+        out["reason"] = "every document scored the same"
+    elif np.ptp(x) == 0:
+        out["reason"] = "metric is constant across documents"
+    if out["reason"]:
+        return out
+    res = ols_hc3((x - x.mean()) / x.std(), y)
+    ci = np.asarray(res.conf_int())[1]
+    out.update(
+        coef_per_sd=float(res.params[1]),
+        stderr=float(res.bse[1]),
+        z=float(res.tvalues[1]),
+        p=float(res.pvalues[1]),
+        ci_low=float(ci[0]),
+        ci_high=float(ci[1]),
+    )
+    return out
+
+
 def fit_logit(x: np.ndarray, y: np.ndarray) -> dict:
     """Logistic regression of y (0/1) on the standardized x, or a ``reason`` why not."""
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
-    out = dict(n=len(x), n_correct=float(y.sum()), reason="")
+    out = dict(n=len(x), n_correct=float(y.sum()), reason="", estimator="Logit-MLE")
     if len(x) < MIN_DOCUMENTS:
         out["reason"] = f"fewer than {MIN_DOCUMENTS} documents (n={len(x)})"
     elif y.min() == y.max():
@@ -126,17 +174,22 @@ def within_model(runs: list[RunFile]) -> pd.DataFrame:
                 chosen[(run.identity, task)] = (run, table, correct)
     rows = []
     for (identity, task), (run, table, correct) in chosen.items():
+        binary = is_binary(table["correct"].to_numpy())
+        fitter = fit_logit if binary else fit_ols
         for metric in [c for c in table.columns if c != "correct"]:
-            fit = fit_logit(table[metric].to_numpy(), table["correct"].to_numpy())
+            fit = fitter(table[metric].to_numpy(), table["correct"].to_numpy())
             rows.append(
                 dict(
                     zip(IDENTITY, identity, strict=True),
                     task=task,
-                    metric=metric,
+                    metric=k_setting_name(metric, run.options),
                     correct_metric=correct,
+                    score_type="binary" if binary else "continuous",
                     file=str(run.samples[task]),
                     **fit,
                 )
             )
     table = pd.DataFrame(rows, columns=WITHIN_COLUMNS)
-    return table.assign(schema_version=SCHEMA_VERSION, estimator="Logit-MLE")
+    if len(table):
+        table["p_holm"] = table.groupby(IDENTITY, sort=False)["p"].transform(holm)
+    return table.assign(schema_version=SCHEMA_VERSION, correction="holm")

@@ -14,7 +14,7 @@ from lm_coupling.demo.train import train_family
 
 pytestmark = pytest.mark.slow
 
-GEOMETRY = ("coupling", "lss", "expodistance")
+GEOMETRY = ("coupling_k10", "lss", "expodistance")  # coupling is named after its K
 
 
 @pytest.fixture(scope="module")

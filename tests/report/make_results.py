@@ -132,7 +132,7 @@ def run_lm_eval(root: Path) -> list[Path]:
             )
         )
     for proc in procs:
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=900)
         if proc.returncode:
             raise RuntimeError(f"lm_eval failed:\n{out[-3000:]}")
     return sorted(p.parent for p in (root / "runs").rglob("results_*.json"))
@@ -173,6 +173,12 @@ def _values(rng, q: float) -> dict[str, float]:
     )
 
 
+def _k_used(k: float, d_model: int) -> int:
+    """The K the harness records: a fraction of d_model, an integer capped at d_model - 1."""
+    k = max(1, math.floor(k * d_model)) if isinstance(k, float) else k
+    return min(k, d_model - 1)
+
+
 def add_geometry(
     folder: Path,
     results: dict,
@@ -191,8 +197,9 @@ def add_geometry(
         vocab_size=512,
         model_type="gpt2",
     )
+    options = dict(row.get("options") or {"k": 4})
     results["config"]["lm_coupling"] = dict(
-        version="0.1.0", metrics=metrics, options={}, model_shape=shape
+        version="0.1.0", metrics=metrics, options=options, model_shape=shape
     )
     for task, entry in results["results"].items():
         for metric, value in values.items():
@@ -217,13 +224,14 @@ def add_geometry(
             lm_coupling_version="0.1.0",
             task=task,
             model=model,
-            options={},
+            options=options,
             metrics=metrics,
             n_documents=N_DOCS,
+            n_measured={m: (4 if m == "coupling" else N_DOCS) for m in metrics},
             profiles=_profiles(rng, L, row["q"]),
             matrices=dict(coupling=dict(mean=coupling.tolist(), n=4)),
             coupling=dict(
-                k=4,
+                k=_k_used(options.get("k", 4), row["d_model"]),
                 norm="l1",
                 elementwise_abs=False,
                 pairs="offdiag",

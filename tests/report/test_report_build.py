@@ -22,17 +22,23 @@ from lm_coupling.report.stats import CORRELATION_COLUMNS, N_BOOT
 from lm_coupling.report.within_model import WITHIN_COLUMNS
 
 GEOMETRY_COLS = [
-    "coupling",
-    "equidistance",
-    "expodistance",
-    "fixation_depth",
-    "logit_lens_entropy",
+    "coupling_k4",
     "lss",
+    "expodistance",
+    "equidistance",
+    "logit_lens_entropy",
     "tv_to_target",
+    "fixation_depth",
     "thought_fixation_boundary",
 ]
 # The session fixture runs the real lm_eval CLI three times (about 20-60 s on 2 cores).
 pytestmark = pytest.mark.slow
+
+
+def _with_companions(metric):
+    extra = ["__k_used"] if metric.startswith("coupling") else []
+    return [metric, f"{metric}__tasks", f"{metric}__n", *[metric + e for e in extra]]
+
 
 LEADERBOARD_COLS = [
     "model",
@@ -46,7 +52,7 @@ LEADERBOARD_COLS = [
     "hellaswag",
     "n_benchmarks",
     "average",
-    *GEOMETRY_COLS,
+    *[c for m in GEOMETRY_COLS for c in _with_companions(m)],
 ]
 
 
@@ -75,7 +81,18 @@ def test_csv_schemas(report):
     assert list(pd.read_csv(out / "within_model.csv").columns) == WITHIN_COLUMNS
     board = pd.read_csv(out / "leaderboard.csv")
     assert len(board) == 9 and board["step"].dropna().tolist() == [2000, 1000, 3000]
-    np.testing.assert_allclose(board["average"], board[["arc", "hellaswag"]].mean(axis=1))
+    # Two of the six benchmarks: no average (a mean over a different subset compares nothing).
+    assert board["average"].isna().all() and (board["n_benchmarks"] <= 2).all()
+    # The first three models ran ARC only: every geometry value is over ARC, for every model.
+    assert set(board["coupling_k4__tasks"]) == {TASK}
+    assert (board["coupling_k4__n"] == 4).all() and (board["lss__n"] == 24).all()
+    assert (board["coupling_k4__k_used"].astype(str) == "4").all()
+    assert report.primary_target == "arc"
+    long = pd.read_csv(out / "geometry_long.csv")
+    scalars = long[long["layer"].isna()].set_index("metric")
+    assert (scalars.loc["coupling_k4", "n"] == 4).all() and (scalars.loc["lss", "n"] == 24).all()
+    wlss = long[long["metric"] == "windowed_lss"]
+    assert wlss["layer"].min() == 1
 
 
 def _boot(x, y, seed):
@@ -93,8 +110,9 @@ def test_correlations_recomputed_from_leaderboard(report):
     corr = pd.read_csv(report.out_dir / "correlations.csv").fillna({"reason": ""})
     assert corr["primary"].sum() == 1
     assert corr.loc[corr["primary"], ["metric", "target"]].values.tolist() == [
-        ["coupling", "average"]
+        ["coupling_k4", "arc"]
     ]
+    assert set(corr["task_set"]) == {TASK}
     for row in corr.to_dict("records"):
         data = board[[row["metric"], row["target"]]].dropna().to_numpy()
         x, y = data[:, 0], data[:, 1]
@@ -119,6 +137,7 @@ def test_correlations_recomputed_from_leaderboard(report):
             [row["boot_ci_low"], row["boot_ci_high"]], _boot(x, y, 3), rtol=1e-6
         )
     ok = corr["p_hc3"].notna()
+    assert (corr.loc[corr["n"] < 5, "p_hc3"].isna()).all()
     np.testing.assert_allclose(
         corr.loc[ok, "p_holm"], multipletests(corr.loc[ok, "p_hc3"], method="holm")[1], rtol=1e-9
     )
@@ -128,7 +147,7 @@ def test_controls_recomputed_from_leaderboard(report):
     board = pd.read_csv(report.out_dir / "leaderboard.csv")
     ctrl = pd.read_csv(report.out_dir / "controls.csv").fillna({"reason": ""})
     z = np.column_stack([np.log10(board["n_params"]), board["n_layers"], board["d_model"]])
-    y = board["average"].to_numpy()
+    y = board["arc"].to_numpy()
     size = ctrl[ctrl["analysis"] == "control"].set_index("metric")
     fit = sm.OLS(y, sm.add_constant(z[:, 0])).fit(cov_type="HC3")
     assert size.loc["log_n_params", "slope"] == pytest.approx(fit.params[1], rel=1e-6)
@@ -168,11 +187,11 @@ def _png_size(path):
 
 def test_figures_are_valid_images(report):
     names = {p.name for p in report.figures}
-    for stem in ("fig1a_coupling_vs_average", "emergence"):
+    for stem in ("fig1a_coupling_k4_vs_arc", "emergence"):
         assert {f"{stem}.png", f"{stem}.svg"} <= names
     assert any(n.startswith("profiles_") for n in names)
     assert any(n.startswith("coupling_") for n in names)
-    fig1a = report.out_dir / "figures" / "fig1a_coupling_vs_average.png"
+    fig1a = report.out_dir / "figures" / "fig1a_coupling_k4_vs_arc.png"
     assert _png_size(fig1a) == (int(FIGSIZE[0] * DPI), int(FIGSIZE[1] * DPI))
     for path in report.figures:
         if path.suffix == ".png":
@@ -180,7 +199,8 @@ def test_figures_are_valid_images(report):
         else:
             assert "<svg" in path.read_text()[:2000]
     summary = report.summary.read_text()
-    assert "figures/fig1a_coupling_vs_average.png" in summary and "correlations.csv" in summary
+    assert "figures/fig1a_coupling_k4_vs_arc.png" in summary and "correlations.csv" in summary
+    assert "lmc_hellaswag_offline" in summary  # left out of the geometry mean: said so
 
 
 def test_summary_numbers_come_from_csv(report):
@@ -193,7 +213,12 @@ def test_within_model_logistic_regression(report):
     table = pd.read_csv(report.out_dir / "within_model.csv").fillna({"reason": ""})
     fitted = table[table["reason"] == ""]
     assert len(fitted) and (fitted["n"] == 24).all()
+    assert set(fitted["score_type"]) == {"binary"} and set(fitted["estimator"]) == {"Logit-MLE"}
     assert np.allclose(np.exp(fitted["coef_per_sd"]), fitted["odds_ratio_per_sd"])
+    for _, rows in fitted.groupby(["model", "revision"]):
+        np.testing.assert_allclose(
+            rows["p_holm"], multipletests(rows["p"], method="holm")[1], rtol=1e-9
+        )
 
 
 def test_newest_run_wins_and_provenance(real_runs, tmp_path):
@@ -206,11 +231,12 @@ def test_newest_run_wins_and_provenance(real_runs, tmp_path):
         write_row(tmp_path, row["run"], row, f"2024-03-0{i + 1}T00-00-00.000000")
     result = build_report(tmp_path)
     board = result.leaderboard.set_index("model")
-    first = board.loc[rows[0]["model"]]
+    first = board.loc["models/tiny-a"]  # the last two folder names of the local path
     assert first["arc"] == pytest.approx(0.77)  # the newer run's score
     old_geo = json.loads(next(tmp_path.rglob("results_2024-01-01*.json")).read_text())
-    assert first["coupling"] == pytest.approx(old_geo["results"][TASK]["coupling,none"])
-    prov = result.provenance[result.provenance["model"] == rows[0]["model"]]
+    assert first["coupling_k4"] == pytest.approx(old_geo["results"][TASK]["coupling,none"])
+    prov = result.provenance[result.provenance["model_path"] == rows[0]["model"]]
+    assert set(prov["model"]) == {"models/tiny-a"}
     assert set(prov["status"]) == {"used"} and len(prov) == 4  # 2 files x 2 tasks
     newer = prov[prov["file"].str.contains("2024-06-01") & (prov["task"] == TASK)].iloc[0]
     assert "acc_norm" in newer["metrics"] and "coupling" not in newer["metrics"]
@@ -228,15 +254,18 @@ def test_scores_csv_join(real_runs, tmp_path):
     assert "--scores" in result.summary.read_text()
 
 
-def test_fewer_than_three_models_descriptive_only(real_runs, tmp_path):
-    make_results_dir(tmp_path, real_runs, n_models=2)
+def test_fewer_than_minimum_models_descriptive_only(real_runs, tmp_path):
+    make_results_dir(tmp_path, real_runs, n_models=4)
     result = build_report(tmp_path)
-    assert result.correlations is None and not (result.out_dir / "correlations.csv").exists()
-    assert "Statistics skipped: 2 model row(s)" in result.summary.read_text()
+    corr = pd.read_csv(result.out_dir / "correlations.csv")
+    assert corr[["p_hc3", "p_holm", "slope", "r2", "spearman_p"]].isna().all().all()
+    assert corr["reason"].str.startswith("fewer than 5 models").all()
+    assert "4 model row(s): at least 5" in result.summary.read_text()
+    assert "p = " not in result.summary.read_text()
 
 
 def test_constant_and_missing_metric(real_runs, tmp_path):
-    for i, row in enumerate(model_rows(real_runs, 4)):
+    for i, row in enumerate(model_rows(real_runs, 6)):
         geometry = ["coupling", "lss"] if i else ["coupling"]
         write_row(tmp_path, row["run"], row, f"2024-03-0{i + 1}T00-00-00.000000", geometry)
     for path in tmp_path.rglob("results_*.json"):
@@ -245,8 +274,8 @@ def test_constant_and_missing_metric(real_runs, tmp_path):
             entry["coupling,none"] = 0.5
         path.write_text(json.dumps(data))
     corr = build_report(tmp_path).correlations.set_index(["metric", "target"])
-    assert "constant" in corr.loc[("coupling", "average"), "reason"]
-    assert corr.loc[("lss", "average"), "n"] == 3
+    assert "constant" in corr.loc[("coupling_k4", "arc"), "reason"]
+    assert corr.loc[("lss", "arc"), "n"] == 5 and corr.loc[("lss", "arc"), "reason"] == ""
 
 
 def test_malformed_and_partial_files_are_skipped(real_runs, tmp_path):
@@ -274,3 +303,47 @@ def test_cli_runner(real_runs, tmp_path, capsys):
     assert run_report(args) == 0
     assert "3 model row(s)" in capsys.readouterr().out
     assert not (tmp_path / "out" / "within_model.csv").exists()
+
+
+def _retask(folder, old, new):
+    """Rename a task inside one written row (results, samples and geometry files)."""
+    for path in list(folder.iterdir()):
+        text = path.read_text().replace(old, new)
+        path.unlink()
+        path.with_name(path.name.replace(old, new)).write_text(text)
+
+
+def test_models_on_different_tasks_warn_and_get_per_task_columns(real_runs, tmp_path):
+    rows = model_rows(real_runs, 2)
+    first = write_row(tmp_path, rows[0]["run"], rows[0], "2024-03-01T00-00-00.000000")
+    second = write_row(tmp_path, rows[1]["run"], rows[1], "2024-03-02T00-00-00.000000")
+    _retask(first, TASK, "my_task_one")
+    _retask(second, TASK, "my_task_two")
+    result = build_report(tmp_path)
+    board = result.leaderboard
+    assert {"score:my_task_one:acc", "score:my_task_two:acc"} <= set(board.columns)
+    assert board["score:my_task_one:acc"].notna().sum() == 1
+    assert set(board["coupling_k4__tasks"]) == {"my_task_one", "my_task_two"}
+    summary = result.summary.read_text()
+    assert "WARNING: models were measured on different task sets for coupling_k4" in summary
+    assert "WARNING: models were run on different tasks" in summary
+    assert summary.index("## Warnings") < summary.index("## Leaderboard")
+    corr = pd.read_csv(result.out_dir / "correlations.csv")
+    assert {"score:my_task_one:acc", "score:my_task_two:acc"} <= set(corr["target"])
+    assert corr["p_hc3"].isna().all()
+
+
+def test_k_settings_are_separate_columns_and_names_are_short(real_runs, tmp_path):
+    rows = model_rows(real_runs, 3)
+    for i, row in enumerate(rows):
+        write_row(tmp_path, row["run"], row, f"2024-03-0{i + 1}T00-00-00.000000")
+        tenth = dict(row, options={"k": 0.1})
+        write_row(tmp_path / "tenth", row["run"], tenth, f"2024-04-0{i + 1}T00-00-00.000000")
+    result = build_report(tmp_path)
+    board = result.leaderboard.set_index("model")
+    assert {"coupling_k4", "coupling_k0.1"} <= set(board.columns)  # neither overwrote the other
+    assert board["coupling_k0.1__k_used"].astype(str).tolist() == ["3", "4", "6"]
+    assert board["coupling_k4__k_used"].astype(str).tolist() == ["4", "4", "4"]  # its own run's K
+    assert board.index.tolist() == ["models/tiny-a", "models/tiny-b", "models/tiny-c"]
+    paths = set(result.provenance["model_path"])
+    assert paths == {row["model"] for row in rows}

@@ -7,11 +7,21 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+import statsmodels.api as sm
+from statsmodels.stats.outliers_influence import OLSInfluence
 
 from lm_coupling.report.benchmarks import benchmark_of, parse_step
 from lm_coupling.report.boundary import boundary_depth, boundary_layer
 from lm_coupling.report.controls import controls_table
-from lm_coupling.report.stats import CORRELATION_COLUMNS, correlations, holm
+from lm_coupling.report.loading import _split_local_checkpoint, display_names, k_setting_name
+from lm_coupling.report.stats import (
+    CORRELATION_COLUMNS,
+    MIN_MODELS,
+    cooks_distance,
+    correlations,
+    holm,
+)
+from lm_coupling.report.within_model import fit_ols, is_binary
 
 
 def _board(n=8, seed=0):
@@ -43,17 +53,91 @@ def test_exact_linear_data_gives_exact_fit():
 
 
 def test_constant_and_missing_columns_are_skipped_with_reason():
-    board = _board().assign(flat=1.0, partial=[0.1, np.nan, 0.3, np.nan, np.nan, np.nan, 0.2, 0.5])
+    board = _board().assign(flat=1.0, partial=[0.1, np.nan, 0.3, np.nan, 0.4, np.nan, 0.2, 0.5])
     table = correlations(board, ["flat", "partial", "noisy"], ["average"]).set_index("metric")
     assert "constant" in table.loc["flat", "reason"] and math.isnan(table.loc["flat", "slope"])
-    assert table.loc["partial", "n"] == 4 and table.loc["partial", "reason"] == ""
+    assert table.loc["partial", "n"] == 5 and table.loc["partial", "reason"] == ""
     assert math.isfinite(table.loc["noisy", "p_holm"])
     assert math.isnan(table.loc["flat", "p_holm"])
 
 
-def test_fewer_than_three_models():
-    table = correlations(_board().head(2), ["coupling"], ["average"])
-    assert table.iloc[0]["reason"].startswith("fewer than 3") and table.iloc[0]["n"] == 2
+def test_fewer_than_minimum_models_has_no_p_value():
+    table = correlations(_board().head(MIN_MODELS - 1), ["coupling", "noisy"], ["average"])
+    assert MIN_MODELS == 5
+    assert table["reason"].str.startswith("fewer than 5 models").all()
+    assert table[["p_hc3", "p_holm", "spearman_p", "kendall_p", "r2"]].isna().all().all()
+    full = correlations(_board().head(MIN_MODELS), ["coupling"], ["average"]).iloc[0]
+    assert full["reason"] == "" and math.isfinite(full["p_holm"])
+
+
+def test_cooks_distance_matches_statsmodels_and_flags_one_point_fits():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=10)
+    y = 0.3 * x + rng.normal(0, 0.2, 10)
+    expected = OLSInfluence(sm.OLS(y, sm.add_constant(x)).fit()).cooks_distance[0]
+    np.testing.assert_allclose(cooks_distance(x, y), expected, rtol=1e-8)
+    board = pd.DataFrame(dict(model=[f"m{i}" for i in range(10)], x=x, y=y))
+    row = correlations(board, ["x"], ["y"], "x").iloc[0]
+    assert not row["influential"] and not row["x_log_scale"]
+    x_far = np.r_[3.7e5, np.linspace(0.9, 1.1, 9)]  # expodistance at initialisation
+    y_far = np.r_[0.25, 0.5 + 0.01 * rng.normal(size=9)]
+    far = correlations(pd.DataFrame(dict(model=board["model"], x=x_far, y=y_far)), ["x"], ["y"])
+    row = far.iloc[0]
+    assert row["influential"] and row["cooks_d_model"] == "m0" and row["x_log_scale"]
+    assert row["r2"] > 0.9 and row["r2_without"] < 0.5
+
+
+@pytest.mark.parametrize(
+    "models, expected",
+    [
+        (["/a/runs/fam/tiny", "/b/x/fam/small"], ["fam/tiny", "fam/small"]),
+        (["/a/one/fam/tiny", "/b/two/fam/tiny"], ["one/fam/tiny", "two/fam/tiny"]),
+        (["EleutherAI/pythia-160m", "/scratch/EleutherAI/pythia-160m"], None),
+        (["gpt2", "./models/gpt2"], ["gpt2", "models/gpt2"]),
+    ],
+)
+def test_display_names_are_unique_tails(models, expected):
+    names = display_names(models)
+    assert len(set(names.values())) == len(models)  # never merged
+    if expected is not None:
+        assert [names[m] for m in models] == expected
+    else:
+        assert names["EleutherAI/pythia-160m"] == "EleutherAI/pythia-160m"
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("/runs/fam/tiny/step512", ("/runs/fam/tiny", "step512")),
+        ("/runs/out/checkpoint-2000", ("/runs/out", "checkpoint-2000")),
+        ("/runs/out/global_step100", ("/runs/out", "global_step100")),
+        ("/runs/model_step5_final", ("/runs/model_step5_final", "main")),
+        ("/runs/steps", ("/runs/steps", "main")),
+    ],
+)
+def test_local_checkpoint_rule(path, expected):
+    assert _split_local_checkpoint(path, "main") == expected
+
+
+def test_k_setting_names():
+    assert k_setting_name("coupling", {"k": 10}) == "coupling_k10"
+    assert k_setting_name("coupling", {"k": 0.1}) == "coupling_k0.1"
+    assert k_setting_name("alignment_ratio", {"alignment_k": 30}) == "alignment_ratio_k30"
+    assert k_setting_name("coupling", {}) == "coupling"
+    assert k_setting_name("lss", {"k": 10}) == "lss"
+
+
+def test_within_model_continuous_score_uses_ols_not_logit():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=40)
+    mc2 = np.clip(0.5 + 0.1 * x + rng.normal(0, 0.05, 40), 0, 1)
+    assert not is_binary(mc2) and is_binary(np.array([0.0, 1.0, 1.0]))
+    fit = fit_ols(x, mc2)
+    z = (x - x.mean()) / x.std()
+    ref = sm.OLS(mc2, sm.add_constant(z)).fit(cov_type="HC3")
+    assert fit["estimator"] == "OLS-HC3"
+    assert fit["coef_per_sd"] == pytest.approx(ref.params[1], rel=1e-9)
+    assert fit["p"] == pytest.approx(ref.pvalues[1], rel=1e-9)
 
 
 def test_holm_matches_hand_computation():

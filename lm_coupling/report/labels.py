@@ -1,0 +1,96 @@
+"""Point labels that never overlap each other, the points, or the axes' edge.
+
+A greedy placement in display space: the figure is laid out once (so that
+constrained layout has fixed the axes' position), then each label tries
+offsets around its point at growing distances and takes the first whose box
+stays inside the axes and clear of every label already placed and of every
+marker. A label with no free place is left out and the count of those is
+written in the axes' corner, so that nothing is drawn on top of anything.
+Labels take no part in the layout (``in_layout=False``), so later draws keep
+their places.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.transforms import Bbox
+
+MARKER_PX = 4.0
+_DIRECTIONS = [(1, 1), (1, -1), (-1, 1), (-1, -1), (0, 1), (0, -1), (1, 0), (-1, 0)]
+
+
+def _candidates(point: np.ndarray, width: float, height: float) -> list[Bbox]:
+    boxes = []
+    for radius in (4.0, 10.0, 18.0, 28.0):
+        for dx, dy in _DIRECTIONS:
+            x0 = point[0] + dx * radius - (width if dx < 0 else width / 2 if dx == 0 else 0)
+            y0 = point[1] + dy * radius - (height if dy < 0 else height / 2 if dy == 0 else 0)
+            boxes.append(Bbox.from_bounds(x0, y0, width, height))
+    return boxes
+
+
+def place_labels(
+    ax: Axes, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str], fontsize: float = 7
+) -> list:
+    """Annotate points without overlap; return the annotations placed.
+
+    Args:
+        ax: axes holding the points (data coordinates).
+        xs: x of each point.
+        ys: y of each point.
+        texts: one label per point.
+        fontsize: label size in points.
+    """
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    fig.canvas.draw()
+    points = ax.transData.transform(np.column_stack([xs, ys])) if len(xs) else np.empty((0, 2))
+    frame = ax.get_window_extent(renderer)
+    taken = [
+        Bbox.from_bounds(x - MARKER_PX, y - MARKER_PX, 2 * MARKER_PX, 2 * MARKER_PX)
+        for x, y in points
+    ]
+    if ax.get_legend() is not None:
+        taken.append(ax.get_legend().get_window_extent(renderer))
+    placed, skipped = [], 0
+    order = np.argsort(points[:, 0]) if len(points) else []
+    for i in order:
+        probe = ax.text(0, 0, texts[i], fontsize=fontsize)
+        extent = probe.get_window_extent(renderer)
+        probe.remove()
+        box = next(
+            (
+                b
+                for b in _candidates(points[i], extent.width + 2, extent.height + 2)
+                if frame.contains(b.x0, b.y0)
+                and frame.contains(b.x1, b.y1)
+                and not any(b.overlaps(t) for t in taken)
+            ),
+            None,
+        )
+        if box is None:
+            skipped += 1
+            continue
+        taken.append(box)
+        offset = (box.x0 + 1 - points[i][0], box.y0 + 1 - points[i][1])
+        note = ax.annotate(
+            texts[i],
+            (xs[i], ys[i]),
+            xytext=(offset[0] * 72 / fig.dpi, offset[1] * 72 / fig.dpi),
+            textcoords="offset points",
+            ha="left",
+            va="bottom",
+            fontsize=fontsize,
+            alpha=0.85,
+        )
+        note.set_in_layout(False)
+        placed.append(note)
+    if skipped:
+        ax.text(
+            0.99, 0.01, f"{skipped} label(s) left out for space", transform=ax.transAxes,
+            ha="right", va="bottom", fontsize=6, color="grey",
+        )  # fmt: skip
+    return placed

@@ -1,0 +1,139 @@
+"""Which tasks a model's geometry value is averaged over, the same for every model.
+
+A run measures geometry per task. The leaderboard holds one value per model
+and metric, computed by this rule:
+
+1. **Units.** A task that belongs to a group with a score of its own (an
+   aggregating group such as MMLU: lm-eval's ``group_subtasks``) is pooled
+   into that group, weighting each subtask by the documents it was measured
+   on; every other task is its own unit. So MMLU's subtasks count, once, as
+   "mmlu".
+2. **The common set.** For each metric, the units measured (finite value) on
+   *every* model that has the metric. A model's value is the unweighted mean
+   over the common set, so that every model in a comparison is averaged over
+   the same tasks. Units measured on only some models are left out of the
+   mean and listed by `TaskSets.dropped`.
+3. **No common unit.** When the models share no unit (one model measured on
+   WinoGrande, the other on ARC-Easy), each model's value is its mean over
+   its own units, and `TaskSets.mixed` names the metric: the summary warns
+   that these values are not comparable.
+
+``<metric>__tasks`` in ``leaderboard.csv`` lists the units each model's value
+used, ``<metric>__n`` the documents the value rests on (for a sampled metric
+such as coupling: the documents it was measured on, from the geometry file's
+``n_measured`` or ``coupling.n_sampled``, not the task size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lm_coupling.report.loading import IDENTITY
+
+SAMPLED_METRICS = ("coupling", "alignment_ratio")
+
+
+@dataclass
+class TaskSets:
+    """The task sets of the geometry columns.
+
+    Attributes:
+        used: metric -> the units every model was averaged over ("" when mixed).
+        mixed: metrics whose models share no unit (each averaged over its own).
+        dropped: metric -> units left out because some models lack them.
+    """
+
+    used: dict[str, str] = field(default_factory=dict)
+    mixed: list[str] = field(default_factory=list)
+    dropped: dict[str, list[str]] = field(default_factory=dict)
+
+
+def scored_groups(selected: pd.DataFrame) -> set[str]:
+    """Tasks that have a score of their own and are the group of another task."""
+    groups = set(selected["group"].dropna()) - {""}
+    scored = selected[(selected["kind"] == "score") & selected["primary_score"].astype(bool)]
+    return groups & set(scored["task"])
+
+
+def task_unit(task: str, group: str, groups: set[str]) -> str:
+    """The unit a task counts in: its group when the group is scored, else the task."""
+    return group if group in groups else task
+
+
+def documents_measured(geo: dict[str, Any] | None, base_metric: str, fallback: float) -> float:
+    """Documents a metric was measured on in one task (see the module docstring)."""
+    if geo is not None:
+        measured = geo.get("n_measured") or {}
+        if isinstance(measured, dict) and measured.get(base_metric) is not None:
+            return float(measured[base_metric])
+        coupling = geo.get("coupling") or {}
+        if base_metric in SAMPLED_METRICS and coupling.get("n_sampled") is not None:
+            return float(coupling["n_sampled"])
+    return float(fallback)
+
+
+def _unit_values(rows: pd.DataFrame) -> pd.DataFrame:
+    """Pool tasks into units: document-weighted mean, summed documents."""
+    rows = rows.assign(_w=rows["n"].where(rows["n"] > 0, 1.0).fillna(1.0))
+    rows = rows.assign(_wv=rows["value"] * rows["_w"])
+    keys = [*IDENTITY, "metric", "unit"]
+    pooled = rows.groupby(keys, sort=False).agg(
+        _wv=("_wv", "sum"), _w=("_w", "sum"), n=("n", "sum")
+    )
+    pooled["value"] = pooled["_wv"] / pooled["_w"]
+    return pooled.reset_index()[[*keys, "value", "n"]]
+
+
+def _k_used(rows: pd.DataFrame) -> str:
+    ks = sorted({int(k) for k in rows["k_used"].dropna()})
+    return ";".join(str(k) for k in ks)
+
+
+def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
+    """Per model and metric: value, tasks used, documents, K used.
+
+    Args:
+        long: one row per (identity, task, metric) with columns ``IDENTITY``,
+            ``metric``, ``unit``, ``value``, ``n`` and ``k_used`` (NaN where
+            the metric has no K).
+
+    Returns:
+        ``(wide, sets)``: a frame indexed by identity with, per metric, the
+        columns ``<metric>``, ``<metric>__tasks``, ``<metric>__n`` (and
+        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`.
+    """
+    every_metric = list(dict.fromkeys(long["metric"]))
+    every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None
+    long = long[np.isfinite(long["value"].astype(float))]
+    sets = TaskSets()
+    columns: dict[str, pd.Series] = {}
+    for metric, rows in long.groupby("metric", sort=False):
+        units = _unit_values(rows)
+        per_model = units.groupby(IDENTITY)["unit"].apply(set)
+        common = set.intersection(*per_model) if len(per_model) else set()
+        every = set.union(*per_model) if len(per_model) else set()
+        if common:
+            units = units[units["unit"].isin(common)]
+            sets.used[metric] = ";".join(sorted(common))
+            if every - common:
+                sets.dropped[metric] = sorted(every - common)
+        else:
+            sets.mixed.append(metric)
+            sets.used[metric] = ""
+        grouped = units.groupby(IDENTITY)
+        columns[metric] = grouped["value"].mean()
+        columns[f"{metric}__tasks"] = grouped["unit"].apply(lambda u: ";".join(sorted(u)))
+        columns[f"{metric}__n"] = grouped["n"].sum()
+        if rows["k_used"].notna().any():
+            used = rows[rows["unit"].isin(common)] if common else rows
+            columns[f"{metric}__k_used"] = used.groupby(IDENTITY)[["k_used"]].apply(_k_used)
+    for metric in every_metric:  # measured, but NaN on every model: keep the column
+        if metric not in columns:
+            columns[metric] = pd.Series(np.nan, index=every_id, dtype=float)
+            sets.used[metric] = ""
+    wide = pd.DataFrame(columns, index=every_id)
+    return wide, sets

@@ -1,0 +1,134 @@
+"""Each report figure rendered from known values, with layout properties that can fail."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from layout import layout_problems
+
+from lm_coupling.report import figures as fig
+from lm_coupling.report.stats import MIN_MODELS, correlations
+
+
+def _profiles(n_layers: int) -> dict:
+    states = np.linspace(0, 1, n_layers + 1)
+    entropy = 0.9 - 0.5 / (1 + np.exp(-12 * (states - 0.5)))
+    out = {
+        "norm": np.exp(1 + states),
+        "windowed_lss": 1.5 + 0.1 * np.arange(n_layers),
+        "logit_lens_entropy": entropy,
+        "tv_to_target": np.clip(entropy + 0.05, 0, 1),
+    }
+    return {k: dict(mean=v.tolist(), stderr=[0.01] * len(v)) for k, v in out.items()}
+
+
+def _matrix(n: int) -> np.ndarray:
+    """Off-diagonal values in [0.2, 0.6]; a diagonal of 1 that must not set the colour scale."""
+    matrix = 0.2 + 0.4 * np.arange(n * n).reshape(n, n) / (n * n)
+    np.fill_diagonal(matrix, 1.0)
+    return matrix
+
+
+def _tick_values(axis) -> list[float]:
+    low, high = sorted(axis.get_view_interval())
+    return [t for t in axis.get_majorticklocs() if low <= t <= high]
+
+
+@pytest.mark.parametrize("n_layers", [4, 12])
+def test_profiles_figure_layers_titles_and_window(n_layers):
+    title = "fam/tiny @ step8, task lmc_arc_challenge_offline"
+    figure = fig.profiles_figure(_profiles(n_layers), n_layers, title)
+    figure.canvas.draw()
+    assert layout_problems(figure) == []
+    suptitle = figure.get_suptitle()
+    assert "fam/tiny" in suptitle and "lmc_arc_challenge_offline" in suptitle
+    titles = [ax.get_title() for ax in figure.axes]
+    windowed = any("windowed LSS" in t for t in titles)
+    assert windowed == (n_layers >= fig.LSS_WINDOW)
+    assert ("windowed LSS omitted" in suptitle) == (n_layers < fig.LSS_WINDOW)
+    for ax in figure.axes:
+        assert ax.lines, "empty panel"
+        ticks = _tick_values(ax.xaxis)
+        assert ticks and all(float(t).is_integer() for t in ticks)
+        first = 1 if "windowed" in ax.get_title() else 0
+        assert min(ticks) >= first and max(ticks) <= n_layers
+        if n_layers <= 12 and first == 0 and n_layers < 12:
+            assert ticks == list(range(0, n_layers + 1))
+        assert ax.yaxis.get_offset_text().get_text() == ""  # no "1e-5+9.99e-1" over the title
+
+
+@pytest.mark.parametrize("n_layers", [2, 6, 24])
+def test_coupling_figure_blocks_one_to_l_and_offdiagonal_colour_scale(n_layers):
+    matrix = _matrix(n_layers)
+    figure = fig.coupling_figure(matrix.tolist(), 10, "gpt2-small, task winogrande")
+    figure.canvas.draw()
+    assert layout_problems(figure) == []
+    heat, graph = figure.axes[0], figure.axes[1]
+    assert "winogrande" in figure.get_suptitle() and "K = 10" in heat.get_title()
+    image = heat.get_images()[0]
+    off = matrix[~np.eye(n_layers, dtype=bool)]
+    assert image.get_clim() == pytest.approx((off.min(), off.max()))
+    assert np.ma.getmaskarray(image.get_array()).diagonal().all()
+    for axis in (heat.xaxis, heat.yaxis):
+        ticks = _tick_values(axis)
+        assert all(float(t).is_integer() for t in ticks)
+        assert min(ticks) >= 1 and max(ticks) <= n_layers
+    labels = sorted(int(t.get_text()) for t in graph.texts)
+    assert labels == list(range(1, n_layers + 1))
+
+
+def _board(n: int, outlier: bool = False) -> pd.DataFrame:
+    x = np.linspace(0.5, 1.5, n)
+    if outlier:
+        x[0] = 3.7e5  # expodistance at initialisation against values near 1
+    rows = dict(
+        model=["fam/tiny"] * n,
+        revision=[f"step{2**i if i else 0}" for i in range(n)],
+        expodistance=x,
+        average=np.linspace(0.2, 0.6, n) + 0.01 * np.sin(np.arange(n)),
+    )
+    return pd.DataFrame(rows)
+
+
+def test_metric_vs_score_below_minimum_prints_no_p_value():
+    board = _board(MIN_MODELS - 1)
+    row = correlations(board, ["expodistance"], ["average"], "expodistance").iloc[0]
+    assert math.isnan(row["p_hc3"]) and math.isnan(row["p_holm"]) and "fewer than" in row["reason"]
+    ax = fig.metric_vs_score(board, "expodistance", "average", fit=row, tasks="7 task(s)")
+    ax.figure.canvas.draw()
+    assert "p (HC3)" not in ax.get_title() and "no fit" in ax.get_title()
+    assert not [line for line in ax.get_lines() if line.get_label() == "OLS"]
+
+
+def test_metric_vs_score_flags_influence_log_axis_and_labels_do_not_overlap():
+    board = _board(12, outlier=True)
+    row = correlations(board, ["expodistance"], ["average"], "expodistance").iloc[0]
+    assert row["influential"] and row["x_log_scale"]
+    assert row["cooks_d_model"] == "fam/tiny@step0"
+    ax = fig.metric_vs_score(board, "expodistance", "average", fit=row, tasks="7 task(s)")
+    figure = ax.figure
+    figure.canvas.draw()
+    assert layout_problems(figure) == []
+    assert ax.get_xscale() == "log"
+    assert "p (HC3)" in ax.get_title() and "7 task(s)" in ax.get_title()
+    legend = " ".join(t.get_text() for t in ax.get_legend().get_texts())
+    assert "influential" in legend and "Cook's D" in legend
+    notes = [t for t in ax.texts if t.get_text().isdigit()]
+    assert len(notes) >= 8  # most points get their step; the rest are counted, never overlapped
+    frame = ax.get_window_extent()
+    for note in notes:
+        box = note.get_window_extent()
+        assert frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
+
+
+def test_training_dynamics_has_no_empty_panel():
+    board = _board(6).assign(lss=np.linspace(2, 1, 6))
+    axes = fig.training_dynamics(board, ["expodistance", "lss"], "average")
+    figure = axes[0][0].figure
+    figure.canvas.draw()
+    assert layout_problems(figure) == []
+    for ax in axes.ravel():
+        assert ax.lines or ax.get_legend() is not None
