@@ -51,7 +51,7 @@ def quick_run() -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # a hang guard only: about a minute on a quiet 2-core machine
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
