@@ -28,7 +28,7 @@ per-document bookkeeping).
 
     python bench/jacobian.py --quick                     # smoke run, seconds
     python bench/jacobian.py                             # both shapes (long: see README)
-    python bench/jacobian.py --shapes gpt2-small --through-lm-eval
+    python bench/jacobian.py --shapes none --through-lm-eval   # the CLI's cost only
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="reduced shapes, seconds")
     parser.add_argument("--dtype", default="float32", help="weights (the engine uses float32)")
-    parser.add_argument("--shapes", default="gpt2-small,llama-7b")
+    parser.add_argument("--shapes", default="gpt2-small,llama-7b", help="or none")
     parser.add_argument("--layers", type=int, default=None, help="blocks (12; llama-7b: 2)")
     parser.add_argument("--tokens", type=int, default=128, help="prompt length T")
     parser.add_argument("--k", type=int, default=10, help="K singular vectors")
@@ -86,7 +86,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     else:
         args.routes = list(engine_routes())
         args.llama_routes = list(dict.fromkeys([default_route(), "dense"]))
-    args.shapes = args.shapes.split(",")
+    args.shapes = [name for name in args.shapes.split(",") if name not in ("", "none")]
     unknown = sorted(set(args.shapes) - set(SHAPES))
     if unknown:
         raise SystemExit(f"unknown --shapes {unknown}; choose from {list(SHAPES)}")
