@@ -11,14 +11,18 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
 - ``dense``: J^l exactly from d JVPs, then a full SVD (the reference).
 - ``gram``: J^l exactly from d JVPs, then the top eigenpairs of ``J^T J``
   (one symmetric eigensolver instead of a full SVD; fastest exact route on a GPU).
-- ``subspace``: never forms J^l: block subspace iteration with Rayleigh-Ritz,
-  a residual-based convergence test and a warm start from the previous
-  layer's V (``capture.jacobian_linalg.subspace_svd``).
+- ``krylov``: never forms J^l: restarted block Krylov iteration on
+  ``J^T J`` with Rayleigh-Ritz, a residual-based convergence test and a warm
+  start from the previous layer's V (``capture.jacobian_krylov``); converges
+  like ``exp(-2 t sqrt(gap))``, fast on flat spectra.
+- ``subspace``: the same test on plain block subspace iteration
+  (``capture.jacobian_linalg.subspace_svd``); converges like
+  ``(s_{p+1}/s_i)^(2t)``, kept for comparison.
 - ``randomized``: the same iteration with a fixed number of power iterations
   and no test (Halko et al. 2011); fast, accurate only where the gap is clear.
 - ``auto``: ``dense`` when ``d <= DENSE_MAX_D`` (1024; d JVPs of one token
-  are cheap and exact there); otherwise ``subspace`` with at most as many
-  iterations as cost as much as the dense route, and ``gram`` for a document
+  are cheap and exact there); otherwise ``krylov`` with at most as many
+  steps as cost as much as the dense route, and ``gram`` for a document
   whose layer did not converge within that budget and is not ill-defined.
 
 Where two of the top K+1 singular values lie within ``ill_gap * s_1`` of each
@@ -86,7 +90,7 @@ ILL_GAP = 1e-3
 CHECK_RTOL = {torch.float64: 1e-5, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 2e-2}
 """Relative tolerance of the run-time check, by the model's parameter dtype."""
 
-_METHODS = ("auto", "dense", "gram", "subspace", "randomized")
+_METHODS = ("auto", "dense", "gram", "krylov", "subspace", "randomized")
 
 
 class JacobianMismatchError(LmCouplingError):
@@ -130,8 +134,8 @@ class JacobianEngine:
         parts: ``locate_model_parts(model)``.
         k_max: K, the number of singular triplets kept (``S`` has K + 1 values
             for the gap ``s_K / s_{K+1}``); 1 <= K < d.
-        method: ``"auto"``, ``"dense"``, ``"gram"``, ``"subspace"`` or
-            ``"randomized"`` (module docstring).
+        method: ``"auto"``, ``"dense"``, ``"gram"``, ``"krylov"``,
+            ``"subspace"`` or ``"randomized"`` (module docstring).
         power_iters: power iterations of the ``randomized`` route.
         oversample: extra columns of the iterated block (None: K + 1, i.e. a
             block of 2(K + 1) columns, which converges fast on flat spectra).
@@ -143,10 +147,10 @@ class JacobianEngine:
             memory budget, see ``chunk_size_for``).
         dense_max_d: ``auto`` uses the dense route for every layer when
             d <= this (default ``DENSE_MAX_D``).
-        tol: vector accuracy target of the ``subspace`` route (None: 1e-9 in
+        tol: vector accuracy target of the iterative routes (None: 1e-9 in
             float64, 1e-5 in float32).
-        max_iters: iteration budget of ``subspace`` (None: 100; under ``auto``
-            the iterations that cost as much as the dense route, at least 3).
+        max_iters: iteration budget of the iterative routes (None: 100; under
+            ``auto`` the steps that cost as much as the dense route, at least 3).
         ill_gap: see ``ILL_GAP``.
         check: verify the replayed block calls against a plain forward pass
             (one extra forward pass per batch of documents).

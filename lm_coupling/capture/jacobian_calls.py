@@ -288,14 +288,27 @@ def _prefix_keys_values(
     }
 
 
+def _block_device(block: nn.Module) -> torch.device | None:
+    """The device of a block's parameters (None when they are offloaded or absent)."""
+    param = next((p for p in block.parameters()), None)
+    return None if param is None or param.device.type == "meta" else param.device
+
+
 def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
-    """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped."""
+    """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped.
+
+    Recorded tensors move to the block's own device (with a model split over
+    GPUs, a pre-hook sees them on the previous block's device), so that the
+    block's Jacobian is computed and kept where the block lives.
+    """
+    device = _block_device(block)
 
     def convert(obj):
         if _is_cache(obj):
             return swap(obj)
-        if isinstance(obj, torch.Tensor) and obj.is_floating_point():
-            return obj.detach().to(dtype)
+        if isinstance(obj, torch.Tensor):
+            obj = obj.detach() if device is None else obj.detach().to(device)
+            return obj.to(dtype) if obj.is_floating_point() else obj
         return obj
 
     args, kwargs = record

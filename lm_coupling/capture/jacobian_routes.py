@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lm_coupling.capture.jacobian_calls import BlockCall
+from lm_coupling.capture.jacobian_krylov import block_krylov_svd
 from lm_coupling.capture.jacobian_linalg import (
     TopK,
     dense_jacobian,
@@ -112,20 +113,15 @@ def _layer_top(call: BlockCall, chunk: int, rs: RouteSettings, generator, warm) 
         top = (svd_top if method == "dense" else gram_top)(J, rs.k, rs.ill_gap)
         return LayerTop(top, [method] * B, J)
     fixed = method == "randomized"
-    top = subspace_svd(
-        f,
-        x,
-        rs.k,
-        block=rs.block,
-        max_iters=rs.power_iters + 1 if fixed else rs.max_iters,
-        tol=rs.tol,
-        ill_gap=rs.ill_gap,
-        chunk=chunk,
-        generator=generator,
-        warm_start=warm,
-        fixed_iters=fixed,
-    )
-    routes = ["randomized" if fixed else "subspace"] * B
+    common = dict(block=rs.block, tol=rs.tol, ill_gap=rs.ill_gap, chunk=chunk, generator=generator)
+    if method in ("krylov", "auto"):
+        top = block_krylov_svd(f, x, rs.k, max_iters=rs.max_iters, warm_start=warm, **common)
+    else:
+        iters = rs.power_iters + 1 if fixed else rs.max_iters
+        top = subspace_svd(
+            f, x, rs.k, max_iters=iters, warm_start=warm, fixed_iters=fixed, **common
+        )
+    routes = [method if method != "auto" else "krylov"] * B
     if method != "auto":
         return LayerTop(top, routes)
     redo = ~top.converged & ~top.ill_defined

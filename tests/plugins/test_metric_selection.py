@@ -184,5 +184,8 @@ def test_needs_and_profiles_are_unions(registry):
         "coupling",
         "singular_values",
         "spectral_gap",
+        "jacobian_iterations",
+        "jacobian_residual",
+        "jacobian_ill_defined",
     )
     assert make_selection("fixation_depth", registry=registry).profiles == ()

@@ -62,8 +62,9 @@ DOCS = OptionSpec(
 METHOD = OptionSpec(
     "jacobian_method",
     "auto",
-    "Jacobian route: auto, dense (exact), randomized (matrix-free top-K)",
-    choices=("auto", "dense", "randomized"),
+    "Jacobian route: auto, dense (exact), gram (exact, J^T J eigensolver), krylov and "
+    "subspace (matrix-free, to tolerance), randomized (matrix-free, fixed iterations)",
+    choices=("auto", "dense", "gram", "krylov", "subspace", "randomized"),
 )
 ALIGNMENT_K = OptionSpec(
     "alignment_k", 30, "singular vectors for the alignment ratio (Picking paper: 30)", parse_k
