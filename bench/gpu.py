@@ -114,11 +114,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.engine_shape = dict(LLAMA_7B)
     args.lm_shape = dict(PYTHIA_1B)
     if args.quick:
-        args.engine_shape = {"d_model": 64, "d_ff": 172, "n_heads": 4, "n_layers": 2}
+        args.engine_shape = {"d_model": 32, "d_ff": 86, "n_heads": 4, "n_layers": 2}
         args.lm_shape = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256}
     args.tokens = args.tokens or (16 if args.quick else 512)
     d = args.engine_shape["d_model"]
-    ks = [int(k) for k in args.ks.split(",")] if args.ks else [10, round(d / 10)]
+    # --quick: two large K (fast convergence of the iterative routes at d = 32)
+    default_ks = [10, 12] if args.quick else [10, round(d / 10)]
+    ks = [int(k) for k in args.ks.split(",")] if args.ks else default_ks
     args.ks = list(dict.fromkeys(ks))
     args.routes = args.routes.split(",") if args.routes else list(engine_routes())
     args.tasks = args.tasks or ("lmc_arc_easy_offline" if args.quick else DEFAULT_TASKS)
