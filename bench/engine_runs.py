@@ -95,6 +95,12 @@ def engine_coupling(model, parts, ids, k: int, method: str, seed: int = 0):
     return coupling_of(factors, k), factors
 
 
+def engine_coupling_batch(model, parts, prompts: list[torch.Tensor], k: int, method: str):
+    """Several documents' coupling in the engine's batched passes: ``m_K`` of each, in order."""
+    engine = JacobianEngine(model, parts, k_max=k, method=method)
+    return [coupling_of(factors, k) for factors in engine.factors_batch(prompts)]
+
+
 def authors_coupling(model, parts, ids, k: int, layers: int | None = None) -> torch.Tensor:
     """The authors' route on the first ``layers`` blocks: d backward passes, full SVD, dense A.
 

@@ -9,12 +9,13 @@ Rows (issue 10, "Targets"), each the median of ``--repeats`` interleaved runs:
   default all) against every engine route; ``max|dC|`` is the largest
   coupling-matrix difference from the authors' route on the blocks both ran,
   and a speed-up counts only where it is <= 1e-4 (printed per row).
-* ``llama-7b``: two Llama-7B-shaped blocks (d 4096, d_ff 11008, 32 heads).
-  The authors' route is too slow to run whole on a CPU (d = 4096 backward
-  passes per block), so it is timed on ``--naive-rows`` of the d rows of
-  block 0 and extrapolated to d rows, plus a timed full SVD of that block's
-  4096 x 4096 Jacobian (labelled so); ``max|dC|`` is against the engine's
-  exact ``dense`` route.
+* ``llama-7b``: two Llama-7B-shaped blocks (d 4096, d_ff 11008, 32 heads),
+  the engine's default route and its exact ``dense`` route (``--routes`` for
+  others). The authors' route is too slow to run whole on a CPU (d = 4096
+  backward passes per block, each through the whole sequence), so it is timed
+  on ``--naive-rows`` of the d rows of block 0 (every row is the same work)
+  and extrapolated to d rows, plus a timed full SVD of that block's 4096 x
+  4096 Jacobian (labelled so); ``max|dC|`` is against the ``dense`` route.
 
 ``--through-lm-eval`` adds the per-document cost of coupling inside
 ``lm_eval --metrics coupling`` at ARC prompt length (``lmc_arc_challenge_offline``,
@@ -27,12 +28,13 @@ per-document bookkeeping).
 
     python bench/jacobian.py --quick                     # smoke run, seconds
     python bench/jacobian.py                             # both shapes (long: see README)
-    python bench/jacobian.py --shapes gpt2-small --through-lm-eval
+    python bench/jacobian.py --shapes none --through-lm-eval   # the CLI's cost only
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import tempfile
 from pathlib import Path
@@ -66,19 +68,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="reduced shapes, seconds")
     parser.add_argument("--dtype", default="float32", help="weights (the engine uses float32)")
-    parser.add_argument("--shapes", default="gpt2-small,llama-7b")
+    parser.add_argument("--shapes", default="gpt2-small,llama-7b", help="or none")
     parser.add_argument("--layers", type=int, default=None, help="blocks (12; llama-7b: 2)")
     parser.add_argument("--tokens", type=int, default=128, help="prompt length T")
     parser.add_argument("--k", type=int, default=10, help="K singular vectors")
-    parser.add_argument("--routes", default=None, help="engine routes (default: all)")
+    parser.add_argument(
+        "--routes", default=None, help="engine routes (gpt2-small: all; llama-7b: default, dense)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs")
     parser.add_argument("--naive-layers", type=int, default=None, help="gpt2: authors' blocks")
-    parser.add_argument("--naive-rows", type=int, default=256, help="llama: authors' rows")
+    parser.add_argument("--naive-rows", type=int, default=32, help="llama: authors' rows")
     parser.add_argument("--through-lm-eval", action="store_true")
     parser.add_argument("--docs", type=int, default=10, help="--through-lm-eval documents")
     args = parser.parse_args(argv)
-    args.routes = args.routes.split(",") if args.routes else list(engine_routes())
-    args.shapes = args.shapes.split(",")
+    if args.routes:
+        args.routes = args.llama_routes = args.routes.split(",")
+    else:
+        args.routes = list(engine_routes())
+        args.llama_routes = list(dict.fromkeys([default_route(), "dense"]))
+    args.shapes = [name for name in args.shapes.split(",") if name not in ("", "none")]
     unknown = sorted(set(args.shapes) - set(SHAPES))
     if unknown:
         raise SystemExit(f"unknown --shapes {unknown}; choose from {list(SHAPES)}")
@@ -101,8 +109,8 @@ def shape_of(name: str, args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def _engine_runs(model, parts, ids, args, runs: dict) -> None:
-    """One timed document per engine route, appended to ``runs[route]``."""
-    for route in args.routes:
+    """One timed document per engine route (the keys of ``runs``), appended to ``runs[route]``."""
+    for route in runs:
         (m, factors), seconds = timed(
             lambda r=route: engine_coupling(model, parts, ids, args.k, r), args.device
         )
@@ -132,7 +140,7 @@ def gpt2_rows(args: argparse.Namespace) -> list[tuple]:
     L = parts.n_layers
     n_naive = min(args.naive_layers or L, L)
     print(f"gpt2-small: {sizes}, T={args.tokens}, K={args.k}, authors' route on {n_naive} blocks")
-    _warm_up(model, parts, ids, args)
+    _warm_up(model, parts, ids, args.routes)
     naive, runs = [], {route: [] for route in args.routes}
     for i in range(args.repeats):
         m, seconds = timed(
@@ -164,7 +172,7 @@ def authors_rows_seconds(model, parts, ids, n_rows: int) -> float:
 
 
 def llama_rows(args: argparse.Namespace) -> list[tuple]:
-    """Two Llama-7B-shaped blocks: authors' route (rows extrapolated) vs every engine route."""
+    """Two Llama-7B-shaped blocks: authors' route (rows extrapolated) vs the default route."""
     arch, sizes = shape_of("llama-7b", args)
     model, parts = build_random_model(
         arch, vocab=32000, max_len=args.tokens, device=args.device, dtype=_dtype(args), **sizes
@@ -173,9 +181,10 @@ def llama_rows(args: argparse.Namespace) -> list[tuple]:
     L, d = parts.n_layers, parts.d_model
     n_rows = min(args.naive_rows, d)
     print(f"llama-7b: {sizes}, T={args.tokens}, K={args.k}, authors' route: {n_rows} of {d} rows")
-    _warm_up(model, parts, ids, args)
-    J0 = JacobianEngine(model, parts, k_max=args.k, method="dense").dense_jacobians(ids)[0]
-    naive, runs = [], {route: [] for route in args.routes}
+    _warm_up(model, parts, ids, args.llama_routes)
+    block0 = dataclasses.replace(parts, blocks=parts.blocks[:1])
+    J0 = JacobianEngine(model, block0, k_max=args.k, method="dense").dense_jacobians(ids)[0]
+    naive, runs = [], {route: [] for route in args.llama_routes}
     for i in range(args.repeats):
         rows_s = authors_rows_seconds(model, parts, ids, n_rows)
         _, svd_s = timed(lambda: torch.linalg.svd(J0), args.device)
@@ -193,9 +202,9 @@ def _dtype(args: argparse.Namespace) -> torch.dtype:
     return getattr(torch, args.dtype)
 
 
-def _warm_up(model, parts, ids, args) -> None:
-    """Untimed first calls of every route and of the authors' route on a short prompt."""
-    for route in args.routes:
+def _warm_up(model, parts, ids, routes: list[str]) -> None:
+    """Untimed first calls of ``routes`` and of the authors' route on a short prompt."""
+    for route in routes:
         engine_coupling(model, parts, ids[:4], 2, route)
     authors_rows_seconds(model, parts, ids[:4], 2)
 

@@ -38,7 +38,8 @@ class MemoryLedger:
     ``hold(key, *tensors)`` counts tensors under a key (replacing what the key
     held), ``release(key)`` forgets them. Counted: every layer's triplets,
     kept dense Jacobians, pass two's gathered U, V and one group of products;
-    not counted: the ``[L, L, K, K]`` results and autograd temporaries. On
+    not counted: the ``[L, L, K, K]`` results, autograd temporaries and the
+    iterative routes' per-layer bases (transient, independent of L). On
     CUDA devices the allocator's peak since construction is also read, and
     ``peak`` is the larger of the two.
     """

@@ -51,7 +51,7 @@ def quick_run() -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,  # a hang guard only: about a minute on a quiet 2-core machine
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc.stdout
@@ -73,6 +73,11 @@ def test_engine_rows_cover_every_route_and_k(quick_run):
             assert math.isfinite(float(engine_mb)) and float(engine_mb) > 0
             assert math.isfinite(float(diff))
         assert float(rows[f"engine dense K={k}"][-1]) == 0.0
+    batched = [label for label in rows if "batched" in label]
+    assert len(batched) == 1
+    seconds, *_, diff = rows[batched[0]]
+    assert float(seconds) > 0
+    assert float(diff) < 1e-4  # a batched document's matrix equals its one-at-a-time matrix
     authors = [label for label in rows if label.startswith("authors' route")]
     assert len(authors) == 1 and float(rows[authors[0]][0]) > 0
 
