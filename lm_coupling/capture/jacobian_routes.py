@@ -123,12 +123,13 @@ def _layer_top(call: BlockCall, chunk: int, rs: RouteSettings, generator, warm) 
             f, x, rs.k, max_iters=iters, warm_start=warm, fixed_iters=fixed, **common
         )
     routes = [method if method != "auto" else "krylov"] * B
-    if method != "auto":
+    if fixed:  # randomized: a fixed number of iterations, no test (documented)
         return LayerTop(top, routes)
     redo = ~top.converged & ~top.ill_defined
     if not bool(redo.any()):
         return LayerTop(top, routes)
-    # Not converged within a dense route's cost and well-defined: exact route.
+    # Not converged (within a dense route's cost, for auto) and well-defined: the
+    # exact route, recorded as such, never unconverged triplets.
     J = dense_jacobian(f, x, chunk)
     top = _merge(top, gram_top(J, rs.k, rs.ill_gap), redo)
     routes = ["gram" if bool(r) else route for r, route in zip(redo, routes, strict=True)]

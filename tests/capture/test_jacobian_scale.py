@@ -68,7 +68,9 @@ def test_flat_spectrum_routes_give_the_dense_coupling(small, method):
     assert bool((_relative_gaps(dense.S) > 1e-3).all())
     assert not bool(dense.ill_defined.any())
     factors = JacobianEngine(model, parts, k_max=K, method=method, swapped=True).factors(IDS)
-    assert factors.method == [method] * 3
+    # A layer the Krylov iteration leaves unconverged (its basis is capped at d/2 = 16
+    # here) is recomputed exactly and recorded as gram; either way the values agree.
+    assert set(factors.method) <= {method, "gram"}
     atol = ROUTE_ATOL[name]
     torch.testing.assert_close(
         miscoupling(factors.A, factors.S), miscoupling(dense.A, dense.S), rtol=0, atol=atol

@@ -34,7 +34,11 @@ def test_empty_data_file_is_named(our_tasks, monkeypatch, tmp_path):
 
 
 def test_bundled_samples_are_announced_once_per_benchmark(our_tasks, monkeypatch, caplog):
+    from lm_coupling.tasks import offline_data
+
     monkeypatch.delenv("LM_COUPLING_DATA_DIR", raising=False)
+    # Announcements are once per process: forget those of earlier tests in this one.
+    monkeypatch.setattr(offline_data, "_ANNOUNCED", set())
     with caplog.at_level(logging.WARNING, logger="lm_coupling.tasks"):
         loaded = our_tasks.load(["lmc_arc_easy_offline", "lmc_mmlu_sample"])
     assert loaded["tasks"]
