@@ -106,15 +106,7 @@ def block_krylov_svd(
     Z = vjp_rows(f, x, JW, chunk).transpose(-2, -1)
     last = Z
     floor = 8 * d**0.5 * torch.finfo(x.dtype).eps
-    out = TopK(
-        torch.zeros(B, d, r, dtype=x.dtype, device=x.device),
-        torch.zeros(B, r, dtype=x.dtype, device=x.device),
-        torch.zeros(B, d, r, dtype=x.dtype, device=x.device),
-        torch.zeros(B, dtype=torch.long, device=x.device),
-        torch.full((B,), torch.inf, dtype=x.dtype, device=x.device),
-        torch.zeros(B, dtype=torch.bool, device=x.device),
-        torch.zeros(B, dtype=torch.bool, device=x.device),
-    )
+    out = TopK.empty(B, d, r, x)
     active = torch.ones(B, dtype=torch.bool, device=x.device)
     previous, best = None, torch.full((B,), torch.inf, dtype=x.dtype, device=x.device)
     since = torch.zeros(B, dtype=torch.long, device=x.device)

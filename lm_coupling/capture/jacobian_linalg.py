@@ -64,6 +64,20 @@ class TopK:
     converged: torch.Tensor
     ill_defined: torch.Tensor
 
+    @classmethod
+    def empty(cls, B: int, d: int, r: int, like: torch.Tensor) -> TopK:
+        """Placeholders an iterative route fills in as its documents stop."""
+        options = {"dtype": like.dtype, "device": like.device}
+        return cls(
+            torch.zeros(B, d, r, **options),
+            torch.zeros(B, r, **options),
+            torch.zeros(B, d, r, **options),
+            torch.zeros(B, dtype=torch.long, device=like.device),
+            torch.full((B,), torch.inf, **options),
+            torch.zeros(B, dtype=torch.bool, device=like.device),
+            torch.zeros(B, dtype=torch.bool, device=like.device),
+        )
+
 
 def chunk_size_for(d: int, context: int, device: torch.device, dtype: torch.dtype) -> int:
     """Tangents per vectorized batch, so that one batch stays within a memory budget.
@@ -258,15 +272,7 @@ def subspace_svd(
         omega[:, :, :w] = warm_start[:, :, :w].to(omega)
     Y = jvp_columns(f, x, omega, chunk)
     floor = 8 * d**0.5 * torch.finfo(x.dtype).eps
-    out = TopK(
-        torch.zeros(B, d, r, dtype=x.dtype, device=x.device),
-        torch.zeros(B, r, dtype=x.dtype, device=x.device),
-        torch.zeros(B, d, r, dtype=x.dtype, device=x.device),
-        torch.zeros(B, dtype=torch.long, device=x.device),
-        torch.full((B,), torch.inf, dtype=x.dtype, device=x.device),
-        torch.zeros(B, dtype=torch.bool, device=x.device),
-        torch.zeros(B, dtype=torch.bool, device=x.device),
-    )
+    out = TopK.empty(B, d, r, x)
     active = torch.ones(B, dtype=torch.bool, device=x.device)
     previous, best = None, torch.full((B,), torch.inf, dtype=x.dtype, device=x.device)
     since = torch.zeros(B, dtype=torch.long, device=x.device)
