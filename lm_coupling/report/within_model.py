@@ -118,8 +118,14 @@ def fit_ols(x: np.ndarray, y: np.ndarray) -> dict:
     if out["reason"]:
         return out
     res = ols_hc3((x - x.mean()) / x.std(), y)
+    out.update(_slope_fields(res))
+    return out
+
+
+def _slope_fields(res) -> dict[str, float]:
+    """Coefficient of the standardized metric (column 1) of a statsmodels fit, with its CI."""
     ci = np.asarray(res.conf_int())[1]
-    out.update(
+    return dict(
         coef_per_sd=float(res.params[1]),
         stderr=float(res.bse[1]),
         z=float(res.tvalues[1]),
@@ -127,7 +133,6 @@ def fit_ols(x: np.ndarray, y: np.ndarray) -> dict:
         ci_low=float(ci[0]),
         ci_high=float(ci[1]),
     )
-    return out
 
 
 def fit_logit(x: np.ndarray, y: np.ndarray) -> dict:
@@ -151,16 +156,7 @@ def fit_logit(x: np.ndarray, y: np.ndarray) -> dict:
         except Exception as exc:  # noqa: BLE001 - separation, singular Hessian, no convergence
             out["reason"] = f"logistic fit failed: {type(exc).__name__}: {exc}"[:200]
             return out
-    ci = np.asarray(res.conf_int())[1]
-    out.update(
-        coef_per_sd=float(res.params[1]),
-        stderr=float(res.bse[1]),
-        z=float(res.tvalues[1]),
-        p=float(res.pvalues[1]),
-        ci_low=float(ci[0]),
-        ci_high=float(ci[1]),
-        odds_ratio_per_sd=math.exp(float(res.params[1])),
-    )
+    out.update(_slope_fields(res), odds_ratio_per_sd=math.exp(float(res.params[1])))
     return out
 
 
