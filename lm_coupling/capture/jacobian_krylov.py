@@ -16,10 +16,9 @@ from __future__ import annotations
 import torch
 
 from lm_coupling.capture.jacobian_linalg import (
-    STALL,
     Map,
+    StopTest,
     TopK,
-    _neighbour_gaps,
     _orthonormal,
     ill_defined,
     jvp_columns,
@@ -105,30 +104,13 @@ def block_krylov_svd(
     JW = jvp_columns(f, x, W, chunk)
     Z = vjp_rows(f, x, JW, chunk).transpose(-2, -1)
     last = Z
-    floor = 8 * d**0.5 * torch.finfo(x.dtype).eps
     out = TopK.empty(B, d, r, x)
     active = torch.ones(B, dtype=torch.bool, device=x.device)
-    previous, best = None, torch.full((B,), torch.inf, dtype=x.dtype, device=x.device)
-    since = torch.zeros(B, dtype=torch.long, device=x.device)
+    test = StopTest(k, tol, ill_gap, x)
     for it in range(1, max(1, max_iters) + 1):
         U, S, V, C, res = _ritz(W, JW, Z, r)
-        s1 = S[:, :1].clamp_min(torch.finfo(x.dtype).tiny)
-        bound = torch.maximum(tol * _neighbour_gaps(S, k), floor * s1)
-        good = (res[:, :k] <= bound[:, :k]).all(dim=1)
-        good &= res[:, k] <= torch.maximum(tol**0.5 * s1[:, 0], floor * s1[:, 0])
-        bad = ill_defined(S, k, ill_gap)
-        if previous is None:
-            bad = torch.zeros_like(bad)
-        else:
-            bad &= (S[:, :r] - previous).abs().amax(dim=1) < 0.1 * ill_gap * s1[:, 0]
-        previous = S[:, :r]
-        worst = res[:, :k].amax(dim=1) / s1[:, 0]
-        improved = worst < 0.5 * best
-        best = torch.where(improved, worst, best)
-        since = torch.where(improved, 0, since + 1)
-        stop = active & (
-            torch.ones_like(good) if it >= max_iters else good | bad | (since >= STALL)
-        )
+        good, done, worst = test.step(S, res)
+        stop = active & (torch.ones_like(good) if it >= max_iters else done)
         if bool(stop.any()):
             out.U[stop], out.S[stop], out.V[stop] = U[stop], S[stop, :r], V[stop]
             out.iterations[stop] = it

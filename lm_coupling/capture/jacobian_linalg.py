@@ -210,6 +210,51 @@ def _neighbour_gaps(S: torch.Tensor, k: int) -> torch.Tensor:
     return diff.amin(dim=2)
 
 
+class StopTest:
+    """Per-document stopping test of an iterative top-K route, one call per iteration.
+
+    A document is done when every top-K residual ``||J^T u_i - s_i v_i||`` (or
+    ``||J v_i - s_i u_i||``) is below ``tol`` times the distance of ``s_i`` to
+    its neighbours (or at round-off level), when its top K+1 values are
+    ill-defined (see :func:`ill_defined`) and have settled, or when the worst
+    residual has not halved in ``STALL`` iterations.
+    """
+
+    def __init__(self, k: int, tol: float, ill_gap: float, like: torch.Tensor):
+        self.k, self.tol, self.ill_gap = k, tol, ill_gap
+        self.floor = 8 * like.shape[1] ** 0.5 * torch.finfo(like.dtype).eps
+        self.tiny = torch.finfo(like.dtype).tiny
+        self.previous: torch.Tensor | None = None
+        B = like.shape[0]
+        self.best = torch.full((B,), torch.inf, dtype=like.dtype, device=like.device)
+        self.since = torch.zeros(B, dtype=torch.long, device=like.device)
+
+    def step(
+        self, S: torch.Tensor, res: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(converged, done, worst)`` per document for values ``S`` and residuals ``res``.
+
+        ``worst`` is ``max_{i<K} res_i / s_1``.
+        """
+        k, r = self.k, self.k + 1
+        s1 = S[:, :1].clamp_min(self.tiny)
+        bound = torch.maximum(self.tol * _neighbour_gaps(S, k), self.floor * s1)
+        good = (res[:, :k] <= bound[:, :k]).all(dim=1)
+        good &= res[:, k] <= torch.maximum(self.tol**0.5 * s1[:, 0], self.floor * s1[:, 0])
+        bad = ill_defined(S, k, self.ill_gap)
+        if self.previous is None:
+            bad = torch.zeros_like(bad)
+        else:
+            settled = (S[:, :r] - self.previous).abs().amax(dim=1) < 0.1 * self.ill_gap * s1[:, 0]
+            bad &= settled
+        self.previous = S[:, :r]
+        worst = res[:, :k].amax(dim=1) / s1[:, 0]
+        improved = worst < 0.5 * self.best
+        self.best = torch.where(improved, worst, self.best)
+        self.since = torch.where(improved, 0, self.since + 1)
+        return good, good | bad | (self.since >= STALL), worst
+
+
 def subspace_svd(
     f: Map,
     x: torch.Tensor,
@@ -271,39 +316,22 @@ def subspace_svd(
         w = min(p, warm_start.shape[2])
         omega[:, :, :w] = warm_start[:, :, :w].to(omega)
     Y = jvp_columns(f, x, omega, chunk)
-    floor = 8 * d**0.5 * torch.finfo(x.dtype).eps
     out = TopK.empty(B, d, r, x)
     active = torch.ones(B, dtype=torch.bool, device=x.device)
-    previous, best = None, torch.full((B,), torch.inf, dtype=x.dtype, device=x.device)
-    since = torch.zeros(B, dtype=torch.long, device=x.device)
+    test = StopTest(k, tol, ill_gap, x)
     for it in range(1, max(1, max_iters) + 1):
         Q = _orthonormal(Y)
         U_Z, S, Vh = torch.linalg.svd(vjp_rows(f, x, Q, chunk), full_matrices=False)
         U, V = Q @ U_Z, Vh.transpose(-2, -1)
         Y = jvp_columns(f, x, V, chunk)
         res = _residuals(Y[:, :, :r], U[:, :, :r], S[:, :r])
-        s1 = S[:, :1].clamp_min(torch.finfo(x.dtype).tiny)
-        limit = torch.maximum(tol * _neighbour_gaps(S, k), floor * s1)
-        good = (res[:, :k] <= limit[:, :k]).all(dim=1)
-        good &= res[:, k] <= torch.maximum(tol**0.5 * s1[:, 0], floor * s1[:, 0])
-        bad = ill_defined(S, k, ill_gap)
-        if previous is None:
-            bad = torch.zeros_like(bad)
-        else:
-            bad &= (S[:, :r] - previous).abs().amax(dim=1) < 0.1 * ill_gap * s1[:, 0]
-        previous = S[:, :r]
-        # Stagnation: no halving of the worst residual in STALL iterations (round-off floor).
-        worst = res[:, :k].amax(dim=1) / s1[:, 0]
-        improved = worst < 0.5 * best
-        best = torch.where(improved, worst, best)
-        since = torch.where(improved, 0, since + 1)
-        bad |= since >= STALL
+        good, done, worst = test.step(S, res)
         last = it >= max_iters
-        stop = active & (torch.ones_like(good) if last else (good | bad) & (not fixed_iters))
+        stop = active & (torch.ones_like(good) if last else done & (not fixed_iters))
         if bool(stop.any()):
             out.U[stop], out.S[stop], out.V[stop] = U[stop, :, :r], S[stop, :r], V[stop, :, :r]
             out.iterations[stop] = it
-            out.residual[stop] = (res[stop, :k].amax(dim=1) / s1[stop, 0]).to(x.dtype)
+            out.residual[stop] = worst[stop]
             out.converged[stop] = good[stop]
             out.ill_defined[stop] = ill_defined(S[stop], k, ill_gap)
             active &= ~stop
