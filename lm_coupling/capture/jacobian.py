@@ -284,7 +284,8 @@ class JacobianEngine:
             jacobians = []
             for call in calls:
                 f, x = call.last_token_map()
-                J = dense_jacobian(f, x, self._chunk(x, ids.shape[0]))[0]
+                context = 0 if call.split_prefix else ids.shape[0]
+                J = dense_jacobian(f, x, self._chunk(x, context))[0]
                 jacobians.append(J.to(device))
             return torch.stack(jacobians)
 
@@ -397,7 +398,7 @@ class JacobianEngine:
         """Both passes on recorded calls (inside ``engine_mode``); one result per prompt."""
         k = self.k_max
         ledger = MemoryLedger([c.hidden.device for c in calls])
-        chunks = [self._chunk(c.hidden[:, -1], context) for c in calls]
+        chunks = [self._chunk(c.hidden[:, -1], 0 if c.split_prefix else context) for c in calls]
         tops = top_factors(calls, chunks, self._settings(), ledger)
         out = self.parts.input_device
         dense = torch.stack([t.J.to(out) for t in tops], 1) if self.keep_dense else None

@@ -12,6 +12,10 @@ once with ``use_cache=True``; token n then runs with that cache, and each
 block's cache argument is replaced by a :class:`FrozenPrefixCache` whose
 ``update`` returns ``cat(prefix, new)`` without storing anything, so the block
 can be called any number of times, also under ``torch.func`` transforms.
+Where the model's attention goes through transformers' SDPA entry, the cache
+hands the prefix to that attention uncopied instead (``probe_split``,
+``capture.frozen_attention``): a product then costs what the block costs on
+one token, whatever the prompt length.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.capture.frozen_attention import STASH, sdpa_split_installed
 from lm_coupling.errors import LmCouplingError
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "FrozenPrefixCache",
     "compute_dtype",
     "engine_mode",
+    "probe_split",
     "record_full_sequence",
     "record_last_token",
     "reference_outputs",
@@ -73,7 +79,9 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
     kernels. Any other implementation (flash, flex, paged) is switched to
     ``"sdpa"`` for the duration; the engine's run-time check (see
     ``JacobianEngine``) then tells whether that changed the function. Dropout
-    is switched off (eval mode); ``torch.no_grad`` stops graphs through the
+    is switched off (eval mode); transformers' SDPA entry takes a frozen
+    prefix without copying it (``capture.frozen_attention``; every other call
+    is passed through unchanged); ``torch.no_grad`` stops graphs through the
     parameters (``torch.func`` transforms still differentiate with respect to
     their inputs). Everything is restored in ``finally``.
 
@@ -95,7 +103,7 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
             elif isinstance(current, str) and current not in FORWARD_AD_ATTENTION:
                 config._attn_implementation_internal = "sdpa"
         model.eval()
-        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), sdpa_split_installed():
             yield
     finally:
         for config, value in zip(configs, saved, strict=True):
@@ -119,15 +127,27 @@ class FrozenPrefixCache:
 
     def __init__(self, prefixes: dict[int, tuple[torch.Tensor, torch.Tensor]]):
         self._prefixes = prefixes
+        self.split: set[int] = set()
+        """Layers whose prefix goes to the wrapped SDPA attention (``probe_split``)."""
+        self.touched: set[int] = set()
+        """Layers ``update`` was called for (reset by ``probe_split``)."""
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        """Return the prefix keys/values followed by the new ones, without storing."""
+        """Return the prefix keys/values followed by the new ones, without storing.
+
+        For a layer in ``split``, stash the prefix for the attention call instead
+        and return only the new key and value (``capture.frozen_attention``).
+        """
         if layer_idx not in self._prefixes:
             raise LmCouplingError(
                 f"the Jacobian engine has no prefix keys/values for attention layer "
                 f"{layer_idx}; found layers {sorted(self._prefixes)}"
             )
         k0, v0 = self._prefixes[layer_idx]
+        self.touched.add(layer_idx)
+        if layer_idx in self.split:
+            STASH.put(k0, v0)
+            return key_states, value_states
         batch = key_states.shape[0]
         keys = torch.cat([k0.expand(batch, *k0.shape[1:]), key_states], dim=-2)
         values = torch.cat([v0.expand(batch, *v0.shape[1:]), value_states], dim=-2)
@@ -166,6 +186,8 @@ class BlockCall:
         kwargs: recorded keyword arguments (same).
         hidden: ``[1, T', d]`` recorded hidden-state input x^{l-1} in ``dtype``.
         dtype: the compute dtype.
+        split_prefix: the frozen prefix reaches the attention without being
+            concatenated (``probe_split``), so products do not copy it per tangent.
     """
 
     block: nn.Module
@@ -173,6 +195,7 @@ class BlockCall:
     kwargs: dict
     hidden: torch.Tensor
     dtype: torch.dtype
+    split_prefix: bool = False
 
     def params(self) -> dict[str, torch.Tensor] | None:
         """The block's parameters and buffers in ``dtype``, or None if already so.
@@ -407,10 +430,47 @@ def record_last_token(
     frozen = FrozenPrefixCache(
         {i: (k.detach().to(dtype), v.detach().to(dtype)) for i, (k, v) in padded.items()}
     )
-    return [
+    calls = [
         _block_call(block, record, dtype, lambda _cache: frozen)
         for block, record in zip(parts.blocks, records, strict=True)
     ]
+    probe_split(calls, frozen)
+    return calls
+
+
+def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
+    """Let ``cache`` hand its prefix to the split attention for the blocks where that is exact.
+
+    Per block, one call with the concatenating cache and one with the split
+    attention (``capture.frozen_attention``) on the recorded hidden states;
+    the block's layers join ``cache.split`` only when the attention took the
+    stashed prefix and the two outputs agree to ``sqrt(eps)`` (relative).
+    A block whose attention does not go through transformers' SDPA entry
+    (eager attention, a model-local override) keeps concatenating, whether
+    its split call fails (the eager attention gets a key of length 1) or
+    computes something else.
+    """
+    enabled: set[int] = set()
+    for call in calls:
+        f, x = call.last_token_map()
+        cache.split, cache.touched = set(enabled), set()
+        reference = f(x)
+        layers = set(cache.touched)
+        if not layers:
+            continue
+        cache.split = enabled | layers
+        try:
+            out = f(x)
+        except Exception:  # noqa: BLE001 - the attention got the new key alone: no split here
+            STASH.take()
+            continue
+        taken = STASH.take() is None
+        tol = torch.finfo(reference.dtype).eps ** 0.5
+        err = torch.linalg.vector_norm(out - reference) / torch.linalg.vector_norm(reference)
+        if taken and bool(err <= tol):
+            enabled |= layers
+            call.split_prefix = True
+    cache.split, cache.touched = enabled, set()
 
 
 def reference_outputs(
