@@ -20,8 +20,9 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
   ``(s_{p+1}/s_i)^(2t)``, kept for comparison.
 - ``randomized``: the same iteration with a fixed number of power iterations
   and no test (Halko et al. 2011); fast, accurate only where the gap is clear.
-- ``auto``: ``dense`` when ``d <= DENSE_MAX_D`` (1024; d JVPs of one token
-  are cheap and exact there); otherwise ``krylov`` with at most as many
+- ``auto``: ``gram`` when ``d <= DENSE_MAX_D`` (1024; d products of one
+  token are cheap and exact there, and the top eigenpairs of ``J^T J`` cost
+  half a full SVD); otherwise ``krylov`` with at most as many
   steps as cost as much as the dense route, and ``gram`` for a document
   whose layer did not converge within that budget and is not ill-defined.
 
@@ -61,7 +62,7 @@ from lm_coupling.capture.jacobian_calls import (
     engine_mode,
     record_full_sequence,
     record_last_token,
-    reference_outputs,
+    run_prompts,
 )
 from lm_coupling.capture.jacobian_linalg import chunk_size_for, dense_jacobian
 from lm_coupling.capture.jacobian_routes import (
@@ -82,7 +83,7 @@ __all__ = [
 ]
 
 DENSE_MAX_D = 1024
-"""``method="auto"`` uses the dense route for every layer when d is at most this."""
+"""``method="auto"`` uses the exact ``gram`` route for every layer when d is at most this."""
 
 ILL_GAP = 1e-3
 """Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
@@ -145,15 +146,15 @@ class JacobianEngine:
         seed: seed of the random start blocks (results are reproducible).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
             memory budget, see ``chunk_size_for``).
-        dense_max_d: ``auto`` uses the dense route for every layer when
+        dense_max_d: ``auto`` uses the exact ``gram`` route for every layer when
             d <= this (default ``DENSE_MAX_D``).
         tol: vector accuracy target of the iterative routes (None: 1e-9 in
             float64, 1e-5 in float32).
         max_iters: iteration budget of the iterative routes (None: 100; under
             ``auto`` the steps that cost as much as the dense route, at least 3).
         ill_gap: see ``ILL_GAP``.
-        check: verify the replayed block calls against a plain forward pass
-            (one extra forward pass per batch of documents).
+        check: verify the replayed block calls against the block outputs of
+            the plain forward pass that also gives the frozen prefix (no extra pass).
         attn_implementation: force this attention implementation inside the
             engine (diagnostics; the check then tells whether it changes the function).
         docs_per_batch: documents per batched pass (None: from free memory).
@@ -261,10 +262,10 @@ class JacobianEngine:
             return int(max(1, min(64, free // per_doc)))
         return int(max(1, min(4, (2 << 30) // per_doc)))
 
-    def _record_last(self, prompts: list[torch.Tensor]) -> list[BlockCall]:
+    def _record_last(self, prompts: list[torch.Tensor], prefixes=None) -> list[BlockCall]:
         device = self.parts.input_device
         return record_last_token(
-            self.model, self.parts, [p.to(device) for p in prompts], self.dtype
+            self.model, self.parts, [p.to(device) for p in prompts], self.dtype, prefixes
         )
 
     def dense_jacobians(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -345,10 +346,10 @@ class JacobianEngine:
         """One batched pass over prompts of similar lengths; mismatching ones are errors."""
         device = self.parts.input_device
         prompts = [p.to(device) for p in prompts]
-        expected = reference_outputs(self.model, self.parts, prompts) if self.check else None
+        run = run_prompts(self.model, self.parts, prompts)
         with engine_mode(self.model, self.attn_implementation):
-            calls = self._record_last(prompts)
-            failures = self._mismatches(calls, expected) if self.check else {}
+            calls = self._record_last(prompts, run.prefixes)
+            failures = self._mismatches(calls, run.outputs) if self.check else {}
             if not failures:
                 return self._compute(calls, sum(p.shape[0] for p in prompts))
         good = [i for i in range(len(prompts)) if i not in failures]
@@ -356,7 +357,7 @@ class JacobianEngine:
         if good:
             subset = [prompts[i] for i in good]
             with engine_mode(self.model, self.attn_implementation):
-                calls = self._record_last(subset)
+                calls = self._record_last(subset, [run.prefixes[i] for i in good])
                 computed = self._compute(calls, sum(p.shape[0] for p in subset))
             for i, factors in zip(good, computed, strict=True):
                 results[i] = factors

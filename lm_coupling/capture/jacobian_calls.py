@@ -39,8 +39,9 @@ __all__ = [
     "engine_mode",
     "probe_split",
     "record_full_sequence",
+    "PromptPass",
     "record_last_token",
-    "reference_outputs",
+    "run_prompts",
 ]
 
 
@@ -356,10 +357,88 @@ def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
     return _prefix_keys_values(cache, None)
 
 
-def _padded_prefixes(model: nn.Module, prompts: list[torch.Tensor]):
+def _truncated_prefix(cache, length: int) -> dict[int, tuple] | None:
+    """The first ``length - 1`` positions of a cache filled by a whole prompt of ``length``.
+
+    None when the cache is not one full key/value row per position on every
+    layer (sliding windows, an architecture-specific cache): then the prefix
+    must run alone.
+    """
+    try:
+        keys_values = _prefix_keys_values(cache, None)
+    except LmCouplingError:
+        return None
+    if not keys_values or any(k.shape[-2] != length for k, _ in keys_values.values()):
+        return None
+    return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}
+
+
+@dataclass
+class PromptPass:
+    """What one plain forward pass per prompt gives the engine.
+
+    Attributes:
+        prefixes: per prompt, layer index -> (K, V) ``[1, H_kv, n, d_head]`` of
+            positions < n in the model's dtype (None for a one-token prompt).
+        outputs: per block, ``[B, d]`` its output at n in the model's dtype.
+    """
+
+    prefixes: list[dict[int, tuple] | None]
+    outputs: list[torch.Tensor]
+
+
+def run_prompts(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]) -> PromptPass:
+    """One plain forward pass per whole prompt: the prefix keys/values and every block's output at n.
+
+    Run *outside* :func:`engine_mode`: the model's own attention
+    implementation and kernels on each prompt alone (no padding), i.e. the
+    function a benchmark's forward pass computes; it stops after the last
+    block (no final norm, no unembedding). The block outputs are the
+    reference of the engine's run-time check, and the cache it fills gives
+    the prefix the engine freezes (run again on the prefix alone where the
+    cache is not one row per position). Each output stays on its block's device.
+    """
+    from transformers import DynamicCache
+
+    outputs: list[list[torch.Tensor]] = [[] for _ in parts.blocks]
+    last = len(parts.blocks) - 1
+
+    def hook(index: int):
+        def post_hook(module, args, output):
+            outputs[index].append(block_output_hidden(output)[:, -1].detach())
+            if index == last:
+                raise _StopForward
+
+        return post_hook
+
+    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
+    training = {m: m.training for m in model.modules()}
+    prefixes: list[dict[int, tuple] | None] = []
+    try:
+        model.eval()
+        with torch.no_grad():
+            for prompt in prompts:
+                length = prompt.shape[0]
+                cache = DynamicCache(config=model.config) if length > 1 else None
+                with contextlib.suppress(_StopForward):
+                    model(prompt[None], use_cache=length > 1, past_key_values=cache)
+                if length == 1:
+                    prefixes.append(None)
+                    continue
+                prefix = _truncated_prefix(cache, length)
+                prefixes.append(prefix if prefix is not None else _prefix_cache(model, prompt))
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, flag in training.items():
+            module.training = flag
+    return PromptPass(prefixes, [torch.cat(rows) for rows in outputs])
+
+
+def _padded_prefixes(prompts: list[torch.Tensor], per_doc: list[dict[int, tuple] | None]):
     """Each prompt's prefix keys/values, left-padded with zeros to the longest prefix.
 
-    Every prefix runs alone (no padding inside a forward pass: padded query
+    Every prefix ran alone (no padding inside a forward pass: padded query
     rows attend to nothing, which gives NaN in some attention paths).
 
     Returns:
@@ -370,9 +449,6 @@ def _padded_prefixes(model: nn.Module, prompts: list[torch.Tensor]):
     N, B = max(lengths), len(prompts)
     if N == 0:
         return {}, None
-    per_doc = [
-        _prefix_cache(model, p) if n > 0 else None for p, n in zip(prompts, lengths, strict=True)
-    ]
     template = next(kv for kv in per_doc if kv is not None)
     padded = {}
     for layer, (k0, v0) in template.items():
@@ -400,26 +476,34 @@ def _batched_cache(model: nn.Module, padded: dict[int, tuple]):
 
 
 def record_last_token(
-    model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor], dtype: torch.dtype
+    model: nn.Module,
+    parts: ModelParts,
+    prompts: list[torch.Tensor],
+    dtype: torch.dtype,
+    prefixes: list[dict[int, tuple] | None] | None = None,
 ) -> list[BlockCall]:
     """Record every block's call on the last token n with the prefix keys/values frozen.
 
-    Call inside :func:`engine_mode`. One prompt: the prefix runs once with a
-    cache, then the last token. Several prompts: each prefix runs alone, the
-    caches are left-padded into one batch (padded keys masked out, every
-    prompt at its own positions) and the last tokens run as one batch.
+    Call inside :func:`engine_mode`. Each prompt's prefix keys/values come
+    from its own forward pass (``prefixes``, from :func:`run_prompts`; run
+    here on the prefixes alone when None); they are left-padded into one
+    batch (padded keys masked out, every prompt at its own positions) and
+    the last tokens run as one batch.
 
     Args:
         model: the causal LM.
         parts: its located parts.
         prompts: ``[T_b]`` token ids on the input device; n_b = T_b - 1.
         dtype: compute dtype.
+        prefixes: ``PromptPass.prefixes`` of these prompts, or None.
 
     Returns:
         L block calls whose hidden states are ``[B, 1, d]`` (x^{l-1}_n).
     """
+    if prefixes is None:
+        prefixes = [_prefix_cache(model, p) if p.shape[0] > 1 else None for p in prompts]
     last = torch.stack([p[-1:] for p in prompts])
-    padded, mask = _padded_prefixes(model, prompts)
+    padded, mask = _padded_prefixes(prompts, prefixes)
     kwargs: dict = {"use_cache": bool(padded)}
     if padded:
         kwargs["past_key_values"] = _batched_cache(model, padded)
@@ -471,42 +555,6 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
             enabled |= layers
             call.split_prefix = True
     cache.split, cache.touched = enabled, set()
-
-
-def reference_outputs(
-    model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]
-) -> list[torch.Tensor]:
-    """Every block's output at the last position from plain forward passes of the model.
-
-    Run *outside* :func:`engine_mode`: the model's own attention
-    implementation and kernels on each whole prompt without cache (one pass
-    per prompt, no padding), i.e. the function a benchmark's forward pass
-    computes. Each output stays on its block's device.
-
-    Returns:
-        L tensors ``[B, d]`` in the model's dtype.
-    """
-    outputs: list[list[torch.Tensor]] = [[] for _ in parts.blocks]
-
-    def hook(index: int):
-        def post_hook(module, args, output):
-            outputs[index].append(block_output_hidden(output)[:, -1].detach())
-
-        return post_hook
-
-    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
-    training = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        with torch.no_grad():
-            for prompt in prompts:
-                model(prompt[None], use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, flag in training.items():
-            module.training = flag
-    return [torch.cat(rows) for rows in outputs]
 
 
 def record_full_sequence(
