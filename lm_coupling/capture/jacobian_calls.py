@@ -388,7 +388,7 @@ class PromptPass:
 
 
 def run_prompts(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]) -> PromptPass:
-    """One plain forward pass per whole prompt: the prefix keys/values and every block's output at n.
+    """One plain forward pass per prompt: its prefix keys/values and every block's output at n.
 
     Run *outside* :func:`engine_mode`: the model's own attention
     implementation and kernels on each prompt alone (no padding), i.e. the
