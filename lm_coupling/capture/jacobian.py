@@ -20,11 +20,13 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
   ``(s_{p+1}/s_i)^(2t)``, kept for comparison.
 - ``randomized``: the same iteration with a fixed number of power iterations
   and no test (Halko et al. 2011); fast, accurate only where the gap is clear.
-- ``auto``: ``gram`` when ``d <= DENSE_MAX_D`` (1024; d products of one
-  token are cheap and exact there, and the top eigenpairs of ``J^T J`` cost
-  half a full SVD); otherwise ``krylov`` with at most as many
-  steps as cost as much as the dense route, and ``gram`` for a document
-  whose layer did not converge within that budget and is not ill-defined.
+- ``auto``: ``dense`` when ``d <= DENSE_MAX_D`` (1024; d products of one
+  token are cheap and exact there; ``gram`` would halve the eigensolver's
+  cost but squares the condition number in float32, so that values move by
+  up to 3e-5 with the round-off of the batch's composition); otherwise
+  ``krylov`` with at most as many steps as cost as much as the dense route,
+  and ``gram`` for a document whose layer did not converge within that
+  budget and is not ill-defined.
 
 Where two of the top K+1 singular values lie within ``ill_gap * s_1`` of each
 other the singular vectors are not determined (any route's coupling matrix
@@ -83,7 +85,7 @@ __all__ = [
 ]
 
 DENSE_MAX_D = 1024
-"""``method="auto"`` uses the exact ``gram`` route for every layer when d is at most this."""
+"""``method="auto"`` uses the dense route for every layer when d is at most this."""
 
 ILL_GAP = 1e-3
 """Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
@@ -146,7 +148,7 @@ class JacobianEngine:
         seed: seed of the random start blocks (results are reproducible).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
             memory budget, see ``chunk_size_for``).
-        dense_max_d: ``auto`` uses the exact ``gram`` route for every layer when
+        dense_max_d: ``auto`` uses the dense route for every layer when
             d <= this (default ``DENSE_MAX_D``).
         tol: vector accuracy target of the iterative routes (None: 1e-9 in
             float64, 1e-5 in float32).

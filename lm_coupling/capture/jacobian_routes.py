@@ -108,7 +108,7 @@ def _layer_top(call: BlockCall, chunk: int, rs: RouteSettings, generator, warm) 
     B, d = x.shape
     method = rs.method
     if method == "auto":
-        method = "gram" if d <= rs.dense_max_d else "auto"
+        method = "dense" if d <= rs.dense_max_d else "auto"
     if method in ("dense", "gram"):
         J = dense_jacobian(f, x, chunk)
         top = (svd_top if method == "dense" else gram_top)(J, rs.k, rs.ill_gap)

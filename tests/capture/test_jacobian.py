@@ -142,7 +142,7 @@ def _coupling(factors):
         ("subspace", {}, "subspace"),
         ("krylov", {}, "krylov"),
         ("randomized", {"oversample": 10}, "randomized"),
-        ("auto", {}, "gram"),
+        ("auto", {}, "dense"),
         ("auto", {"dense_max_d": 0, "max_iters": 50}, "krylov"),
     ],
 )
