@@ -8,8 +8,8 @@ frozen (causal attention: positions < n do not depend on x_n).
 
 Routes (per layer, recorded in ``JacobianFactors.method``):
 
-- ``dense``: J^l exactly from d JVPs, then a full SVD (the reference).
-- ``gram``: J^l exactly from d JVPs, then the top eigenpairs of ``J^T J``
+- ``dense``: J^l exactly from d products (VJPs), then a full SVD (the reference).
+- ``gram``: J^l exactly from d products, then the top eigenpairs of ``J^T J``
   (one symmetric eigensolver instead of a full SVD; fastest exact route on a GPU).
 - ``krylov``: never forms J^l: restarted block Krylov iteration on
   ``J^T J`` with Rayleigh-Ritz, a residual-based convergence test and a warm

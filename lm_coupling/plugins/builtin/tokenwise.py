@@ -18,7 +18,7 @@ The per-document value is the mean coupling over ordered pairs i != j (and
 blocks). A prompt shorter than P has fewer positions: its missing rows and
 columns are NaN (aligned so that the last index is always n) and its value
 averages the pairs it has. Cost: ``3P - 3`` dense d x d position Jacobians per
-block (d JVPs each) and as many SVDs, per sampled document; see the README.
+block (d products each) and as many SVDs, per sampled document; see the README.
 """
 
 from __future__ import annotations
