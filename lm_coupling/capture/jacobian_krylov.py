@@ -20,8 +20,8 @@ from lm_coupling.capture.jacobian_linalg import (
     StopTest,
     TopK,
     _orthonormal,
-    ill_defined,
     jvp_columns,
+    start_block,
     vjp_rows,
 )
 
@@ -96,11 +96,7 @@ def block_krylov_svd(
     B, d = x.shape
     p, r = min(d, max(block, k + 1)), k + 1
     limit = max(p, min(max_basis, d // 2))
-    start = torch.randn(B, d, p, generator=generator, device=x.device, dtype=x.dtype)
-    if warm_start is not None:
-        w = min(p, warm_start.shape[2])
-        start[:, :, :w] = warm_start[:, :, :w].to(start)
-    W = _orthonormal(start)
+    W = _orthonormal(start_block(x, p, generator, warm_start))
     JW = jvp_columns(f, x, W, chunk)
     Z = vjp_rows(f, x, JW, chunk).transpose(-2, -1)
     last = Z
@@ -112,11 +108,7 @@ def block_krylov_svd(
         good, done, worst = test.step(S, res)
         stop = active & (torch.ones_like(good) if it >= max_iters else done)
         if bool(stop.any()):
-            out.U[stop], out.S[stop], out.V[stop] = U[stop], S[stop, :r], V[stop]
-            out.iterations[stop] = it
-            out.residual[stop] = worst[stop]
-            out.converged[stop] = good[stop]
-            out.ill_defined[stop] = ill_defined(S[stop], k, ill_gap)
+            out.record(stop, U, S, V, it, worst, good, k, ill_gap)
             active &= ~stop
         if not bool(active.any()):
             break

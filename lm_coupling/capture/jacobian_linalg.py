@@ -29,6 +29,7 @@ __all__ = [
     "chunk_size_for",
     "dense_jacobian",
     "gram_top",
+    "start_block",
     "jvp_columns",
     "subspace_svd",
     "svd_top",
@@ -64,6 +65,15 @@ class TopK:
     converged: torch.Tensor
     ill_defined: torch.Tensor
 
+    def record(self, stop, U, S, V, iteration: int, worst, good, k: int, ill_gap: float) -> None:
+        """Keep the triplets (first r columns) of the documents in ``stop`` as they are now."""
+        r = self.U.shape[2]
+        self.U[stop], self.S[stop], self.V[stop] = U[stop, :, :r], S[stop, :r], V[stop, :, :r]
+        self.iterations[stop] = iteration
+        self.residual[stop] = worst[stop]
+        self.converged[stop] = good[stop]
+        self.ill_defined[stop] = ill_defined(S[stop], k, ill_gap)
+
     @classmethod
     def empty(cls, B: int, d: int, r: int, like: torch.Tensor) -> TopK:
         """Placeholders an iterative route fills in as its documents stop."""
@@ -77,6 +87,18 @@ class TopK:
             torch.zeros(B, dtype=torch.bool, device=like.device),
             torch.zeros(B, dtype=torch.bool, device=like.device),
         )
+
+
+def start_block(
+    x: torch.Tensor, p: int, generator: torch.Generator, warm_start: torch.Tensor | None
+) -> torch.Tensor:
+    """``[B, d, p]`` Gaussian start columns, the first ones those of ``warm_start``."""
+    B, d = x.shape
+    omega = torch.randn(B, d, p, generator=generator, device=x.device, dtype=x.dtype)
+    if warm_start is not None:
+        w = min(p, warm_start.shape[2])
+        omega[:, :, :w] = warm_start[:, :, :w].to(omega)
+    return omega
 
 
 def chunk_size_for(d: int, context: int, device: torch.device, dtype: torch.dtype) -> int:
@@ -318,11 +340,7 @@ def subspace_svd(
     """
     B, d = x.shape
     p, r = min(d, max(block, k + 1)), k + 1
-    omega = torch.randn(B, d, p, generator=generator, device=x.device, dtype=x.dtype)
-    if warm_start is not None:
-        w = min(p, warm_start.shape[2])
-        omega[:, :, :w] = warm_start[:, :, :w].to(omega)
-    Y = jvp_columns(f, x, omega, chunk)
+    Y = jvp_columns(f, x, start_block(x, p, generator, warm_start), chunk)
     out = TopK.empty(B, d, r, x)
     active = torch.ones(B, dtype=torch.bool, device=x.device)
     test = StopTest(k, tol, ill_gap, x)
@@ -336,11 +354,7 @@ def subspace_svd(
         last = it >= max_iters
         stop = active & (torch.ones_like(good) if last else done & (not fixed_iters))
         if bool(stop.any()):
-            out.U[stop], out.S[stop], out.V[stop] = U[stop, :, :r], S[stop, :r], V[stop, :, :r]
-            out.iterations[stop] = it
-            out.residual[stop] = worst[stop]
-            out.converged[stop] = good[stop]
-            out.ill_defined[stop] = ill_defined(S[stop], k, ill_gap)
+            out.record(stop, U, S, V, it, worst, good, k, ill_gap)
             active &= ~stop
         if not bool(active.any()):
             break
