@@ -44,13 +44,7 @@ F32_INSIDE = {
 K = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: OpenMP overhead dominates (and explodes on a loaded CI box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rel_close(actual, expected, rtol):

@@ -38,12 +38,7 @@ BATCH_ATOL = {"gpt2": 1e-10, "llama": 1e-6, "gpt_neox": 1e-6}
 PRODUCT_ATOL = {"gpt2": 1e-10, "llama": 1e-7, "gpt_neox": 1e-7}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=list(ROUTE_ATOL))
