@@ -264,7 +264,7 @@ class JacobianEngine:
             return int(max(1, min(64, free // per_doc)))
         return int(max(1, min(4, (2 << 30) // per_doc)))
 
-    def _record_last(self, prompts: list[torch.Tensor], prefixes=None) -> list[BlockCall]:
+    def _record_last(self, prompts: list[torch.Tensor], prefixes: list) -> list[BlockCall]:
         device = self.parts.input_device
         return record_last_token(
             self.model, self.parts, [p.to(device) for p in prompts], self.dtype, prefixes
@@ -280,9 +280,10 @@ class JacobianEngine:
             ``[L, d, d]`` J^l (rows: output coordinates), float32 (float64 for
             a float64 model), on the last block's device.
         """
-        ids = _check_ids(input_ids)
+        ids = _check_ids(input_ids).to(self.parts.input_device)
+        run = run_prompts(self.model, self.parts, [ids])
         with engine_mode(self.model, self.attn_implementation):
-            calls = self._record_last([ids])
+            calls = self._record_last([ids], run.prefixes)
             device = calls[-1].hidden.device
             jacobians = []
             for call in calls:

@@ -480,28 +480,26 @@ def record_last_token(
     parts: ModelParts,
     prompts: list[torch.Tensor],
     dtype: torch.dtype,
-    prefixes: list[dict[int, tuple] | None] | None = None,
+    prefixes: list[dict[int, tuple] | None],
 ) -> list[BlockCall]:
     """Record every block's call on the last token n with the prefix keys/values frozen.
 
     Call inside :func:`engine_mode`. Each prompt's prefix keys/values come
-    from its own forward pass (``prefixes``, from :func:`run_prompts`; run
-    here on the prefixes alone when None); they are left-padded into one
-    batch (padded keys masked out, every prompt at its own positions) and
-    the last tokens run as one batch.
+    from its own forward pass (``prefixes``, from :func:`run_prompts`, run
+    outside ``engine_mode``); they are left-padded into one batch (padded
+    keys masked out, every prompt at its own positions) and the last tokens
+    run as one batch.
 
     Args:
         model: the causal LM.
         parts: its located parts.
         prompts: ``[T_b]`` token ids on the input device; n_b = T_b - 1.
         dtype: compute dtype.
-        prefixes: ``PromptPass.prefixes`` of these prompts, or None.
+        prefixes: ``PromptPass.prefixes`` of these prompts.
 
     Returns:
         L block calls whose hidden states are ``[B, 1, d]`` (x^{l-1}_n).
     """
-    if prefixes is None:
-        prefixes = [_prefix_cache(model, p) if p.shape[0] > 1 else None for p in prompts]
     last = torch.stack([p[-1:] for p in prompts])
     padded, mask = _padded_prefixes(prompts, prefixes)
     kwargs: dict = {"use_cache": bool(padded)}

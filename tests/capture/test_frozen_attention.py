@@ -16,7 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.frozen_attention import split_attention
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.capture.jacobian_calls import engine_mode, record_last_token
+from lm_coupling.capture.jacobian_calls import engine_mode, record_last_token, run_prompts
 from lm_coupling.demo.tiny import tiny_config
 
 F64 = torch.float64
@@ -113,8 +113,9 @@ def test_sdpa_models_take_the_split_path_with_the_same_jacobians(name):
     model_type = name.split("-")[0]
     model = _model(model_type, "sdpa", **ARCHITECTURES[name])
     parts = locate_model_parts(model)
+    prefixes = run_prompts(model, parts, [IDS]).prefixes
     with engine_mode(model):
-        calls = record_last_token(model, parts, [IDS], F64)
+        calls = record_last_token(model, parts, [IDS], F64, prefixes)
     assert all(call.split_prefix for call in calls)
     J = JacobianEngine(model, parts, k_max=4).dense_jacobians(IDS)
     naive = naive_block_jacobians(model, parts, IDS)
@@ -138,8 +139,9 @@ def test_batched_documents_with_padding_through_the_split_path():
 def test_eager_models_keep_the_concatenating_cache():
     model = _model("gpt2", "eager")
     parts = locate_model_parts(model)
+    prefixes = run_prompts(model, parts, [IDS]).prefixes
     with engine_mode(model):
-        calls = record_last_token(model, parts, [IDS], F64)
+        calls = record_last_token(model, parts, [IDS], F64, prefixes)
     assert not any(call.split_prefix for call in calls)
     sdpa = _model("gpt2", "sdpa")
     J_eager = JacobianEngine(model, parts, k_max=4).dense_jacobians(IDS)
