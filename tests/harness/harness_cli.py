@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import site
 import subprocess
 import sys
+import warnings
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -189,3 +192,22 @@ def prompt_of(hflm, row: dict[str, Any]) -> tuple[list[int], int]:
 def result_key(task: str, metric: str) -> str:
     """The results-JSON key of ``metric`` (GSM8K reports per filter)."""
     return f"{metric},{'strict-match' if 'gsm8k' in task else 'none'}"
+
+
+@contextlib.contextmanager
+def plugin_registered(plugin: object, name: str) -> Iterator[list[warnings.WarningMessage]]:
+    """Register ``plugin`` with lm-coupling's plugin manager for the block; yield its warnings.
+
+    Every warning raised inside the block is recorded (``simplefilter("always")``)
+    in the yielded list; the plugin is unregistered on the way out.
+    """
+    from lm_coupling.plugins.manager import get_plugin_manager
+
+    pm = get_plugin_manager()
+    pm.register(plugin, name=name)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield caught
+    finally:
+        pm.unregister(name=name)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-import warnings
 
 import pytest
+from harness_cli import plugin_registered
 
 import lm_coupling
 from lm_coupling import hookimpl
@@ -94,29 +94,22 @@ class Observer:
 
 @pytest.fixture(scope="module")
 def odd_run(harness_setup, tmp_path_factory):
-    from lm_coupling.plugins.manager import get_plugin_manager
 
     tasks_dir = tmp_path_factory.mktemp("odd_tasks")
     _write_tasks(tasks_dir)
     observer = Observer()
-    pm = get_plugin_manager()
-    pm.register(observer, name="test.observer")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            results = lm_coupling.evaluate(
-                model_args={"pretrained": str(harness_setup.models["gpt2"])},
-                tasks=[MC_TASK, ROLLING_TASK],
-                metrics="lss,tv_to_target",
-                batch_size="auto",
-                device="cpu",
-                output_path=str(tmp_path_factory.mktemp("odd") / "results"),
-                extra_args=["--include_path", str(tasks_dir), "--log_samples"],
-            )
-            unplanned = observer.session.plan_for(MC_TASK, 10_000)
-        messages = [str(w.message) for w in caught if issubclass(w.category, GeometryWarning)]
-    finally:
-        pm.unregister(name="test.observer")
+    with plugin_registered(observer, "test.observer") as caught:
+        results = lm_coupling.evaluate(
+            model_args={"pretrained": str(harness_setup.models["gpt2"])},
+            tasks=[MC_TASK, ROLLING_TASK],
+            metrics="lss,tv_to_target",
+            batch_size="auto",
+            device="cpu",
+            output_path=str(tmp_path_factory.mktemp("odd") / "results"),
+            extra_args=["--include_path", str(tasks_dir), "--log_samples"],
+        )
+        unplanned = observer.session.plan_for(MC_TASK, 10_000)
+    messages = [str(w.message) for w in caught if issubclass(w.category, GeometryWarning)]
     return results, observer, messages, unplanned
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 import weakref
 
 import pytest
 import torch
+from harness_cli import plugin_registered
 
 import lm_coupling
 from lm_coupling import hookimpl
@@ -65,28 +65,21 @@ class Faults:
 
 @pytest.fixture(scope="module")
 def failing_run(harness_setup, tmp_path_factory):
-    from lm_coupling.plugins.manager import get_plugin_manager
 
     faults = Faults()
-    pm = get_plugin_manager()
-    pm.register(faults, name="test.faults")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            results = lm_coupling.evaluate(
-                model_args={"pretrained": str(harness_setup.models["gpt2"])},
-                tasks=[TASK],
-                metrics="lss,logit_lens_entropy",
-                batch_size=1,
-                device="cpu",
-                output_path=str(tmp_path_factory.mktemp("failing") / "results"),
-                extra_args=[
-                    "--num_fewshot", "2", "--log_samples",
-                    "--metadata", f'{{"lmc_data_dir": "{harness_setup.data_dir}"}}',
-                ],
-            )  # fmt: skip
-    finally:
-        pm.unregister(name="test.faults")
+    with plugin_registered(faults, "test.faults") as caught:
+        results = lm_coupling.evaluate(
+            model_args={"pretrained": str(harness_setup.models["gpt2"])},
+            tasks=[TASK],
+            metrics="lss,logit_lens_entropy",
+            batch_size=1,
+            device="cpu",
+            output_path=str(tmp_path_factory.mktemp("failing") / "results"),
+            extra_args=[
+                "--num_fewshot", "2", "--log_samples",
+                "--metadata", f'{{"lmc_data_dir": "{harness_setup.data_dir}"}}',
+            ],
+        )  # fmt: skip
     geometry_warnings = [w for w in caught if issubclass(w.category, GeometryWarning)]
     return results, faults, geometry_warnings
 
