@@ -39,7 +39,8 @@ def _differences(expected: Any, found: Any, where: str = "") -> list[str]:
     if isinstance(expected, list) and isinstance(found, list):
         if len(expected) != len(found):
             return [f"{where}: length {len(found)}, expected {len(expected)}"]
-        return [p for i, (e, f) in enumerate(zip(expected, found)) for p in _differences(e, f, f"{where}[{i}]")]  # fmt: skip
+        pairs = enumerate(zip(expected, found, strict=True))
+        return [p for i, (e, f) in pairs for p in _differences(e, f, f"{where}[{i}]")]
     if (
         isinstance(expected, float)
         and isinstance(found, (int, float))
