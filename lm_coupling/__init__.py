@@ -2,25 +2,51 @@
 
 The package measures, from the benchmark's own forward passes, transformer-block
 coupling, line-shape score, expodistance, equidistance and logit-lens metrics,
-and reports them next to accuracy (see README.md).
+and reports them next to accuracy (see README.md and docs/design.md).
 
-Importing the package loads nothing heavy: ``evaluate`` (the Python entry
-point), ``hookimpl`` and ``hookspec`` (the plugin markers) are looked up on
-first use, so that ``lm_coupling.report`` and the interpreter start-up hook
-never import torch.
+Importing the package loads nothing heavy (no torch, lm-eval or statsmodels):
+`evaluate` (the Python entry point), ``hookimpl`` and ``hookspec`` (the plugin
+markers) and ``JacobianMismatchError`` are looked up on first use. The errors
+are plain classes, importable at once: every error lm-coupling raises on
+purpose is an `LmCouplingError`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from lm_coupling.errors import (
+    ConcurrentRunError,
+    ConfigurationError,
+    DataUnavailableError,
+    GeometryWarning,
+    LmCouplingError,
+    ModelNotFoundError,
+    PluginError,
+    UnsupportedModelError,
+)
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "evaluate", "hookimpl", "hookspec"]
+__all__ = [
+    "ConcurrentRunError",
+    "ConfigurationError",
+    "DataUnavailableError",
+    "GeometryWarning",
+    "JacobianMismatchError",
+    "LmCouplingError",
+    "ModelNotFoundError",
+    "PluginError",
+    "UnsupportedModelError",
+    "__version__",
+    "evaluate",
+    "hookimpl",
+    "hookspec",
+]
 
 
 def __getattr__(name: str) -> Any:
-    """``lm_coupling.evaluate``, ``hookimpl`` and ``hookspec``, imported on first use."""
+    """``evaluate``, ``hookimpl``, ``hookspec`` and ``JacobianMismatchError``, on first use."""
     if name == "evaluate":
         from lm_coupling.harness.evaluate import evaluate
 
@@ -29,4 +55,8 @@ def __getattr__(name: str) -> Any:
         from lm_coupling.plugins import markers
 
         return getattr(markers, name)
+    if name == "JacobianMismatchError":
+        from lm_coupling.capture.jacobian import JacobianMismatchError
+
+        return JacobianMismatchError
     raise AttributeError(f"module 'lm_coupling' has no attribute {name!r}")

@@ -10,15 +10,11 @@ from collections.abc import Sequence
 from lm_coupling.errors import LmCouplingError
 
 
-def run_lm_eval(argv: Sequence[str]) -> None:
-    """``lm-coupling run ARGS`` == ``lm_eval run ARGS`` with the geometry flags."""
-    from lm_coupling.harness.cli import patch_run_command
+def run_lm_eval(argv: Sequence[str]) -> int:
+    """``lm-coupling run ARGS`` == ``lm_eval run ARGS`` with the geometry flags; the exit code."""
+    from lm_coupling.harness.cli import run_command
 
-    patch_run_command()
-    from lm_eval.__main__ import cli_evaluate
-
-    sys.argv = ["lm-coupling", "run", *argv]
-    cli_evaluate()
+    return run_command(argv)
 
 
 def list_metrics(_: argparse.Namespace | None = None) -> None:
@@ -88,8 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lm-coupling`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "run":
-        run_lm_eval(argv[1:])
-        return
+        raise SystemExit(run_lm_eval(argv[1:]))
     if argv and argv[0] == "sweep":
         raise SystemExit(_sweep(argv[1:]))
     args = build_parser().parse_args(argv)

@@ -1,4 +1,9 @@
-"""Exceptions and warnings raised by lm-coupling."""
+"""Exceptions and warnings raised by lm-coupling.
+
+Every error lm-coupling raises on purpose is an `LmCouplingError`, so a
+notebook can catch them all with one ``except``; the command lines turn them
+into exit code 2. All are importable from ``lm_coupling``.
+"""
 
 
 class LmCouplingError(Exception):
@@ -7,6 +12,14 @@ class LmCouplingError(Exception):
 
 class ConfigurationError(LmCouplingError, ValueError):
     """Bad command-line or option input; raised before any model loads."""
+
+
+class ModelNotFoundError(ConfigurationError):
+    """No model at the path or hub id given (raised before lm-eval indexes its tasks)."""
+
+
+class ConcurrentRunError(LmCouplingError, RuntimeError):
+    """Another evaluation is running in this process (one at a time per process)."""
 
 
 class UnsupportedModelError(LmCouplingError, ValueError):

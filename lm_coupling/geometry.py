@@ -12,14 +12,16 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pluggy
 import torch
 
 from lm_coupling.capture.architecture import ModelParts, locate_model_parts
-from lm_coupling.errors import LmCouplingError
+from lm_coupling.errors import ConfigurationError, LmCouplingError
 from lm_coupling.plugins.manager import get_plugin_manager
+from lm_coupling.plugins.specs import JacobianRequest
 from lm_coupling.selection import Selection
 from lm_coupling.states import GeometryStates, JacobianFactors
 
@@ -32,16 +34,22 @@ class DocumentGeometry:
         values: per-document scalar of each metric (NaN when undefined).
         profiles: per-layer vectors and L x L matrices, as float64 arrays.
         jacobian_methods: the Jacobian route per layer, for sampled documents.
+        timings: seconds spent on this document's geometry: scalars
+            (``forward_capture``, ``jacobian_products``, ``factorisation``,
+            ``metrics``) and per-layer lists (``jacobian_products_per_layer``,
+            ``factorisation_per_layer``).
     """
 
     values: dict[str, float] = field(default_factory=dict)
     profiles: dict[str, np.ndarray] = field(default_factory=dict)
     jacobian_methods: list[str] | None = None
+    timings: dict[str, Any] = field(default_factory=dict)
 
     def merge(self, other: DocumentGeometry) -> None:
-        """Add ``other``'s values and profiles to this document's."""
+        """Add ``other``'s values, profiles and timings to this document's."""
         self.values.update(other.values)
         self.profiles.update(other.profiles)
+        self.timings.update(other.timings)
         if other.jacobian_methods is not None:
             self.jacobian_methods = other.jacobian_methods
 
@@ -100,20 +108,59 @@ class GeometryRunner:
         """Whether the benchmark's forward passes must be captured."""
         return self.collector is not None
 
+    def jacobian_request(self) -> JacobianRequest | None:
+        """The union of the plugins' ``lmc_jacobian_request`` answers (None: nobody asked).
+
+        Raises:
+            ConfigurationError: two plugins ask for different routes.
+        """
+        answers = [
+            a
+            for a in self.pm.hook.lmc_jacobian_request(
+                selected=self.selection.metrics,
+                options=self.selection.options,
+                d_model=self.parts.d_model,
+            )
+            if a is not None
+        ]
+        if not answers:
+            return None
+        methods = {a.method for a in answers}
+        if len(methods) > 1:
+            raise ConfigurationError(
+                f"the selected metrics ask the Jacobian engine for different routes "
+                f"({', '.join(sorted(methods))}); select metrics that agree, or set "
+                "jacobian_method"
+            )
+        return JacobianRequest(
+            k=max(a.k for a in answers),
+            swapped=any(a.swapped for a in answers),
+            method=methods.pop(),
+        )
+
     @property
     def engine(self):
-        """The Jacobian engine, built on first use."""
+        """The Jacobian engine, built on first use from the plugins' requests.
+
+        Raises:
+            ConfigurationError: a selected metric needs Jacobians but no plugin
+                asked for factors (a plugin without ``lmc_jacobian_request``).
+        """
         if self._engine is None:
             from lm_coupling.capture.jacobian import JacobianEngine
-            from lm_coupling.plugins.builtin.coupling import jacobian_k_max
 
-            options = self.selection.options
+            request = self.jacobian_request()
+            if request is None:
+                raise ConfigurationError(
+                    "a selected metric needs block Jacobians, but no plugin implements "
+                    "lmc_jacobian_request to say which factors (K, route) it needs"
+                )
             self._engine = JacobianEngine(
                 self.model,
                 self.parts,
-                k_max=jacobian_k_max(options, self.parts.d_model),
-                method=options.get("jacobian_method", "auto"),
-                swapped="coupling_swapped" in self.selection.metrics,
+                k_max=request.k,
+                method=request.method,
+                swapped=request.swapped,
             )
         return self._engine
 
@@ -163,10 +210,6 @@ class GeometryRunner:
             for doc in docs:
                 doc.values.setdefault(name, math.nan)
         return docs
-
-    def jacobian_factors(self, input_ids: torch.Tensor) -> JacobianFactors:
-        """Block Jacobian factors at the last position of ``input_ids`` ``[T]``."""
-        return self.engine.factors(input_ids)
 
     def position_jacobians(self, input_ids: torch.Tensor) -> dict:
         """``J^l_{t_in t_out}`` of one prompt ``[T]`` at the keys the plugins ask for.

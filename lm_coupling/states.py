@@ -10,9 +10,10 @@ the model's device unless stated otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # annotations only: importing the records loads no torch
+    import torch
 
 Need = Literal["trajectory", "lens", "jacobian", "tokenwise_jacobian"]
 """What a metric needs captured.

@@ -17,14 +17,13 @@ from typing import Any
 
 import torch
 from lm_eval.api.instance import Instance
-from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 import lm_coupling
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness import preflight
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
-from lm_coupling.harness.session import GeometrySession, active_session
+from lm_coupling.harness.session import GeometrySession
 
 
 @dataclass(frozen=True)
@@ -37,17 +36,23 @@ class RowPlan:
     context_tokens: tuple[int, ...]
 
 
-@register_model("hf-coupling")
 class CouplingHFLM(HFLM):
     """lm-eval's Hugging Face model with geometry capture.
 
-    Registered as ``hf-coupling`` (and through the ``lm_eval.models`` entry
-    point); ``--metrics`` selects it in place of ``hf``.
+    `lm_coupling.harness.run` builds one per run and hands it the run's
+    session; without a session it is exactly lm-eval's ``hf`` model. (The
+    ``lm_eval.models`` entry point in setup.cfg names it ``hf-coupling`` for
+    lm-eval versions that read that group; no released lm-eval does yet.)
+
+    Args:
+        *args: lm-eval's ``HFLM`` arguments (``pretrained`` may be a model in memory).
+        session: the run's geometry session, or None.
+        **kwargs: lm-eval's ``HFLM`` keyword arguments.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, session: GeometrySession | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self._lmc_session: GeometrySession | None = active_session()
+        self._lmc_session: GeometrySession | None = session
         self._lmc_rows: dict[int, dict[tuple[int, ...], RowPlan]] = {}
         self._lmc_gen_contexts: list[str] | None = None
         self._lmc_gathered = False

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
-import re
-from collections import Counter
+import logging
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
 import lm_coupling
+from lm_coupling.errors import GeometryWarning
+from lm_coupling.files import geometry_file_name
 from lm_coupling.harness.session import GeometrySession, TaskRecords
+
+log = logging.getLogger("lm_coupling")
 
 SCHEMA = "lm_coupling.geometry/1"
 
@@ -51,39 +55,6 @@ def _json_array(array: np.ndarray) -> list:
     return np.where(np.isfinite(array), array, None).tolist()
 
 
-def _coupling_section(profiles: dict, records: TaskRecords, session: GeometrySession):
-    options = session.options_used()
-    if "coupling" not in session.selection.metrics:
-        return None
-    methods = [doc.jacobian_methods for doc in records.documents if doc.jacobian_methods]
-    per_layer = (
-        [Counter(layer).most_common(1)[0][0] for layer in zip(*methods, strict=False)]
-        if methods
-        else []
-    )
-    n_sampled = sum(np.isfinite(doc.values.get("coupling", np.nan)) for doc in records.documents)
-    return {
-        "k": options["k"],
-        "norm": options["norm"],
-        "elementwise_abs": options["elementwise_abs"],
-        "pairs": options["pairs"],
-        "n_sampled": int(n_sampled),
-        "singular_values": profiles.get("singular_values", {}).get("mean"),
-        "spectral_gap": profiles.get("spectral_gap", {}).get("mean"),
-        "method": per_layer,
-        # Engine diagnostics per layer (see lm_coupling.capture.jacobian): most
-        # common route, mean iterations and residual over the sampled
-        # documents, and whether the layer was ill-defined in any of them.
-        "route": per_layer,
-        "iterations": profiles.get("jacobian_iterations", {}).get("mean"),
-        "residual": profiles.get("jacobian_residual", {}).get("mean"),
-        "ill_defined": [
-            None if v is None else bool(v > 0)
-            for v in profiles.get("jacobian_ill_defined", {}).get("mean") or []
-        ],
-    }
-
-
 def geometry_document(
     task_name: str, records: TaskRecords, session: GeometrySession, results: dict[str, Any]
 ) -> dict[str, Any]:
@@ -110,15 +81,61 @@ def geometry_document(
             for k, v in summaries.items()
             if k in matrices
         },
-        "coupling": _coupling_section(summaries, records, session),
         "failures": records.failures,
     }
+    timings = timing_summary(records)
+    if timings:
+        document["timings"] = timings
+    # Each plugin writes its own sections (the built-in coupling plugin: "coupling").
     extras = session.runner.pm.hook.lmc_aggregate_task(
-        selected=session.selection.metrics, profiles=summaries, options=session.selection.options
+        selected=session.selection.metrics,
+        profiles=summaries,
+        options=session.options_used(),
+        documents=records.documents,
     )
     for extra in extras:
         document.update(extra or {})
     return document
+
+
+def timing_summary(records: TaskRecords) -> dict[str, Any]:
+    """Mean seconds per measured document, per part of the geometry work, and per layer.
+
+    Reads each document's ``timings`` (`lm_coupling.geometry.DocumentGeometry`):
+    scalars (``forward_capture``, ``jacobian_products``, ``factorisation``,
+    ``metrics``) are averaged over the documents that have them; per-layer lists
+    element-wise.
+    """
+    scalars: dict[str, list[float]] = {}
+    layers: dict[str, list[np.ndarray]] = {}
+    for doc in records.documents:
+        for name, value in doc.timings.items():
+            if isinstance(value, (list, tuple, np.ndarray)):
+                layers.setdefault(name, []).append(np.asarray(value, dtype=np.float64))
+            else:
+                scalars.setdefault(name, []).append(float(value))
+    if not scalars and not layers:
+        return {}
+    counts = {name: len(values) for name, values in scalars.items()}
+    return {
+        "n_documents": max(counts.values(), default=0),
+        "n_documents_per_part": counts,
+        "seconds_per_document": {k: float(np.mean(v)) for k, v in scalars.items()},
+        "per_layer": {
+            k: np.mean(np.stack(v), axis=0).tolist()
+            for k, v in layers.items()
+            if len({a.shape for a in v}) == 1
+        },
+    }
+
+
+def geometry_documents(session: GeometrySession, results: dict[str, Any]) -> dict[str, Any]:
+    """Per task with measured documents, its geometry document (the file's content)."""
+    return {
+        task_name: geometry_document(task_name, records, session, results)
+        for task_name, records in sorted(session.records.items())
+        if records.documents
+    }
 
 
 def results_file_location(output_path: str, model_dir_name: str) -> Path:
@@ -127,20 +144,35 @@ def results_file_location(output_path: str, model_dir_name: str) -> Path:
     return path.parent if path.suffix == ".json" else path / model_dir_name
 
 
-def write_geometry_files(
-    directory: Path, date_id: str, session: GeometrySession, results: dict[str, Any]
-) -> list[Path]:
-    """Write one geometry file per task that has measured documents."""
-    written = []
-    for task_name, records in sorted(session.records.items()):
-        if not records.documents:
-            continue
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", task_name)
-        path = directory / f"geometry_{safe}_{date_id}.json"
-        document = geometry_document(task_name, records, session, results)
-        path.write_text(json.dumps(document, indent=2, default=_jsonable), encoding="utf-8")
-        written.append(path)
-    return written
+def write_geometry_file(
+    directory: Path, task_name: str, date_id: str, document: dict[str, Any]
+) -> Path:
+    """Write one task's geometry document as ``geometry_<task>_<date_id>.json``."""
+    path = directory / geometry_file_name(task_name, date_id)
+    path.write_text(json.dumps(document, indent=2, default=_jsonable), encoding="utf-8")
+    return path
+
+
+def refresh_leaderboard(results_dir: Path, stream: TextIO | None = None) -> Path | None:
+    """Rebuild ``results_dir/leaderboard.csv`` from every run in the folder.
+
+    The run's own files are already written; a failure here is a warning that
+    names its cause, never a lost run.
+    """
+    try:
+        from lm_coupling.report import write_leaderboard
+
+        path = write_leaderboard(results_dir)
+    except Exception as exc:  # the run's results stand; the refresh is reported as failed
+        warnings.warn(
+            f"lm-coupling: the leaderboard in {results_dir} was not updated ({exc!r}); run "
+            f"`lm-coupling report {results_dir}` to see the full error",
+            GeometryWarning,
+            stacklevel=2,
+        )
+        return None
+    print(f"lm-coupling: leaderboard updated: {path}", file=stream)
+    return path
 
 
 def _jsonable(value: Any) -> Any:

@@ -20,7 +20,6 @@ Both probes are a few short forward passes without gradients.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +40,6 @@ PROBE_TOKENS = 8
 
 FIRST_BATCH_TOKENS = 64
 """At most this many trailing tokens of the first document are used by `check_first_batch`."""
-
-_checked: weakref.WeakSet = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -259,9 +256,9 @@ def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
         keys: the batch's document keys ``(context, continuation)``.
     """
     runner = session.runner
-    if runner is None or runner in _checked:
+    if runner is None or session.first_batch_checked:
         return
-    _checked.add(runner)
+    session.first_batch_checked = True
     context = next((k[0] for k in keys if k and isinstance(k[0], str) and k[0]), "")
     tokens = list(lm.tok_encode(context))[-FIRST_BATCH_TOKENS:] if context else []
     if not tokens:

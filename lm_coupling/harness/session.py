@@ -28,18 +28,6 @@ from lm_coupling.plugins.specs import used_k
 from lm_coupling.selection import Selection
 
 CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
-_ACTIVE: GeometrySession | None = None
-
-
-def active_session() -> GeometrySession | None:
-    """The session of the run in progress, if any."""
-    return _ACTIVE
-
-
-def set_active_session(session: GeometrySession | None) -> None:
-    """Make ``session`` the one the model wrapper and task glue use."""
-    global _ACTIVE
-    _ACTIVE = session
 
 
 @dataclass
@@ -75,10 +63,20 @@ class TaskRecords:
 
 
 class GeometrySession:
-    """Everything one run measures, keyed the way lm-eval asks for it."""
+    """Everything one run measures, keyed the way lm-eval asks for it.
 
-    def __init__(self, selection: Selection):
+    Handed explicitly to the run's model (`CouplingHFLM`) and task manager
+    (`GeometryTaskManager`): nothing module-level links a run to a model.
+
+    Args:
+        selection: the run's metrics and options.
+        cache_path_prefix: lm-eval's ``--use_cache`` path, if any (the geometry
+            cache sits beside its database).
+    """
+
+    def __init__(self, selection: Selection, cache_path_prefix: str | None = None):
         self.selection = selection
+        self.first_batch_checked = False  # preflight's read-out check, once per run
         self.runner: GeometryRunner | None = None
         self.model_shape: dict[str, Any] = {}
         self.tasks: dict[str, Any] = {}
@@ -90,7 +88,7 @@ class GeometrySession:
         self.records: dict[str, TaskRecords] = defaultdict(TaskRecords)
         self.cache = None  # a GeometryCache when lm-eval's --use_cache is on
         self.model = None  # the CouplingHFLM measuring this run
-        self.cache_path_prefix: str | None = None  # lm-eval's --use_cache path
+        self.cache_path_prefix = cache_path_prefix
         self.generation_keys: dict[str, GeometryKey] = {}
         self.results: dict[str, Any] | None = None  # lm-eval's results, once saved
         self.sample_sizes: dict[str, int | None] = {
@@ -325,6 +323,32 @@ class GeometrySession:
             values={name: geometry.values.get(name, math.nan) for name in metrics},
             profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
             jacobian_methods=geometry.jacobian_methods if sampled else None,
+        )
+
+    def scored(self, task_name: str, doc_id: int | None) -> bool:
+        """Whether the document's geometry was already given to lm-eval (an earlier filter)."""
+        return (task_name, doc_id) in self._scored
+
+    def internal_failure(self, task_name: str, doc_id: int | None, error: str) -> None:
+        """Record a document whose geometry an lm-coupling error lost (its scores are kept).
+
+        The document counts as ``failed`` with the error in the geometry file,
+        one warning names it, and the end-of-run account reports the task as
+        an error: a bug here never passes as a quiet NaN.
+        """
+        ident = (task_name, doc_id)
+        if ident in self._scored:
+            return
+        self._scored.add(ident)
+        records = self.records[task_name]
+        records.doc_ids.append(-1 if doc_id is None else doc_id)
+        records.documents.append(DocumentGeometry())
+        records.capture["failed"] += 1
+        records.failures.append({"doc_id": doc_id, "error": f"internal error: {error}"})
+        self._warn_once(
+            ident,
+            f"task {task_name!r} document {doc_id}: geometry not attached because of an "
+            f"lm-coupling error ({error}); the benchmark's own scores are kept. Please report it",
         )
 
     def _record(self, plan: DocumentPlan, geometry: DocumentGeometry) -> None:

@@ -1,39 +1,75 @@
-"""Attach per-document geometry to lm-eval tasks' own results.
+"""Attach per-document geometry to the tasks lm-eval loads for a run.
 
-Each selected task's ``process_results`` is wrapped so that the document's
-geometry is added to the metrics it returns: lm-eval then aggregates it (mean,
-stderr), prints it, writes it to the results JSON and samples JSONL, gathers
-it across ranks and logs it to W&B like ``acc``.
+`GeometryTaskManager` is lm-eval's ``TaskManager`` for one run: every task it
+loads gets the run's geometry attached (`attach_geometry`). Each task's
+``process_results`` is wrapped so that the document's geometry is added to the
+metrics it returns: lm-eval then aggregates it (mean, stderr), prints it,
+writes it to the results JSON and samples JSONL, gathers it across ranks and
+logs it to W&B like ``acc``.
 
 lm-eval calls ``process_results(doc, results)`` without the document's id;
 the task's ``doc_iterator``, which yields ``(doc_id, doc)`` right before lm-eval
 scores that document, is wrapped to tell the glue which document it is, so
 documents are identified by ``(task, doc_id)`` as their requests are (two
 identical documents stay two documents).
+
+Geometry does not depend on lm-eval's answer filters (GSM8K's
+``strict-match`` and ``flexible-extract`` score one generation twice): it is
+added to the document's first filtered result only, so each metric appears
+once per task.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lm_coupling.errors import GeometryWarning
-from lm_coupling.harness.registry import attach_to_task
+from lm_eval.tasks import TaskManager
+
+from lm_coupling.harness.lm_eval_registry import attach_to_task
 from lm_coupling.harness.session import GeometrySession
+
+
+class GeometryTaskManager(TaskManager):
+    """lm-eval's task manager for one geometry run: loaded tasks get its session.
+
+    Args:
+        session: the run's geometry session.
+        **kwargs: lm-eval's ``TaskManager`` arguments (``include_path``, ``metadata``).
+    """
+
+    def __init__(self, session: GeometrySession, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.session = session
+
+    def load(self, task_list: Any) -> Any:
+        """lm-eval's ``load``, then the session attached to every task loaded.
+
+        Raises:
+            DataUnavailableError: a task's data cannot be downloaded (offline).
+        """
+        from lm_coupling.harness.run import data_unavailable
+
+        try:
+            loaded = super().load(task_list)
+        except ConnectionError as exc:
+            raise data_unavailable(task_list, exc) from exc
+        attach_geometry(loaded.get("tasks", {}), self.session)
+        return loaded
 
 
 def attach_geometry(tasks: dict[str, Any], session: GeometrySession) -> None:
     """Wrap every task's ``process_results`` and declare the metrics on it."""
     for name, task in tasks.items():
-        if getattr(task, "_lmc_wrapped", False):
+        if getattr(task, "_lmc_session", None) is session:
             continue
         attach_to_task(task, session.selection.specs)
         cursor: dict[str, int | None] = {"doc_id": None}
         task.doc_iterator = _tracking_doc_id(task.doc_iterator, cursor)
         task.process_results = _with_geometry(task.process_results, name, session, cursor)
-        task._lmc_wrapped = True
+        task._lmc_session = session
         session.add_task(name, task)
 
 
@@ -54,24 +90,26 @@ def _with_geometry(
     @functools.wraps(process_results)
     def process_results_with_geometry(doc, results):
         metrics = process_results(doc, results)
+        doc_id = cursor["doc_id"]
+        if not isinstance(metrics, dict) or session.scored(task_name, doc_id):
+            return metrics  # a later filter of a scored document: geometry is shown once
         try:
-            doc_id = cursor["doc_id"]
             if doc_id is None:
                 raise RuntimeError(
                     "process_results was called outside lm-eval's document loop, so the "
                     "document is unknown"
                 )
             plan = session.plan_for(task_name, doc_id)
-            if plan is None or not isinstance(metrics, dict):
+            if plan is None:
                 return metrics
             geometry = session.geometry_for(plan)
             return {**metrics, **session.document_values(plan, geometry, record=True)}
-        except Exception as exc:  # never lose the benchmark's own scores
-            warnings.warn(
-                f"lm-coupling: task {task_name!r} document {cursor['doc_id']}: geometry not "
-                f"attached ({exc!r})",
-                GeometryWarning,
-                stacklevel=2,
+        except Exception as exc:  # the benchmark's own scores are kept; the cause is recorded
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            session.internal_failure(
+                task_name,
+                doc_id,
+                f"{exc!r} at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}",
             )
             return metrics
 

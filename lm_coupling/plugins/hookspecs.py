@@ -7,13 +7,16 @@ arguments it uses, so specifications can grow without breaking plugins.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lm_coupling.plugins.markers import hookspec
-from lm_coupling.plugins.specs import MetricSpec
-from lm_coupling.states import GeometryStates
+from lm_coupling.plugins.specs import JacobianRequest, MetricSpec
+
+if TYPE_CHECKING:  # annotations only: declaring plugins loads no torch
+    import torch
+
+    from lm_coupling.geometry import DocumentGeometry
+    from lm_coupling.states import GeometryStates
 
 
 @hookspec
@@ -34,8 +37,10 @@ def lmc_compute_batch(
 ) -> Mapping[str, Mapping[str, torch.Tensor]] | None:
     """Compute per-document values for one batch of documents.
 
-    Called after each captured forward pass (and once per sampled document
-    for metrics that need Jacobians). Not firstresult: results are merged.
+    Called after each captured forward pass (for the rows of lm-eval's batch
+    that are documents), and once per batch of sampled documents for metrics
+    that need Jacobians (``states.jacobians`` holds one entry per document,
+    None outside the sample). Not firstresult: results are merged.
 
     Args:
         selected: every metric name the user selected (a plugin computes
@@ -54,22 +59,51 @@ def lmc_compute_batch(
 
 @hookspec
 def lmc_aggregate_task(
-    selected: Sequence[str], profiles: Mapping[str, Any], options: Mapping[str, Any]
+    selected: Sequence[str],
+    profiles: Mapping[str, Any],
+    options: Mapping[str, Any],
+    documents: Sequence[DocumentGeometry],
 ) -> Mapping[str, Any] | None:
-    """Add per-task records to the geometry file.
+    """Write the plugin's own sections of a task's geometry file.
 
-    Called once per task when the run's geometry files are written, after
-    the built-in aggregation (mean, stderr and n of every profile). Not
-    firstresult: the returned mappings are merged into the file.
+    Called once per task when the run ends, after the common aggregation
+    (mean, stderr and n of every declared profile). Not firstresult: the
+    returned mappings are merged into the file's top level, so a plugin owns
+    the keys it returns (the built-in coupling plugin writes ``"coupling"``).
 
     Args:
         selected: every selected metric name.
-        profiles: the task's aggregated profiles and any per-task extras the
-            capture kept (e.g. ``"jacobian_records"``).
-        options: parsed ``--metric_args``.
+        profiles: the task's aggregated profiles, ``{name: {"mean", "stderr", "n"}}``.
+        options: parsed ``--metric_args`` as used on the model (each K capped
+            to what the model's width allows).
+        documents: the task's scored documents (their values, profiles and,
+            for sampled documents, the Jacobian route per layer).
 
     Returns:
         Extra top-level entries for the geometry file, or None.
+    """
+
+
+@hookspec
+def lmc_jacobian_request(
+    selected: Sequence[str], options: Mapping[str, Any], d_model: int
+) -> JacobianRequest | None:
+    """Ask the Jacobian engine for block Jacobian factors at the target position.
+
+    Called once per run, when the engine is built, if a selected metric needs
+    ``jacobian``. Not firstresult: the engine serves the union of the
+    requests (the largest K, the swapped matrix if any request wants it; the
+    routes must agree). The factors reach ``lmc_compute_batch`` as
+    ``states.jacobians`` (`lm_coupling.states.JacobianFactors`).
+
+    Args:
+        selected: every selected metric name (answer only for your own).
+        options: parsed ``--metric_args``.
+        d_model: the model's width (resolve a fractional K with
+            `lm_coupling.plugins.specs.used_k`).
+
+    Returns:
+        A `JacobianRequest`, or None when none of the plugin's metrics is selected.
     """
 
 

@@ -69,8 +69,25 @@ class MetricSpec:
     plugin: str = field(default="", compare=False)
 
 
+@dataclass(frozen=True)
+class JacobianRequest:
+    """What a metric asks of the block-Jacobian engine (hook ``lmc_jacobian_request``).
+
+    Attributes:
+        k: singular vectors per block the metric reads (already resolved
+            with `used_k` on the model's width).
+        swapped: also compute ``B = V^T J U`` (the swapped coupling matrices).
+        method: the engine route (``auto``, ``dense``, ``gram``, ``krylov``,
+            ``subspace``, ``randomized``).
+    """
+
+    k: int
+    swapped: bool = False
+    method: str = "auto"
+
+
 def used_k(k: int | float, d_model: int) -> int:
-    """The K a top-K metric uses on a model of width ``d_model``.
+    """The K a top-K metric uses on a model of width ``d_model``: the one resolver of K.
 
     An integer K is capped at ``d_model - 1`` (one less than the width leaves
     ``s_{K+1}`` for the spectral gap); a float in (0, 1) is a fraction of the

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lm_coupling.geometry import GeometryRunner
-from lm_coupling.plugins.builtin.coupling import clamped_k
+from lm_coupling.plugins.specs import used_k as clamped_k
 from lm_coupling.selection import make_selection
 
 

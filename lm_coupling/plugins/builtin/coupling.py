@@ -12,25 +12,31 @@ coupling sample of documents (``coupling_docs``) only.
 
 Per layer the coupling profiles also carry the engine's diagnostics
 (``jacobian_iterations``, ``jacobian_residual``, ``jacobian_ill_defined``;
-see ``lm_coupling.capture.jacobian``).
+see ``lm_coupling.capture.jacobian``). The plugin asks the engine for its
+factors through ``lmc_jacobian_request`` and writes the geometry file's
+``coupling`` section through ``lmc_aggregate_task``, as a third-party plugin would.
+
+torch and the math are imported inside the hooks that compute, so that
+declaring the metrics (``lm-coupling metrics``) loads no torch.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from lm_coupling.metrics.coupling import (
-    alignment_ratio,
-    coupling_score,
-    miscoupling,
-    spectral_gap,
-)
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_bool, parse_doc_count, parse_k
-from lm_coupling.plugins.specs import MetricSpec, OptionSpec, used_k
-from lm_coupling.states import GeometryStates, JacobianFactors
+from lm_coupling.plugins.specs import JacobianRequest, MetricSpec, OptionSpec, used_k
+
+if TYPE_CHECKING:
+    import torch
+
+    from lm_coupling.states import GeometryStates, JacobianFactors
+
+OWN = ("coupling", "coupling_swapped", "alignment_ratio")
+"""The metrics this plugin computes."""
 
 DEFAULT_COUPLING_DOCS = 25
 K = OptionSpec("k", 10, "singular vectors per block: an integer, or a fraction of d_model", parse_k)
@@ -117,32 +123,80 @@ def lmc_declare_metrics():
     ]
 
 
-def clamped_k(k: int | float, d_model: int) -> int:
-    """K for a model of width ``d_model``: an integer K is capped at d_model - 1.
+@hookimpl
+def lmc_jacobian_request(selected, options, d_model: int) -> JacobianRequest | None:
+    """Factors with the largest K the selected coupling metrics read.
 
-    One less than the width leaves ``s_{K+1}`` for the spectral gap; a small
-    model is then measured with every singular vector but one, rather than
-    failing.
+    K follows `used_k` (an integer K capped at d_model - 1, which leaves
+    ``s_{K+1}`` for the spectral gap; a fraction of d_model rounded down).
     """
-    return used_k(k, d_model)
+    wanted = set(OWN) & set(selected)
+    if not wanted:
+        return None
+    ks = []
+    if wanted & {"coupling", "coupling_swapped"}:
+        ks.append(used_k(options.get("k", K.default), d_model))
+    if "alignment_ratio" in wanted:
+        ks.append(used_k(options.get("alignment_k", ALIGNMENT_K.default), d_model))
+    return JacobianRequest(
+        k=max(ks),
+        swapped="coupling_swapped" in wanted,
+        method=options.get("jacobian_method", METHOD.default),
+    )
 
 
-def jacobian_k_max(options, d_model: int) -> int:
-    """Largest K the selected coupling metrics need (at most d_model - 1)."""
-    wanted = [clamped_k(options.get("k", K.default), d_model)]
-    if "alignment_k" in options:
-        wanted.append(clamped_k(options["alignment_k"], d_model))
-    return max(wanted)
+@hookimpl
+def lmc_aggregate_task(selected, profiles, options, documents) -> dict[str, Any] | None:
+    """The geometry file's ``coupling`` section: options, sample size, spectra, routes.
+
+    Per layer: the most common Jacobian route over the sampled documents, the
+    mean iterations and residual, and whether the layer was ill-defined in any
+    of them (see ``lm_coupling.capture.jacobian``).
+    """
+    if "coupling" not in selected:
+        return None
+    methods = [doc.jacobian_methods for doc in documents if doc.jacobian_methods]
+    per_layer = (
+        [Counter(layer).most_common(1)[0][0] for layer in zip(*methods, strict=False)]
+        if methods
+        else []
+    )
+    n_sampled = sum(math.isfinite(doc.values.get("coupling", math.nan)) for doc in documents)
+    return {
+        "coupling": {
+            "k": options["k"],
+            "norm": options["norm"],
+            "elementwise_abs": options["elementwise_abs"],
+            "pairs": options["pairs"],
+            "n_sampled": int(n_sampled),
+            "singular_values": profiles.get("singular_values", {}).get("mean"),
+            "spectral_gap": profiles.get("spectral_gap", {}).get("mean"),
+            "method": per_layer,
+            "route": per_layer,
+            "iterations": profiles.get("jacobian_iterations", {}).get("mean"),
+            "residual": profiles.get("jacobian_residual", {}).get("mean"),
+            "ill_defined": [
+                None if v is None else bool(v > 0)
+                for v in profiles.get("jacobian_ill_defined", {}).get("mean") or []
+            ],
+        }
+    }
 
 
 def _score(M: torch.Tensor, S: torch.Tensor, options) -> tuple[torch.Tensor, torch.Tensor]:
     """``(coupling score, [L, L] coupling matrix 1 - m)`` of K x K matrices M."""
+    from lm_coupling.metrics.coupling import coupling_score, miscoupling
+
     m = miscoupling(M, S, norm=options["norm"], elementwise_abs=options["elementwise_abs"])
     return coupling_score(m, pairs=options["pairs"]), 1 - m
 
 
 def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, torch.Tensor]:
-    k = min(clamped_k(options["k"], d_model), factors.U.shape[-1])
+    import torch
+
+    from lm_coupling.metrics.coupling import spectral_gap
+
+    k = min(used_k(options["k"], d_model), factors.U.shape[-1])
     score, matrix = _score(factors.A[..., :k, :k], factors.S[:, :k], options)
     gap = spectral_gap(factors.S, k) if factors.S.shape[1] > k else factors.spectral_gap
     out = {
@@ -162,24 +216,32 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
 
 
 def _per_layer(values: torch.Tensor | None, factors: JacobianFactors) -> torch.Tensor:
+    import torch
+
     if values is None:
         return torch.full((factors.S.shape[0],), math.nan, dtype=torch.float64)
     return values.detach().to("cpu", torch.float64)
 
 
 def _alignment_one(factors: JacobianFactors, options, d_model: int) -> torch.Tensor:
-    k = min(clamped_k(options["alignment_k"], d_model), factors.U.shape[-1])
+    from lm_coupling.metrics.coupling import alignment_ratio
+
+    k = min(used_k(options["alignment_k"], d_model), factors.U.shape[-1])
     return alignment_ratio(factors.A[..., :k, :k])
 
 
 def _offdiag_mean(matrix: torch.Tensor) -> torch.Tensor:
+    import torch
+
     off = ~torch.eye(matrix.shape[0], dtype=torch.bool, device=matrix.device)
     return matrix[off].mean() if off.any() else torch.tensor(math.nan)
 
 
 def _coupling_rows(jacobians, options, L: int, d: int, swapped: bool) -> dict[str, list]:
     """Per-document coupling values and profiles (NaN for documents outside the sample)."""
-    k = clamped_k(options.get("k", K.default), d)
+    import torch
+
+    k = used_k(options.get("k", K.default), d)
     blank = {
         "coupling": torch.tensor(math.nan),
         "coupling_matrix": torch.full((L, L), math.nan),
@@ -202,7 +264,9 @@ def _coupling_rows(jacobians, options, L: int, d: int, swapped: bool) -> dict[st
 @hookimpl
 def lmc_compute_batch(selected, states: GeometryStates, options):
     """Coupling, swapped coupling and alignment ratio of each sampled document (NaN elsewhere)."""
-    wanted = {"coupling", "coupling_swapped", "alignment_ratio"} & set(selected)
+    import torch
+
+    wanted = set(OWN) & set(selected)
     if not wanted or not states.jacobians:
         return None
     L, d = states.n_layers, states.d_model
@@ -233,6 +297,8 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
 
 def _stack_ragged(rows: list[torch.Tensor]) -> torch.Tensor:
     """Stack ``[L, k_i]`` rows, NaN-padding to the widest."""
+    import torch
+
     width = max(r.shape[1] for r in rows)
     out = torch.full((len(rows), rows[0].shape[0], width), math.nan)
     for i, r in enumerate(rows):

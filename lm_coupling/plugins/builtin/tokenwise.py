@@ -34,10 +34,10 @@ from lm_coupling.metrics.tokenwise import (
     mean_offdiagonal,
     self_coupling,
 )
-from lm_coupling.plugins.builtin.coupling import ABS, NORM, clamped_k
+from lm_coupling.plugins.builtin.coupling import ABS, NORM
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_doc_count, parse_k
-from lm_coupling.plugins.specs import MetricSpec, OptionSpec
+from lm_coupling.plugins.specs import MetricSpec, OptionSpec, used_k
 from lm_coupling.states import GeometryStates
 
 SELF = "tokenwise_self_coupling"
@@ -183,7 +183,7 @@ def _one_document(jacobians, options, n_layers: int, d_model: int, wanted) -> di
     n = max(key[2] for key in jacobians)
     slot = {t: P - 1 - (n - t) for t in range(n - P + 1, n + 1)}
     kw = dict(norm=options["norm"], elementwise_abs=options["elementwise_abs"])
-    k = clamped_k(options["tokenwise_k"], d_model)
+    k = used_k(options["tokenwise_k"], d_model)
     if SELF in wanted:
         diag = {key: j for key, j in jacobians.items() if key[1] == key[2] and key[0] in layers}
         labels, c = self_coupling(diag, k, **kw)

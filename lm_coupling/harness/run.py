@@ -1,0 +1,473 @@
+"""The library core: one evaluation with geometry, on lm-eval's public Python API.
+
+`run_evaluation` is what `lm_coupling.evaluate`, ``lm-coupling run`` and the
+literal ``lm_eval ... --metrics`` all execute, so the three write the same files.
+It takes lm-eval's own run configuration (`lm_eval.config.evaluate_config.
+EvaluatorConfig`, built from keywords or from lm-eval's parsed command line)
+and a validated metric `Selection`, and:
+
+1. checks what can be checked before anything loads (model type, model path,
+   task names), raising `LmCouplingError` subclasses;
+2. builds the run's `GeometrySession` and hands it to the model object it
+   constructs (`CouplingHFLM`), and to a `GeometryTaskManager` that attaches
+   geometry to the tasks it loads: no module global links a run to a model;
+3. calls ``lm_eval.simple_evaluate`` with that model instance and task manager;
+4. writes lm-eval's results (and samples) through lm-eval's own
+   ``EvaluationTracker`` and the geometry files beside them, only when an
+   output path is given, and returns the results with the per-task geometry.
+
+One evaluation runs at a time per process (`ConcurrentRunError` otherwise):
+lm-eval seeds the global random generators and configures global logging in
+``simple_evaluate``, so two concurrent runs could not both give their own values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from lm_coupling.errors import (
+    ConcurrentRunError,
+    ConfigurationError,
+    DataUnavailableError,
+    ModelNotFoundError,
+)
+from lm_coupling.selection import Selection
+
+TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
+HF_MODEL_NAMES = ("hf", "hf-auto", "huggingface", "hf-coupling")
+log = logging.getLogger("lm_coupling")
+_RUN_LOCK = threading.Lock()  # a guard, not run state: see the module docstring
+
+
+@dataclass
+class RunRecord:
+    """What one run measured and wrote.
+
+    Attributes:
+        results: lm-eval's results (None off rank 0).
+        geometry: per task, its geometry document (what the geometry file holds).
+        files: per task, the geometry file written (empty without an output path).
+        results_file: lm-eval's results file, when written.
+    """
+
+    results: dict[str, Any] | None = None
+    geometry: dict[str, dict[str, Any]] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+    results_file: Path | None = None
+
+
+def check_model_type(model_type: str) -> None:
+    """Geometry needs lm-eval's Hugging Face model.
+
+    Raises:
+        ConfigurationError: any other ``--model``.
+    """
+    if model_type not in HF_MODEL_NAMES:
+        raise ConfigurationError(
+            f"--metrics needs a Hugging Face model: --model {model_type!r} is not supported. "
+            f"Use one of: {', '.join(HF_MODEL_NAMES)}"
+        )
+
+
+def check_model_path(pretrained: Any) -> None:
+    """Fail at once on a model that cannot be found, before lm-eval indexes its tasks.
+
+    A name that looks like a path (absolute, ``./``, ``../``, ``~``, or an
+    existing parent folder) must exist. A hub id (``org/name``) is checked
+    against the local cache only when the hub is offline (``HF_HUB_OFFLINE``).
+
+    Raises:
+        ModelNotFoundError: "no model at PATH", with what to do.
+    """
+    if not isinstance(pretrained, str) or not pretrained:
+        return
+    path = Path(pretrained).expanduser()
+    looks_like_path = (
+        path.is_absolute()
+        or pretrained.startswith((".", "~"))
+        or pretrained.count("/") > 1
+        or (len(path.parts) > 1 and path.parent.is_dir())
+    )
+    if looks_like_path:
+        if not path.exists():
+            raise ModelNotFoundError(
+                f"no model at {pretrained} (the folder does not exist); give the folder "
+                "that holds config.json, or a Hugging Face hub id such as EleutherAI/pythia-160m"
+            )
+        if path.is_dir() and not (path / "config.json").exists():
+            raise ModelNotFoundError(
+                f"no model at {pretrained}: the folder has no config.json; give the folder "
+                "save_pretrained wrote"
+            )
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(pretrained, "config.json"), str):
+            raise ModelNotFoundError(
+                f"no model at {pretrained}: it is not a local folder, and the hub is offline "
+                "(HF_HUB_OFFLINE=1) with no cached copy; download it first or give a local folder"
+            )
+
+
+@contextlib.contextmanager
+def exclusive_run() -> Iterator[None]:
+    """Hold the process's one evaluation slot.
+
+    Raises:
+        ConcurrentRunError: another evaluation is running in this process.
+    """
+    if not _RUN_LOCK.acquire(blocking=False):
+        raise ConcurrentRunError(
+            "another lm-coupling evaluation is running in this process: lm-eval seeds the "
+            "global random generators and logging in every run, so two at once could not "
+            "both give their own values. Run them one after the other, or in two processes"
+        )
+    try:
+        yield
+    finally:
+        _RUN_LOCK.release()
+
+
+def include_paths(user: str | Iterable[str] | None) -> list[str]:
+    """lm-coupling's task folder, then the user's ``--include_path`` folders."""
+    if user is None:
+        extra: list[str] = []
+    elif isinstance(user, str):
+        extra = [p for p in user.split(",") if p]
+    else:
+        extra = [str(p) for p in user]
+    return [str(TASKS_DIR), *[p for p in extra if p != str(TASKS_DIR)]]
+
+
+def resolve_tasks(task_manager: Any, tasks: str | Iterable[Any]) -> list[Any]:
+    """lm-eval's task names, groups, tags and YAML files, resolved before the model loads.
+
+    Raises:
+        ConfigurationError: a name matches no task (with close names).
+    """
+    import difflib
+    import glob
+
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    words = tasks.split(",") if isinstance(tasks, str) else list(tasks)
+    resolved: list[Any] = []
+    missing = []
+    for word in words:
+        if not isinstance(word, str):
+            resolved.append(word)
+            continue
+        word = word.strip()
+        if word.endswith(".yaml"):
+            matches = [load_yaml(f, resolve_func=True) for f in glob.glob(str(Path(word)))]
+        else:
+            matches = task_manager.match_tasks([word])
+        if not matches:
+            missing.append(word)
+        resolved.extend(m for m in matches if m not in resolved)
+    if missing:
+        close = difflib.get_close_matches(missing[0], task_manager.all_tasks, n=3)
+        hint = f" Close names: {', '.join(close)}." if close else ""
+        raise ConfigurationError(
+            f"task(s) not found: {', '.join(missing)}.{hint} `lm_eval ls tasks --include_path "
+            f"{TASKS_DIR}` lists them; lm-coupling's offline tasks are named lmc_*_offline"
+        )
+    return resolved
+
+
+def run_evaluation(
+    config: Any,
+    selection: Selection,
+    *,
+    model: Any = None,
+    tokenizer: Any = None,
+    bootstrap_iters: int = 100000,
+    echo: bool = False,
+    stream: TextIO | None = None,
+) -> RunRecord:
+    """Evaluate with geometry; the one implementation behind every route.
+
+    Args:
+        config: lm-eval's ``EvaluatorConfig`` (validated).
+        selection: the metrics and options (`lm_coupling.selection.make_selection`).
+        model: a Hugging Face ``PreTrainedModel`` already in memory, or None to
+            load ``config.model_args``.
+        tokenizer: its tokenizer (with ``model``).
+        bootstrap_iters: lm-eval's bootstrap resamples for stderrs of
+            non-mean metrics (0 skips them).
+        echo: print lm-eval's results table (the command lines do).
+        stream: where the end-of-run account goes (default: standard error).
+
+    Returns:
+        The `RunRecord`: results, geometry documents and files written.
+
+    Raises:
+        LmCouplingError: a configuration, model or data problem, before the
+            model loads where it can be known then.
+    """
+    model_type = config.model or "hf"
+    check_model_type(model_type)
+    if model is None:
+        check_model_path((config.model_args or {}).get("pretrained"))
+    with exclusive_run():
+        return _run(config, selection, model, tokenizer, bootstrap_iters, echo, stream)
+
+
+def _run(config, selection, model, tokenizer, bootstrap_iters, echo, stream) -> RunRecord:
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+
+    from lm_coupling.harness.lm_eval_registry import registered_metrics
+    from lm_coupling.harness.session import GeometrySession
+    from lm_coupling.harness.tasks import GeometryTaskManager
+
+    session = GeometrySession(selection, cache_path_prefix=config.use_cache)
+    record = RunRecord()
+    task_manager = GeometryTaskManager(
+        session, include_path=include_paths(config.include_path), metadata=config.metadata or {}
+    )
+    tasks = resolve_tasks(task_manager, config.tasks)
+    hub_args = dict(config.hf_hub_log_args or {})
+    if config.output_path:
+        hub_args["output_path"] = config.output_path
+    tracker = EvaluationTracker(**hub_args)
+    wandb_logger = _wandb_logger(config)
+    with registered_metrics(selection.specs), _sampled_count_filter(selection.metrics):
+        lm = build_model(config, session, model, tokenizer)
+        seed = config.seed or [None] * 4
+        results = simple_evaluate(
+            model=lm,
+            model_args=_recorded_model_args(config, model),
+            tasks=tasks,
+            num_fewshot=config.num_fewshot,
+            batch_size=config.batch_size,
+            max_batch_size=config.max_batch_size,
+            device=config.device,
+            use_cache=config.use_cache,
+            cache_requests=config.cache_requests.get("cache_requests", False),
+            rewrite_requests_cache=config.cache_requests.get("rewrite_requests_cache", False),
+            delete_requests_cache=config.cache_requests.get("delete_requests_cache", False),
+            limit=config.limit,
+            samples=config.samples,
+            bootstrap_iters=bootstrap_iters,
+            check_integrity=config.check_integrity,
+            write_out=config.write_out,
+            log_samples=config.log_samples,
+            evaluation_tracker=tracker,
+            system_instruction=config.system_instruction,
+            apply_chat_template=config.apply_chat_template,
+            fewshot_as_multiturn=config.fewshot_as_multiturn,
+            gen_kwargs=config.gen_kwargs,
+            task_manager=task_manager,
+            verbosity=config.verbosity,
+            predict_only=config.predict_only,
+            random_seed=seed[0],
+            numpy_random_seed=seed[1],
+            torch_random_seed=seed[2],
+            fewshot_random_seed=seed[3],
+            confirm_run_unsafe_code=config.confirm_run_unsafe_code,
+            metadata=config.metadata,
+        )
+    if results is None:  # another data-parallel rank writes
+        return record
+    model_type = config.model or "hf"
+    _record_model_type(results, model_type)
+    samples = results.pop("samples", None) if config.log_samples else None
+    if config.show_config:
+        from lm_eval.utils import handle_non_serializable
+
+        print(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
+    if wandb_logger is not None:
+        _log_to_wandb(wandb_logger, results, samples)
+    _write_outputs(config, tracker, session, results, samples, record)
+    if echo:
+        _print_tables(config, results, model_type)
+    record.results = results if samples is None else {**results, "samples": samples}
+    _print_account(record, selection, stream)
+    if config.output_path and int(os.environ.get("RANK", "0")) == 0:
+        from lm_coupling.harness.outputs import refresh_leaderboard
+
+        refresh_leaderboard(Path(config.output_path), stream)
+    return record
+
+
+def build_model(config: Any, session: Any, model: Any, tokenizer: Any) -> Any:
+    """The run's `CouplingHFLM`, holding its session: from memory or from ``model_args``."""
+    from lm_coupling.harness.model import CouplingHFLM
+
+    sizes = {
+        "batch_size": config.batch_size,
+        "max_batch_size": config.max_batch_size,
+        "device": config.device,
+    }
+    sizes = {k: v for k, v in sizes.items() if v is not None}
+    if model is not None:
+        return CouplingHFLM(pretrained=model, tokenizer=tokenizer, session=session, **sizes)
+    arguments = dict(config.model_args or {})
+    return CouplingHFLM(session=session, **arguments, **sizes)
+
+
+def _recorded_model_args(config: Any, model: Any) -> dict[str, Any]:
+    """``model_args`` as the results record them (an in-memory model: its name or path)."""
+    if model is None:
+        return dict(config.model_args or {})
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    return {"pretrained": name}
+
+
+def _record_model_type(results: dict, model_type: str) -> None:
+    """Keep the user's ``--model`` in ``config.model``; note lm-coupling's class."""
+    config = results.get("config")
+    if isinstance(config, dict):
+        config["model"] = model_type
+        config.setdefault("lm_coupling", {})["model_class"] = "hf-coupling"
+
+
+def _wandb_logger(config: Any) -> Any:
+    if not config.wandb_args:
+        return None
+    from lm_eval.loggers import WandbLogger
+
+    return WandbLogger(config.wandb_args, config.wandb_config_args)
+
+
+def _log_to_wandb(wandb_logger: Any, results: dict, samples: dict | None) -> None:
+    """Log to W&B as lm-eval's command line does (geometry values are ordinary metrics)."""
+    try:
+        wandb_logger.post_init(results)
+        wandb_logger.log_eval_result()
+        if samples is not None:
+            wandb_logger.log_eval_samples(samples)
+    except Exception as exc:  # lm-eval's own behaviour: W&B never fails the run
+        log.warning("lm-coupling: logging to W&B failed: %r", exc)
+    finally:
+        wandb_logger.run.finish()
+
+
+def _write_outputs(config, tracker, session, results, samples, record: RunRecord) -> None:
+    """lm-eval's results and samples files, then one geometry file per task."""
+    from lm_coupling.harness.outputs import geometry_documents, results_file_location
+
+    record.geometry = geometry_documents(session, results)
+    if not config.output_path:
+        return
+    tracker.save_results_aggregated(results=results, samples=samples)
+    if samples is not None:
+        for task_name in results.get("configs", {}):
+            tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
+    if tracker.push_results_to_hub or tracker.push_samples_to_hub:
+        tracker.recreate_metadata_card()
+    model_dir = str(tracker.general_config_tracker.model_name_sanitized)
+    directory = results_file_location(config.output_path, model_dir)
+    date_id = tracker.date_id
+    found = sorted(directory.glob(f"results_{date_id}.json"))
+    record.results_file = found[0] if found else None
+    from lm_coupling.harness.outputs import write_geometry_file
+
+    for task_name, document in record.geometry.items():
+        path = write_geometry_file(directory, task_name, date_id, document)
+        record.files[task_name] = path
+        log.info("lm-coupling: wrote %s", path)
+
+
+def _print_tables(config: Any, results: dict, model_type: str) -> None:
+    """lm-eval's header line and results tables, as its command line prints them."""
+    from lm_eval.utils import make_table
+
+    model_args = {k: v for k, v in (config.model_args or {}).items() if k != "trust_remote_code"}
+    batch_sizes = ",".join(map(str, results["config"].get("batch_sizes", [])))
+    print(
+        f"{model_type} ({model_args}), gen_kwargs: ({config.gen_kwargs}), "
+        f"limit: {config.limit}, num_fewshot: {config.num_fewshot}, "
+        f"batch_size: {config.batch_size}{f' ({batch_sizes})' if batch_sizes else ''}"
+    )
+    print(make_table(results))
+    if "groups" in results:
+        print(make_table(results, "groups"))
+
+
+def _print_account(record: RunRecord, selection: Selection, stream: TextIO | None) -> None:
+    """One line per task: the documents each selected metric was computed on."""
+    from lm_coupling.harness.run_summary import leaf_tasks, summary_lines
+
+    if int(os.environ.get("RANK", "0")) != 0 or record.results is None:
+        return
+    stream = stream if stream is not None else sys.stderr
+    sampled = [m for m in selection.metrics if selection.specs[m].sampled]
+    files = {
+        task: (record.files.get(task, Path("(not written)")), document)
+        for task, document in record.geometry.items()
+    }
+    for line in summary_lines(leaf_tasks(record.results), files, sampled, selection.metrics):
+        level = "ERROR: " if line.error else ""
+        print(f"lm-coupling: {level}{line.text}", file=stream)
+
+
+@contextlib.contextmanager
+def _sampled_count_filter(metrics: Iterable[str]) -> Iterator[None]:
+    """Drop lm-eval's "not scored on the same number of documents" warning, for geometry only."""
+    log_filter = SampledMetricsFilter(metrics)
+    evaluator_log = logging.getLogger("lm_eval.evaluator_utils")
+    evaluator_log.addFilter(log_filter)
+    try:
+        yield
+    finally:
+        evaluator_log.removeFilter(log_filter)
+
+
+class SampledMetricsFilter(logging.Filter):
+    """Drop lm-eval's warning that metrics had different document counts, for geometry only.
+
+    Coupling is measured on a sample of documents by design; the geometry
+    file records how many (``n_measured``). The warning is dropped only when
+    the benchmark's own metrics all have one count and no geometry metric has
+    more; any other mismatch is the benchmark's and is kept.
+    """
+
+    COUNTS = re.compile(r"Metrics were not scored on the same number of documents \((.*?)\)\.")
+
+    def __init__(self, geometry_metrics: Iterable[str] = ()):
+        super().__init__()
+        self.geometry_metrics = frozenset(geometry_metrics)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False only for the count warning caused by sampled geometry metrics."""
+        match = self.COUNTS.search(record.getMessage())
+        if match is None:
+            return True
+        own, geometry = set(), set()
+        for item in match.group(1).split(", "):
+            key, _, count = item.rpartition("=")
+            if not count.isdigit():
+                return True
+            metric = key.split(",", 1)[0]
+            (geometry if metric in self.geometry_metrics else own).add(int(count))
+        return not (len(own) == 1 and all(n <= min(own) for n in geometry))
+
+
+def offline_hint(task_list: Any, exc: Exception) -> str:
+    """The message for a hub task whose data cannot be downloaded."""
+    offline = sorted(p.stem for p in TASKS_DIR.glob("lmc_*_offline.yaml"))
+    return (
+        f"the data of {task_list!r} cannot be downloaded ({exc}). Without network, run "
+        f"lm-coupling's offline variants, which read local JSONL files: {', '.join(offline)}, "
+        "lmc_mmlu_offline (all six benchmarks: lmc_openllm_v1_offline). Point "
+        "$LM_COUPLING_DATA_DIR at your converted files (layout: lm_coupling/tasks/README.md); "
+        "without it they run on the bundled sample documents."
+    )
+
+
+def data_unavailable(task_list: Any, exc: Exception) -> DataUnavailableError:
+    """`DataUnavailableError` for a task whose data cannot be reached."""
+    return DataUnavailableError(offline_hint(task_list, exc))
