@@ -1,11 +1,10 @@
 """lm-eval runs for the overhead benchmarks: a saved random model, one run, one fresh process.
 
-Geometry is switched on exactly as ``lm_eval ... --metrics`` does it
-(``lm_coupling.harness.cli.run_with_geometry``): a ``GeometrySession``, the
-``hf-coupling`` model, ``register_with_lm_eval`` and ``geometry_run``; ``plain``
-runs lm-eval's own ``hf`` model. The caller builds one ``TaskManager`` per
-process, so lm-eval's task indexing (~15 s) is outside every timing; model
-loading, request building, the forward passes and scoring are inside it.
+Geometry runs through the library core that ``lm_eval ... --metrics`` executes
+(``lm_coupling.harness.evaluate.evaluate_record``, sharing this process's task
+index); ``plain`` runs lm-eval's own ``hf`` model through ``simple_evaluate``.
+The caller builds one ``TaskManager`` per process, so lm-eval's task indexing
+(~15 s) is outside every timing; model loading, request building, the forward passes and scoring are inside it.
 
 :func:`run_fresh` runs one configuration in a fresh ``python bench/lmeval_runs.py
 --worker SPEC`` subprocess: an untimed warm-up run on one document per task
@@ -119,7 +118,7 @@ def task_manager(tasks: str = DEFAULT_TASKS):
     """
     from lm_eval.tasks import TaskManager
 
-    from lm_coupling.harness.cli import TASKS_DIR
+    from lm_coupling.harness.run import TASKS_DIR
 
     bundled_only = all(name.startswith("lmc_") for name in tasks.split(","))
     return TaskManager(include_path=str(TASKS_DIR), include_defaults=not bundled_only)
@@ -155,18 +154,13 @@ def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
         results = lm_eval.simple_evaluate(model="hf", **kwargs)
         measured = {}
     else:
-        import lm_coupling.harness.model  # noqa: F401  (registers "hf-coupling")
-        from lm_coupling.harness.cli import geometry_run
-        from lm_coupling.harness.registry import register_with_lm_eval
-        from lm_coupling.harness.session import GeometrySession
-        from lm_coupling.selection import make_selection
+        from lm_coupling.harness.evaluate import evaluate_record
 
-        session = GeometrySession(make_selection(spec.metrics, spec.metric_args))
-        register_with_lm_eval(session.selection.specs)
-        start, cpu = time.perf_counter(), time.process_time()
-        with geometry_run(session):
-            results = lm_eval.simple_evaluate(model="hf-coupling", **kwargs)
-        measured = session.measured
+        kwargs.pop("verbosity")
+        record = evaluate_record(
+            metrics=spec.metrics, metric_args=spec.metric_args, verbosity="ERROR", **kwargs
+        )
+        results, measured = record.results, record.session.measured
         if not measured:
             raise RuntimeError(f"{spec.metrics} measured no document: the bench is broken")
     return {

@@ -142,14 +142,18 @@ class GeometryRunner:
     def engine(self):
         """The Jacobian engine, built on first use from the plugins' requests.
 
+        Token-wise metrics alone (position Jacobians, no factors) need no request.
+
         Raises:
-            ConfigurationError: a selected metric needs Jacobians but no plugin
-                asked for factors (a plugin without ``lmc_jacobian_request``).
+            ConfigurationError: a selected metric needs Jacobian factors but no
+                plugin asked for them (a plugin without ``lmc_jacobian_request``).
         """
         if self._engine is None:
             from lm_coupling.capture.jacobian import JacobianEngine
 
             request = self.jacobian_request()
+            if request is None and "jacobian" not in self.selection.needs:
+                request = JacobianRequest(k=1)  # position Jacobians only: no factors asked for
             if request is None:
                 raise ConfigurationError(
                     "a selected metric needs block Jacobians, but no plugin implements "

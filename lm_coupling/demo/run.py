@@ -10,7 +10,6 @@ is absent) on the bundled sample tasks of all six benchmark formats with
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -85,10 +84,7 @@ def demo_evaluation(
     model: Path, out_dir: Path, limit: int | None, device: str, data: Path | None = None
 ) -> dict[str, Any]:
     """The `lm_coupling.evaluate` arguments of the demo (``lm_eval run ... --metrics all``)."""
-    extra = ["--log_samples"]
     data = data if data is not None else demo_tasks_data()
-    if data is not None:
-        extra += ["--metadata", json.dumps({"lmc_data_dir": str(data)})]
     return {
         "model": "hf",
         "model_args": f"pretrained={model},dtype=float32",
@@ -98,7 +94,8 @@ def demo_evaluation(
         "device": device,
         "output_path": str(out_dir),
         "limit": limit,
-        "extra_args": extra,
+        "log_samples": True,
+        "metadata": {"lmc_data_dir": str(data)} if data is not None else None,
     }
 
 

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.selection import make_selection
+
+if TYPE_CHECKING:
+    from lm_coupling.harness.run import RunRecord
 
 
 def _pairs(value: str | Mapping[str, Any] | None) -> str | None:
@@ -66,6 +69,7 @@ def evaluate(
     metadata: Mapping[str, Any] | None = None,
     wandb_args: str | Mapping[str, Any] | None = None,
     bootstrap_iters: int = 100000,
+    task_manager: Any = None,
     **lm_eval_options: Any,
 ) -> dict[str, Any] | None:
     """Run an lm-eval benchmark and measure its geometry from the same forward passes.
@@ -119,6 +123,9 @@ def evaluate(
         wandb_args: Weights & Biases ``init`` arguments (geometry is logged
             like any metric).
         bootstrap_iters: bootstrap resamples for lm-eval's non-mean stderrs.
+        task_manager: an lm-eval ``TaskManager`` to reuse across evaluations
+            (skips lm-eval's task indexing, ~15 s); it must include
+            ``lm_coupling.harness.run.TASKS_DIR`` for lm-coupling's tasks.
         **lm_eval_options: any other ``lm_eval run`` option by its name
             (``check_integrity``, ``cache_requests``, ``hf_hub_log_args``, ...).
 
@@ -137,6 +144,49 @@ def evaluate(
             cannot be located, or it cannot give the selected metrics.
         DataUnavailableError: a task's data cannot be read.
         ConcurrentRunError: another evaluation is running in this process.
+    """
+    record = evaluate_record(**{k: v for k, v in locals().items() if k != "lm_eval_options"},
+                             **lm_eval_options)  # fmt: skip
+    if record.results is None:
+        return None
+    return {**record.results, "geometry": record.geometry}
+
+
+def evaluate_record(
+    model: str | Any = "hf",
+    model_args: str | Mapping[str, Any] | None = None,
+    tasks: str | Sequence[str] = "lmc_demo",
+    metrics: str | Sequence[str] = "all",
+    metric_args: str | Mapping[str, Any] | None = None,
+    *,
+    tokenizer: Any = None,
+    output_path: str | None = None,
+    batch_size: int | str = 1,
+    max_batch_size: int | None = None,
+    device: str | None = None,
+    limit: int | float | None = None,
+    samples: str | Mapping[str, Sequence[int]] | None = None,
+    num_fewshot: int | None = None,
+    include_path: str | Sequence[str] | None = None,
+    log_samples: bool = False,
+    use_cache: str | None = None,
+    gen_kwargs: str | Mapping[str, Any] | None = None,
+    apply_chat_template: bool | str = False,
+    fewshot_as_multiturn: bool | None = None,
+    system_instruction: str | None = None,
+    seed: int | Sequence[int | None] | None = None,
+    predict_only: bool = False,
+    write_out: bool = False,
+    metadata: Mapping[str, Any] | None = None,
+    wandb_args: str | Mapping[str, Any] | None = None,
+    bootstrap_iters: int = 100000,
+    task_manager: Any = None,
+    **lm_eval_options: Any,
+) -> RunRecord:
+    """`evaluate`, returning the whole `RunRecord` (results, geometry, files, session).
+
+    The same keywords as `evaluate`; for callers that want the run's
+    `GeometrySession` (per-document records, plans) or the paths written.
     """
     from lm_coupling.harness.run import run_evaluation
 
@@ -180,13 +230,11 @@ def evaluate(
         **lm_eval_options,
     }
     config = evaluator_config(options)
-    record = run_evaluation(
+    return run_evaluation(
         config,
         selection,
         model=model if in_memory else None,
         tokenizer=tokenizer,
         bootstrap_iters=bootstrap_iters,
+        task_manager=task_manager,
     )
-    if record.results is None:
-        return None
-    return {**record.results, "geometry": record.geometry}

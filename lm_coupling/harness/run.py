@@ -58,9 +58,11 @@ class RunRecord:
         geometry: per task, its geometry document (what the geometry file holds).
         files: per task, the geometry file written (empty without an output path).
         results_file: lm-eval's results file, when written.
+        session: the run's `GeometrySession` (per-document records and plans).
     """
 
     results: dict[str, Any] | None = None
+    session: Any = None
     geometry: dict[str, dict[str, Any]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     results_file: Path | None = None
@@ -193,6 +195,7 @@ def run_evaluation(
     model: Any = None,
     tokenizer: Any = None,
     bootstrap_iters: int = 100000,
+    task_manager: Any = None,
     echo: bool = False,
     stream: TextIO | None = None,
 ) -> RunRecord:
@@ -206,6 +209,9 @@ def run_evaluation(
         tokenizer: its tokenizer (with ``model``).
         bootstrap_iters: lm-eval's bootstrap resamples for stderrs of
             non-mean metrics (0 skips them).
+        task_manager: an lm-eval ``TaskManager`` whose task index to reuse
+            (it must include lm-coupling's task folder, `TASKS_DIR`, for its
+            tasks); None builds one from ``config.include_path``.
         echo: print lm-eval's results table (the command lines do).
         stream: where the end-of-run account goes (default: standard error).
 
@@ -221,10 +227,14 @@ def run_evaluation(
     if model is None:
         check_model_path((config.model_args or {}).get("pretrained"))
     with exclusive_run():
-        return _run(config, selection, model, tokenizer, bootstrap_iters, echo, stream)
+        return _run(
+            config, selection, model, tokenizer, bootstrap_iters, task_manager, echo, stream
+        )
 
 
-def _run(config, selection, model, tokenizer, bootstrap_iters, echo, stream) -> RunRecord:
+def _run(
+    config, selection, model, tokenizer, bootstrap_iters, shared_index, echo, stream
+) -> RunRecord:
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
@@ -233,17 +243,22 @@ def _run(config, selection, model, tokenizer, bootstrap_iters, echo, stream) -> 
     from lm_coupling.harness.tasks import GeometryTaskManager
 
     session = GeometrySession(selection, cache_path_prefix=config.use_cache)
-    record = RunRecord()
-    task_manager = GeometryTaskManager(
-        session, include_path=include_paths(config.include_path), metadata=config.metadata or {}
-    )
+    record = RunRecord(session=session)
+    if shared_index is not None:
+        task_manager = GeometryTaskManager.sharing_index(shared_index, session)
+    else:
+        task_manager = GeometryTaskManager(
+            session,
+            include_path=include_paths(config.include_path),
+            metadata=config.metadata or {},
+        )
     tasks = resolve_tasks(task_manager, config.tasks)
     hub_args = dict(config.hf_hub_log_args or {})
     if config.output_path:
         hub_args["output_path"] = config.output_path
     tracker = EvaluationTracker(**hub_args)
     wandb_logger = _wandb_logger(config)
-    with registered_metrics(selection.specs), _sampled_count_filter(selection.metrics):
+    with registered_metrics(selection.specs), sampled_count_filter(selection.metrics):
         lm = build_model(config, session, model, tokenizer)
         seed = config.seed or [None] * 4
         results = simple_evaluate(
@@ -415,7 +430,7 @@ def _print_account(record: RunRecord, selection: Selection, stream: TextIO | Non
 
 
 @contextlib.contextmanager
-def _sampled_count_filter(metrics: Iterable[str]) -> Iterator[None]:
+def sampled_count_filter(metrics: Iterable[str]) -> Iterator[None]:
     """Drop lm-eval's "not scored on the same number of documents" warning, for geometry only."""
     log_filter = SampledMetricsFilter(metrics)
     evaluator_log = logging.getLogger("lm_eval.evaluator_utils")

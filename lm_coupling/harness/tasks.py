@@ -44,6 +44,18 @@ class GeometryTaskManager(TaskManager):
         super().__init__(**kwargs)
         self.session = session
 
+    @classmethod
+    def sharing_index(cls, manager: TaskManager, session: GeometrySession) -> GeometryTaskManager:
+        """A manager for ``session`` that reuses ``manager``'s task index (no re-indexing).
+
+        lm-eval indexes every task folder when a ``TaskManager`` is built (about
+        15 s); a notebook or sweep running many evaluations builds one and passes it.
+        """
+        shared = cls.__new__(cls)
+        shared.__dict__.update(manager.__dict__)
+        shared.session = session
+        return shared
+
     def load(self, task_list: Any) -> Any:
         """lm-eval's ``load``, then the session attached to every task loaded.
 

@@ -12,7 +12,6 @@ session's export and merge of records) is the real code.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -62,13 +61,12 @@ def main(argv: list[str]) -> None:
         batch_size=2,
         device="cpu",
         output_path=output_path,
-        extra_args=[
-            # Zero-shot: lm-eval draws few-shot examples per rank, so a sharded
-            # run's prompts would differ from a single process's.
-            "--num_fewshot", "0", "--log_samples",
-            "--metadata", json.dumps({"lmc_data_dir": data_dir}),
-        ],
-    )  # fmt: skip
+        # Zero-shot: lm-eval draws few-shot examples per rank, so a sharded
+        # run's prompts would differ from a single process's.
+        num_fewshot=0,
+        log_samples=True,
+        metadata={"lmc_data_dir": data_dir},
+    )
     if world_size > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fixtures.benchmarks import BUNDLED_SAMPLES
 
-from lm_coupling.harness.cli import TASKS_DIR
+from lm_coupling.harness.run import TASKS_DIR
 
 BIN = Path(sys.executable).parent
 STARTUP_PTH = "lm_coupling_startup.pth"

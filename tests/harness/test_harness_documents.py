@@ -15,10 +15,9 @@ import textwrap
 import pytest
 from harness_cli import plugin_registered
 
-import lm_coupling
 from lm_coupling import hookimpl
 from lm_coupling.errors import GeometryWarning
-from lm_coupling.harness.session import active_session
+from lm_coupling.harness.evaluate import evaluate_record
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +86,6 @@ class Observer:
 
     @hookimpl
     def lmc_compute_batch(self, states):
-        self.session = active_session()
         if states.trajectory is not None:
             self.batch_rows.append(states.trajectory.token_mask.shape[0])
 
@@ -99,15 +97,18 @@ def odd_run(harness_setup, tmp_path_factory):
     _write_tasks(tasks_dir)
     observer = Observer()
     with plugin_registered(observer, "test.observer") as caught:
-        results = lm_coupling.evaluate(
+        record = evaluate_record(
             model_args={"pretrained": str(harness_setup.models["gpt2"])},
             tasks=[MC_TASK, ROLLING_TASK],
             metrics="lss,tv_to_target",
             batch_size="auto",
             device="cpu",
             output_path=str(tmp_path_factory.mktemp("odd") / "results"),
-            extra_args=["--include_path", str(tasks_dir), "--log_samples"],
+            include_path=str(tasks_dir),
+            log_samples=True,
         )
+        observer.session = record.session
+        results = {**record.results, "geometry": record.geometry}
         unplanned = observer.session.plan_for(MC_TASK, 10_000)
     messages = [str(w.message) for w in caught if issubclass(w.category, GeometryWarning)]
     return results, observer, messages, unplanned

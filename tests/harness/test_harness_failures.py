@@ -21,7 +21,6 @@ from harness_cli import plugin_registered
 import lm_coupling
 from lm_coupling import hookimpl
 from lm_coupling.errors import GeometryWarning
-from lm_coupling.harness.session import active_session
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +30,8 @@ TASK = "lmc_arc_easy_offline"
 class Faults:
     """Raises in the plugin on the 2nd captured batch and OOM in the 3rd captured forward."""
 
-    def __init__(self):
+    def __init__(self, model):
+        self.model = model
         self.compute_calls = 0
         self.captured_forwards = 0
         self.failed_hidden: weakref.ref | None = None
@@ -43,7 +43,7 @@ class Faults:
             return None
         self.compute_calls += 1
         if self.compute_calls == 1:
-            block = active_session().model.model.transformer.h[-1]
+            block = self.model.transformer.h[-1]
             block.register_forward_pre_hook(self.pre_hook, with_kwargs=True)
             self.captured_forwards = 1  # this batch's forward ran before the hook existed
         if self.compute_calls == 2:
@@ -66,20 +66,24 @@ class Faults:
 @pytest.fixture(scope="module")
 def failing_run(harness_setup, tmp_path_factory):
 
-    faults = Faults()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(harness_setup.models["gpt2"])
+    model = AutoModelForCausalLM.from_pretrained(path)  # in memory: the faults hook its block
+    faults = Faults(model)
     with plugin_registered(faults, "test.faults") as caught:
         results = lm_coupling.evaluate(
-            model_args={"pretrained": str(harness_setup.models["gpt2"])},
+            model=model,
+            tokenizer=AutoTokenizer.from_pretrained(path),
             tasks=[TASK],
             metrics="lss,logit_lens_entropy",
             batch_size=1,
             device="cpu",
             output_path=str(tmp_path_factory.mktemp("failing") / "results"),
-            extra_args=[
-                "--num_fewshot", "2", "--log_samples",
-                "--metadata", f'{{"lmc_data_dir": "{harness_setup.data_dir}"}}',
-            ],
-        )  # fmt: skip
+            num_fewshot=2,
+            log_samples=True,
+            metadata={"lmc_data_dir": str(harness_setup.data_dir)},
+        )
     geometry_warnings = [w for w in caught if issubclass(w.category, GeometryWarning)]
     return results, faults, geometry_warnings
 

@@ -160,26 +160,23 @@ def test_blocks_that_do_not_compose_are_caught(tiny_model, prompt_ids):
 @pytest.mark.slow
 def test_first_captured_batch_stops_a_real_run(tmp_path, tokenizer, restore_overrides):
     """Through lm-eval's own evaluator: the wrong read-out stops the run at its first batch."""
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
+    import lm_coupling
     from lm_coupling.demo.tiny import save_tiny_model
-    from lm_coupling.harness.cli import TASKS_DIR, geometry_run
-    from lm_coupling.harness.model import CouplingHFLM
-    from lm_coupling.harness.registry import register_with_lm_eval
-    from lm_coupling.harness.session import GeometrySession
 
     path = save_tiny_model(tmp_path / "gpt2", "gpt2", tokenizer=tokenizer, init_std=0.2)
     register_override("gpt2", final_norm=())  # gpt2 applies transformer.ln_f
-    session = GeometrySession(make_selection("logit_lens_entropy"))
-    register_with_lm_eval(session.selection.specs)
-    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
-    with geometry_run(session):
-        model = CouplingHFLM(pretrained=str(path), batch_size=2, device="cpu")
-        with pytest.raises(UnsupportedModelError) as info:
-            simple_evaluate(model=model, tasks=["lmc_arc_easy_offline"], limit=2,
-                            task_manager=manager)  # fmt: skip
+    out = tmp_path / "results"
+    with pytest.raises(UnsupportedModelError) as info:
+        lm_coupling.evaluate(
+            model_args={"pretrained": str(path)},
+            tasks=["lmc_arc_easy_offline"],
+            metrics="logit_lens_entropy",
+            batch_size=2,
+            device="cpu",
+            limit=2,
+            output_path=str(out),
+        )
     message = str(info.value)
     assert "GPT2LMHeadModel (model_type='gpt2') is not the model's own function" in message
     assert "register_override('gpt2'" in message
-    assert not session.records or not any(r.documents for r in session.records.values())
+    assert not out.exists() or not list(out.rglob("*.json"))  # nothing written

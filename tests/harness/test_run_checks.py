@@ -77,7 +77,7 @@ def test_leaf_tasks_drop_groups():
 def real_task():
     from lm_eval.tasks import TaskManager
 
-    from lm_coupling.harness.cli import TASKS_DIR
+    from lm_coupling.harness.run import TASKS_DIR
 
     manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
     return manager.load(TASK)["tasks"][TASK]
@@ -87,14 +87,11 @@ def _count_warnings(task, raw: dict, caplog) -> list[str]:
     """Aggregate ``raw`` with lm-eval's own code inside a geometry run; the warnings left."""
     from lm_eval.evaluator_utils import _compute_task_aggregations
 
-    from lm_coupling.harness.cli import geometry_run
-    from lm_coupling.harness.session import GeometrySession
-    from lm_coupling.selection import make_selection
+    from lm_coupling.harness.run import sampled_count_filter
 
-    session = GeometrySession(make_selection("lss,coupling"))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="lm_eval.evaluator_utils"):
-        with geometry_run(session):
+        with sampled_count_filter(["lss", "coupling"]):
             _compute_task_aggregations(task, raw, bootstrap_iters=0)
     return [r.getMessage() for r in caplog.records if "not scored on the same" in r.getMessage()]
 
