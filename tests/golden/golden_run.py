@@ -16,20 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (when run as a script)
+
+from fixtures.outputs import written_files  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 TASKS = ["lmc_arc_easy_offline", "lmc_gsm8k_offline"]
-# Keys whose values change from run to run (times, paths, environment, versions).
-VOLATILE = {
-    "date", "start_time", "end_time", "total_evaluation_time_seconds", "git_hash",
-    "pretty_env_info", "transformers_version", "lm_eval_version", "upper_git_hash",
-    "model_name_sanitized", "model_name", "model_args", "pretrained", "name", "model_path",
-    "lm_coupling_version", "version", "plugins", "timings", "tokenizer_pad_token",
-    "tokenizer_eos_token", "tokenizer_bos_token", "eot_token_id", "max_length",
-    "model_source", "chat_template", "chat_template_sha", "system_instruction_sha",
-    "lmc_data_dir", "metadata", "device", "batch_sizes", "seconds",
-    # The task definitions (their YAML, revision and hash) are the tasks' own, not ours.
-    "configs", "versions", "task_hashes",
-}  # fmt: skip
 
 
 def golden_arguments(output_path: Path) -> dict[str, Any]:
@@ -49,25 +41,6 @@ def golden_arguments(output_path: Path) -> dict[str, Any]:
         "log_samples": True,
         "metadata": {"lmc_data_dir": str(HERE / "data")},
     }
-
-
-def normalise(value: Any) -> Any:
-    """Drop the volatile keys, recursively; keep everything else as written."""
-    if isinstance(value, dict):
-        return {k: normalise(v) for k, v in sorted(value.items()) if k not in VOLATILE}
-    if isinstance(value, list):
-        return [normalise(v) for v in value]
-    return value
-
-
-def written_files(output_path: Path) -> dict[str, Any]:
-    """``{"results": ..., "geometry_<task>": ...}`` of one run's folder, normalised."""
-    (results,) = output_path.rglob("results_*.json")
-    files = {"results": normalise(json.loads(results.read_text(encoding="utf-8")))}
-    for path in sorted(output_path.rglob("geometry_*.json")):
-        document = json.loads(path.read_text(encoding="utf-8"))
-        files[f"geometry_{document['task']}"] = normalise(document)
-    return files
 
 
 def main() -> int:
