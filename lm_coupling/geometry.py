@@ -111,8 +111,10 @@ class GeometryRunner:
     def jacobian_request(self) -> JacobianRequest | None:
         """The union of the plugins' ``lmc_jacobian_request`` answers (None: nobody asked).
 
+        ``auto`` defers to a named route; two different named routes are an error.
+
         Raises:
-            ConfigurationError: two plugins ask for different routes.
+            ConfigurationError: two plugins ask for different named routes.
         """
         answers = [
             a
@@ -125,7 +127,7 @@ class GeometryRunner:
         ]
         if not answers:
             return None
-        methods = {a.method for a in answers}
+        methods = {a.method for a in answers} - {"auto"} or {"auto"}
         if len(methods) > 1:
             raise ConfigurationError(
                 f"the selected metrics ask the Jacobian engine for different routes "

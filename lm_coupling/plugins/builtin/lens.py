@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from lm_coupling.metrics.lens import fixation_depth, tv_to_target
+from typing import TYPE_CHECKING
+
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.specs import MetricSpec
-from lm_coupling.states import GeometryStates
+
+if TYPE_CHECKING:  # the math (and torch) load when a batch is computed, not on declaring
+    from lm_coupling.states import GeometryStates
 
 _NEEDS = frozenset({"lens"})
 _OWN = ("logit_lens_entropy", "tv_to_target", "fixation_depth")
@@ -40,6 +43,8 @@ def lmc_declare_metrics():
 @hookimpl
 def lmc_compute_batch(selected, states: GeometryStates):
     """Reduce the per-layer lens quantities at n to per-document values."""
+    from lm_coupling.metrics.lens import fixation_depth, tv_to_target
+
     lens = states.lens
     if lens is None or not set(_OWN) & set(selected):
         return None

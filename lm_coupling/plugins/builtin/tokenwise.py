@@ -25,20 +25,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import torch
-
-from lm_coupling.metrics.tokenwise import (
-    context_coupling_fixed_input,
-    context_coupling_fixed_output,
-    mean_offdiagonal,
-    self_coupling,
-)
 from lm_coupling.plugins.builtin.coupling import ABS, NORM
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_doc_count, parse_k
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec, used_k
-from lm_coupling.states import GeometryStates
+
+if TYPE_CHECKING:  # the math (and torch) load when a batch is computed, not on declaring
+    from lm_coupling.states import GeometryStates
 
 SELF = "tokenwise_self_coupling"
 FIXED_INPUT = "tokenwise_context_fixed_input"
@@ -170,6 +165,14 @@ def lmc_position_jacobian_keys(selected, options, n_layers: int, n_tokens: int):
 
 def _one_document(jacobians, options, n_layers: int, d_model: int, wanted) -> dict:
     """Matrices of one document, NaN-padded to P positions (last index = n)."""
+    import torch
+
+    from lm_coupling.metrics.tokenwise import (
+        context_coupling_fixed_input,
+        context_coupling_fixed_output,
+        self_coupling,
+    )
+
     P = options["tokenwise_positions"]
     layers = resolve_layers(options["tokenwise_layers"], n_layers)
     nl = len(layers)
@@ -205,6 +208,10 @@ def _one_document(jacobians, options, n_layers: int, d_model: int, wanted) -> di
 @hookimpl
 def lmc_compute_batch(selected, states: GeometryStates, options):
     """Token-wise couplings of each sampled document (NaN elsewhere)."""
+    import torch
+
+    from lm_coupling.metrics.tokenwise import mean_offdiagonal
+
     wanted = set(_OWN) & set(selected)
     if not wanted or not states.tokenwise:
         return None

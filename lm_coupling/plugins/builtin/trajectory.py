@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from lm_coupling.metrics.trajectory import equidistance, expodistance, masked_token_mean
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_bool
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec
-from lm_coupling.states import GeometryStates
+
+if TYPE_CHECKING:  # the math (and torch) load when a batch is computed, not on declaring
+    import torch
+
+    from lm_coupling.states import GeometryStates
 
 TOKENS = OptionSpec(
     "tokens",
@@ -57,6 +60,8 @@ def lmc_declare_metrics():
 
 def _per_layer_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Masked token mean of ``[B, M, T]`` values -> ``[B, M]``."""
+    from lm_coupling.metrics.trajectory import masked_token_mean
+
     batch, layers, tokens = values.shape
     flat_mask = mask[:, None, :].expand(batch, layers, tokens).reshape(batch * layers, tokens)
     return masked_token_mean(values.reshape(batch * layers, tokens), flat_mask).view(batch, layers)
@@ -65,6 +70,8 @@ def _per_layer_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 @hookimpl
 def lmc_compute_batch(selected, states: GeometryStates):
     """Average each token's trajectory metric over the document's tokens."""
+    from lm_coupling.metrics.trajectory import equidistance, expodistance, masked_token_mean
+
     trajectory = states.trajectory
     if trajectory is None or not {"lss", "expodistance", "equidistance"} & set(selected):
         return None
