@@ -53,15 +53,22 @@ def family_checkpoints(family_dir: Path) -> list[Path]:
 
 
 def demo_model_path(out_dir: Path) -> Path:
-    """The bundled trained model, or a tiny random GPT-2 saved under ``out_dir``."""
-    try:
-        from lm_coupling.demo.assets import bundled_model_path
+    """The bundled trained model, or (warned) a tiny random GPT-2 saved under ``out_dir``."""
+    import warnings
 
+    from lm_coupling.demo.assets import bundled_model_path
+
+    try:
         path = bundled_model_path()
-        if (path / "config.json").exists():
-            return path
-    except (ImportError, FileNotFoundError):  # no trained bundle in this checkout
-        pass
+    except FileNotFoundError as exc:  # a checkout without the trained bundle
+        warnings.warn(
+            f"lm-coupling demo: {exc}. The demo runs on a randomly initialised tiny GPT-2 "
+            "instead: its accuracy is chance and its geometry describes random weights",
+            UserWarning,
+            stacklevel=2,
+        )
+    else:
+        return path
     from lm_coupling.demo.tiny import save_tiny_model
 
     path = out_dir / ".demo-model" / "tiny-gpt2-random"
@@ -71,12 +78,20 @@ def demo_model_path(out_dir: Path) -> Path:
 
 
 def demo_tasks_data() -> Path | None:
-    """The trained model's bundled evaluation items (None: use the hand-written samples)."""
-    try:
-        from lm_coupling.demo.assets import bundled_tasks_data_path
+    """The bundled evaluation items (None, warned: the hand-written samples)."""
+    import warnings
 
+    from lm_coupling.demo.assets import bundled_tasks_data_path
+
+    try:
         return bundled_tasks_data_path()
-    except (ImportError, FileNotFoundError):
+    except FileNotFoundError as exc:
+        warnings.warn(
+            f"lm-coupling demo: {exc}. The offline tasks read the hand-written sample items "
+            "bundled with the task YAMLs instead",
+            UserWarning,
+            stacklevel=2,
+        )
         return None
 
 

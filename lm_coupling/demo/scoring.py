@@ -21,7 +21,6 @@ import transformers
 
 from lm_coupling.demo.corpus import EVAL_SPLITS, TRUTHFULQA_PREFIX
 from lm_coupling.demo.items import (
-    MC_BENCHMARKS,
     Row,
     choice_requests,
     mmlu_header,
@@ -130,22 +129,3 @@ def read_split(tasks_dir: str | Path, benchmark: str, split: str | None = None) 
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found; write the tasks with write_eval_tasks()")
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-def evaluate_tasks(
-    model: transformers.PreTrainedModel,
-    tokenizer,
-    tasks_dir: str | Path,
-    benchmarks: tuple[str, ...] = (*MC_BENCHMARKS, "gsm8k"),
-) -> dict[str, float]:
-    """Zero-shot accuracy on each benchmark's evaluation split in ``tasks_dir``."""
-    model.eval()
-    results = {}
-    for benchmark in benchmarks:
-        rows = read_split(tasks_dir, benchmark)
-        results[benchmark] = (
-            gsm8k_exact_match(model, tokenizer, rows)
-            if benchmark == "gsm8k"
-            else mc_accuracy(model, tokenizer, benchmark, rows)
-        )
-    return results

@@ -253,7 +253,7 @@ class CouplingHFLM(HFLM):
             key = session.generation_key(text)
             if key is None or not session.wanted(key):
                 continue
-            target[b] = self._first_target_token(key)
+            target[b] = self._lens_target(session, key)
             matches.append((b, key))
         if not matches:
             return call()
@@ -264,14 +264,26 @@ class CouplingHFLM(HFLM):
         )
         return output
 
+    def _lens_target(self, session: GeometrySession, key: GeometryKey) -> int:
+        """`_first_target_token`, or -1 with a warning naming the cause for its documents."""
+        try:
+            return self._first_target_token(key)
+        except ValueError as exc:
+            session.warn_key(key, f"tv_to_target is undefined (NaN): {exc}")
+            return -1
+
     def _first_target_token(self, key: GeometryKey) -> int:
+        """The gold continuation's first token (-1: none; the plan says why)."""
         context, gold = key
         if not gold or not context:
-            return -1
-        try:
-            return self._encode_pair(context, gold)[1][0]
-        except (IndexError, AssertionError):
-            return -1
+            return -1  # the plan's target_problem names the cause
+        continuation = self._encode_pair(context, gold)[1]
+        if not continuation:
+            raise ValueError(
+                f"the gold answer {gold!r} encodes to no token after its context, so the "
+                "lens has no target"
+            )
+        return continuation[0]
 
     # -- shared capture plumbing -------------------------------------------------
     def _captured_call(
@@ -383,9 +395,9 @@ class CouplingHFLM(HFLM):
     def measure_alone(self, plan: DocumentPlan) -> DocumentGeometry:
         """Measure a document's prompt alone (documents lm-eval answered from its cache)."""
         context, gold = self._prompt_tokens(plan)
-        target = self._first_target_token(plan.key) if plan.kind == "generate_until" else gold
-        ids = torch.tensor(context, dtype=torch.long, device=self.device)
         session = self._lmc_session
+        target = self._lens_target(session, plan.key) if plan.kind == "generate_until" else gold
+        ids = torch.tensor(context, dtype=torch.long, device=self.device)
         return session.runner.measure_prompt(ids, target, sampled=session.sampled(plan.key))
 
     def _prompt_tokens(self, plan: DocumentPlan) -> tuple[list[int], int]:

@@ -43,6 +43,8 @@ class DocumentPlan:
             means the model's default.
         problem: why the document cannot be measured (its geometry is then
             NaN, with one warning); None when it can.
+        target_problem: why the lens has no target token (``tv_to_target``
+            is then NaN, and the warning says this); None when it has one.
     """
 
     task_name: str
@@ -52,6 +54,7 @@ class DocumentPlan:
     sampled_metrics: frozenset[str] = frozenset()
     max_gen_toks: int | None = None
     problem: str | None = None
+    target_problem: str | None = None
 
     @property
     def sampled(self) -> bool:
@@ -82,15 +85,18 @@ def gold_index(task: Any, doc: dict, n_choices: int) -> int:
     return index
 
 
-def _generation_target(task: Any, doc: dict) -> str:
+def _generation_target(task: Any, doc: dict) -> tuple[str, str | None]:
+    """The gold continuation of a generation document, and why it is missing (if it is)."""
     try:
         target = task.doc_to_target(doc)
-    except Exception:  # the lens target is then absent (tv_to_target NaN, with a warning)
-        return ""
+    except Exception as exc:  # any task code: the lens target is then absent, and said why
+        return "", f"the task's doc_to_target failed ({exc!r}), so the lens has no target"
     if isinstance(target, list):
         target = target[0] if target else ""
+    if not str(target):
+        return "", "the task's gold answer is empty, so the lens has no target"
     delimiter = getattr(task.config, "target_delimiter", " ")
-    return f"{delimiter}{target}" if str(target) else ""
+    return f"{delimiter}{target}", None
 
 
 _MAX_GEN_TOKS_ALIASES = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
@@ -133,8 +139,16 @@ def plan_document(
     first = ordered[0]
     sampled = sampled_metrics(doc_id, sample_sizes)
     if first.request_type == "generate_until":
-        key = (first.args[0], _generation_target(task, first.doc))
-        return DocumentPlan(task_name, doc_id, key, "generate_until", sampled, _max_gen_toks(first))
+        target, target_problem = _generation_target(task, first.doc)
+        return DocumentPlan(
+            task_name,
+            doc_id,
+            (first.args[0], target),
+            "generate_until",
+            sampled,
+            _max_gen_toks(first),
+            target_problem=target_problem,
+        )
     if first.request_type == ROLLING:
         return None
     try:

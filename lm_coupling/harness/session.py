@@ -267,6 +267,11 @@ class GeometrySession:
         self._warned.add(ident)
         warnings.warn(f"lm-coupling: {message}", GeometryWarning, stacklevel=3)
 
+    def warn_key(self, key: GeometryKey, message: str) -> None:
+        """One GeometryWarning per document planned at ``key``."""
+        for plan in self.plans_by_key.get(key, ()):
+            self.warn(plan, message)
+
     def warn(self, plan: DocumentPlan, message: str) -> None:
         """One GeometryWarning per document, naming task and document."""
         ident = (plan.task_name, plan.doc_id)
@@ -305,6 +310,13 @@ class GeometrySession:
         own = self._own_geometry(plan, geometry)
         values = {k: v for k, v in own.values.items() if math.isfinite(v)}
         undefined = [name for name in own.values if name not in values]
+        if "tv_to_target" in undefined and plan.target_problem is not None:
+            undefined.remove("tv_to_target")
+            self._warn_once(
+                ("target", plan.task_name, plan.doc_id),
+                f"task {plan.task_name!r} document {plan.doc_id}: tv_to_target is undefined "
+                f"(NaN): {plan.target_problem}",
+            )
         if undefined and plan.problem is None and plan.key not in self.failed_keys:
             self.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
         if record:

@@ -81,7 +81,7 @@ def _gold(sample: dict) -> int:
 def test_lm_eval_loglikelihoods_match_the_demo_scorer(demo_run):
     """lm-eval's per-choice log-likelihoods (samples files) equal `lm_coupling.demo.scoring`'s.
 
-    The training checks and `evaluate_tasks` score with that module; here it gets
+    The training checks score with that module; here it gets
     lm-eval's own requests (few-shot contexts included) and must agree.
     """
     out, _ = demo_run
