@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -196,11 +197,13 @@ class GeometryRunner:
     ) -> list[DocumentGeometry]:
         """Run the plugins on captured states; one `DocumentGeometry` per row."""
         metrics = tuple(metrics if metrics is not None else self.streamed_metrics)
+        start = time.perf_counter()
         results = self.pm.hook.lmc_compute_batch(
             selected=metrics, states=states, options=self.selection.options
         )
         n_rows = _batch_size(states)
-        docs = [DocumentGeometry() for _ in range(n_rows)]
+        seconds = (time.perf_counter() - start) / max(n_rows, 1)
+        docs = [DocumentGeometry(timings={"metrics": seconds}) for _ in range(n_rows)]
         for result in results:
             if not result:
                 continue
@@ -278,10 +281,12 @@ class GeometryRunner:
         metrics = tuple(metrics if metrics is not None else self.sampled_metrics)
         needs = {need for name in metrics for need in self.selection.specs[name].needs}
         prompts = [torch.as_tensor(p).reshape(-1) for p in prompts]
+        start = time.perf_counter()
         if "jacobian" in needs:
             results = self.engine.factors_batch(prompts, errors=errors)
         else:
             results = [None] * len(prompts)
+        jacobian_seconds = (time.perf_counter() - start) / max(len(prompts), 1)
         kept = [i for i, r in enumerate(results) if not isinstance(r, Exception)]
         docs = iter(
             self._sampled_documents(
@@ -290,7 +295,11 @@ class GeometryRunner:
             if kept
             else []
         )
-        return [r if isinstance(r, Exception) else next(docs) for r in results]
+        out = [r if isinstance(r, Exception) else next(docs) for r in results]
+        for doc, factors in zip(out, results, strict=True):
+            if isinstance(doc, DocumentGeometry) and "jacobian" in needs:
+                doc.timings.update(_jacobian_timings(factors, jacobian_seconds))
+        return out
 
     def _sampled_documents(
         self,
@@ -327,6 +336,25 @@ class GeometryRunner:
         if sampled and self.sampled_metrics:
             doc.merge(self.compute_sampled(input_ids))
         return doc
+
+
+def _jacobian_timings(factors: JacobianFactors | None, seconds: float) -> dict[str, Any]:
+    """The engine's seconds for one document: its share of the batch, and the split per layer.
+
+    ``jacobian`` is the document's share of the batched engine call (forward
+    pass, products, factorisation and reductions); where the engine reports
+    per-layer times (``JacobianFactors.seconds``), they are kept as well.
+    """
+    out: dict[str, Any] = {"jacobian": seconds}
+    split = getattr(factors, "seconds", None) or {}
+    for part in ("jacobian_products", "factorisation"):
+        per_layer = split.get(part)
+        if per_layer is not None:
+            out[f"{part}_per_layer"] = [float(s) for s in per_layer]
+            out[part] = float(sum(per_layer))
+    if "forward" in split:
+        out["jacobian_forward"] = float(split["forward"])
+    return out
 
 
 def _batch_size(states: GeometryStates) -> int:

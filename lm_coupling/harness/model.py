@@ -9,9 +9,11 @@ lm-eval's ``hf`` model.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +25,7 @@ import lm_coupling
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness import preflight
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
+from lm_coupling.harness.progress import GeometryProgress
 from lm_coupling.harness.session import GeometrySession
 
 
@@ -57,12 +60,14 @@ class CouplingHFLM(HFLM):
         self._lmc_gen_contexts: list[str] | None = None
         self._lmc_gathered = False
         self._lmc_probing = False
+        self._lmc_progress: GeometryProgress | None = None
         if self._lmc_session is not None:
             runner = GeometryRunner(self.model, self._lmc_session.selection)
             preflight.check_model(self.model, runner.parts, runner.selection)
             self._lmc_session.runner = runner
             self._lmc_session.model = self
             self._lmc_session.model_shape = self.geometry_model_shape()
+            self._lmc_session.announce_changed_options()
             self._open_geometry_cache(self._lmc_session)
 
     def _open_geometry_cache(self, session: GeometrySession) -> None:
@@ -126,9 +131,24 @@ class CouplingHFLM(HFLM):
         self, requests: list[Instance], disable_tqdm: bool = False
     ) -> list[tuple[float, bool]]:
         """Plan the requests' documents, then run lm-eval's loglikelihood."""
-        if self._lmc_session is not None:
-            self._lmc_session.plan_requests(requests)
-        return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        if self._lmc_session is None:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        with self._geometry_progress(requests, disable_tqdm):
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    @contextlib.contextmanager
+    def _geometry_progress(self, requests: list[Instance], disable: bool) -> Iterator[None]:
+        """Plan the requests' documents; show the sampled documents' progress meanwhile."""
+        session = self._lmc_session
+        session.plan_requests(requests)
+        sampled = session.runner.sampled_metrics
+        self._lmc_progress = GeometryProgress(",".join(sampled), disable=disable or not sampled)
+        self._lmc_progress.plan(session.sampled_to_measure())
+        try:
+            yield
+        finally:
+            self._lmc_progress.close()
+            self._lmc_progress = None
 
     def _loglikelihood_tokens(
         self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None
@@ -224,9 +244,10 @@ class CouplingHFLM(HFLM):
     # -- generation ------------------------------------------------------------
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Plan the requests' documents, then run lm-eval's generate_until."""
-        if self._lmc_session is not None:
-            self._lmc_session.plan_requests(requests)
-        return super().generate_until(requests, disable_tqdm=disable_tqdm)
+        if self._lmc_session is None:
+            return super().generate_until(requests, disable_tqdm=disable_tqdm)
+        with self._geometry_progress(requests, disable_tqdm):
+            return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
     def tok_batch_encode(self, strings: list[str], *args: Any, **kwargs: Any) -> Any:
         """Remember the contexts of the batch lm-eval is about to generate for."""
@@ -311,10 +332,13 @@ class CouplingHFLM(HFLM):
             return call()
         output, error = None, None
         try:
+            start = time.perf_counter()
             with runner.capture(last, first, target) as handle:
                 output = call()
+            forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle.states)
             for b, key in matches:
+                documents[b].timings["forward_capture"] = forward
                 session.store(key, documents[b], "in_batch")
         except Exception as exc:  # geometry must never cost the benchmark its scores
             error = repr(exc)  # the text only: the traceback must not outlive this block
@@ -357,12 +381,14 @@ class CouplingHFLM(HFLM):
                 error = repr(exc)  # the text only: the traceback must not outlive this block
             if error is not None:
                 session.fail([key for key, _ in group], error, metrics=metrics)
-                continue
-            for (key, _), result in zip(group, results, strict=True):
+                results = []
+            for (key, _), result in zip(group, results, strict=False):
                 if isinstance(result, Exception):
                     session.fail([key], repr(result), metrics=metrics)
                 else:
                     session.store(key, result)
+            if self._lmc_progress is not None:
+                self._lmc_progress.advance(len(group))
 
     # -- batch size detection ------------------------------------------------------
     def _detect_batch_size(self, requests: Any = None, pos: int = 0) -> int:

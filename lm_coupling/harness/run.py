@@ -245,7 +245,9 @@ def _run(
     session = GeometrySession(selection, cache_path_prefix=config.use_cache)
     record = RunRecord(session=session)
     if shared_index is not None:
-        task_manager = GeometryTaskManager.sharing_index(shared_index, session)
+        task_manager = GeometryTaskManager.sharing_index(
+            shared_index, session, config.metadata or {}
+        )
     else:
         task_manager = GeometryTaskManager(
             session,

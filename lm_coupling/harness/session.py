@@ -14,6 +14,7 @@ cache (``cached``), or ``failed`` (NaN, with a warning naming the document).
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections import defaultdict
@@ -28,6 +29,7 @@ from lm_coupling.plugins.specs import used_k
 from lm_coupling.selection import Selection
 
 CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
+log = logging.getLogger("lm_coupling")
 
 
 @dataclass
@@ -106,14 +108,34 @@ class GeometrySession:
         self.tasks[name] = task
 
     def plan_requests(self, instances: Iterable[Any]) -> None:
-        """Plan the documents of the requests lm-eval hands the model."""
-        by_doc: dict[DocumentId, list[Any]] = defaultdict(list)
-        for instance in instances:
-            ident = (instance.task_name, instance.doc_id)
-            if ident[0] in self.tasks and ident not in self.plans:
-                by_doc[ident].append(instance)
-        for ident, doc_instances in by_doc.items():
-            self._add_plan(ident, doc_instances)
+        """Plan the documents of the requests lm-eval hands the model.
+
+        Each document is planned from ALL of its task's requests, not only
+        those that reach the model: with lm-eval's ``--use_cache``, a resumed
+        run hands the model only the requests its cache cannot answer, so a
+        document's answer choices may arrive split (the gold one answered from
+        the cache); planning from those alone would pick the wrong gold answer.
+        """
+        idents = {
+            (instance.task_name, instance.doc_id)
+            for instance in instances
+            if instance.task_name in self.tasks
+        }
+        for ident in sorted(idents - self.plans.keys()):
+            requests = self._instances_of(ident[0]).get(ident[1]) or [
+                i for i in instances if (i.task_name, i.doc_id) == ident
+            ]
+            self._add_plan(ident, requests)
+
+    def _instances_of(self, task_name: str) -> dict[int, list[Any]]:
+        """Every request of a task, by document (built once per task)."""
+        index = self._task_instances.get(task_name)
+        if index is None:
+            index = defaultdict(list)
+            for instance in getattr(self.tasks[task_name], "instances", None) or ():
+                index[instance.doc_id].append(instance)
+            self._task_instances[task_name] = index
+        return index
 
     def _add_plan(self, ident: DocumentId, instances: list[Any]) -> DocumentPlan | None:
         task_name, doc_id = ident
@@ -136,12 +158,7 @@ class GeometrySession:
         """
         ident = (task_name, doc_id)
         if ident not in self.plans:
-            index = self._task_instances.get(task_name)
-            if index is None:
-                index = defaultdict(list)
-                for instance in getattr(self.tasks[task_name], "instances", None) or ():
-                    index[instance.doc_id].append(instance)
-                self._task_instances[task_name] = index
+            index = self._instances_of(task_name)
             if not index.get(doc_id):
                 self._warn_once(
                     ident, f"task {task_name!r} document {doc_id}: no request of this "
@@ -168,6 +185,21 @@ class GeometrySession:
                     options[spec.k_option] = used_k(options[spec.k_option], d_model)
         return options
 
+    def announce_changed_options(self) -> None:
+        """Say once, at the start of the run, which options the model changes (a K too large)."""
+        used = self.options_used()
+        for name, asked in self.options_changed().items():
+            log.warning(
+                "lm-coupling: %s=%s is more than this model can give (d_model %s): %s=%s is "
+                "used; the results record both (config.lm_coupling.options and "
+                "options_requested)",
+                name,
+                asked,
+                self.model_shape.get("d_model"),
+                name,
+                used[name],
+            )
+
     def options_changed(self) -> dict[str, Any]:
         """The options as requested, where the model changed them (a K it cannot hold)."""
         used = self.options_used()
@@ -184,6 +216,16 @@ class GeometrySession:
         owners = {spec.plugin for spec in self.selection.specs.values()}
         versions = get_registry().distributions()
         return {name: versions.get(name, "lm-coupling (built-in)") for name in sorted(owners)}
+
+    def sampled_to_measure(self) -> int:
+        """Planned sampled documents (distinct requests) whose Jacobian work is still to do."""
+        sampled = set(self.runner.sampled_metrics) if self.runner else set()
+        return sum(
+            1
+            for key, plans in self.plans_by_key.items()
+            if any(plan.sampled for plan in plans)
+            and not sampled <= set(self.measured.get(key, DocumentGeometry()).values)
+        )
 
     def wanted(self, key: GeometryKey) -> bool:
         """Whether ``key`` is planned and not measured yet."""

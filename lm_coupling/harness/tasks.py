@@ -45,15 +45,21 @@ class GeometryTaskManager(TaskManager):
         self.session = session
 
     @classmethod
-    def sharing_index(cls, manager: TaskManager, session: GeometrySession) -> GeometryTaskManager:
+    def sharing_index(
+        cls, manager: TaskManager, session: GeometrySession, metadata: dict[str, Any]
+    ) -> GeometryTaskManager:
         """A manager for ``session`` that reuses ``manager``'s task index (no re-indexing).
 
         lm-eval indexes every task folder when a ``TaskManager`` is built (about
-        15 s); a notebook or sweep running many evaluations builds one and passes it.
+        15 s); a notebook or sweep running many evaluations builds one and passes
+        it. The run's own task metadata replaces the shared manager's (lm-eval
+        merges it into every task it loads, through the manager's task factory).
         """
         shared = cls.__new__(cls)
         shared.__dict__.update(manager.__dict__)
         shared.session = session
+        shared.metadata = metadata
+        shared._factory = type(manager._factory)(meta=metadata)
         return shared
 
     def load(self, task_list: Any) -> Any:

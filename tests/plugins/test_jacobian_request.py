@@ -56,10 +56,10 @@ class TopSingularValues:
         return {"values": {"top3": torch.stack(values).double()}}
 
 
-def _runner(model, plugin, metrics="top3"):
+def _runner(model, plugin, metrics="top3", metric_args=None):
     pm = new_plugin_manager(load_entry_points=False)
     pm.register(plugin, name="test.top3")
-    selection = make_selection(metrics, None, MetricRegistry(pm))
+    selection = make_selection(metrics, metric_args, MetricRegistry(pm))
     return GeometryRunner(model, selection, plugin_manager=pm)
 
 
@@ -88,6 +88,7 @@ def test_a_jacobian_metric_without_a_request_is_a_clear_error(tiny_model):
 
 
 def test_disagreeing_routes_are_refused(tiny_model):
-    runner = _runner(tiny_model("gpt2"), TopSingularValues(method="krylov"), "top3,coupling")
+    plugin = TopSingularValues(method="krylov")
+    runner = _runner(tiny_model("gpt2"), plugin, "top3,coupling", "jacobian_method=dense")
     with pytest.raises(ConfigurationError, match="different routes"):
         runner.jacobian_request()
