@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from lm_coupling.errors import ConfigurationError, DataUnavailableError, LmCouplingError
+from lm_coupling.harness.run_options import check_run_options
 from lm_coupling.harness.run_summary import leaf_tasks, summary_lines
 from lm_coupling.harness.session import GeometrySession, set_active_session
 from lm_coupling.selection import make_selection
@@ -100,12 +101,15 @@ def prepare_arguments(args: argparse.Namespace) -> GeometrySession:
             f"--metrics needs a Hugging Face model: --model {model!r} is not supported. "
             f"Use one of: {', '.join(HF_MODEL_NAMES)}"
         )
+    lm_eval_options = check_run_options(args)  # refused lm-eval options stop here
     args.model = "hf-coupling"
     user_paths = [args.include_path] if args.include_path else []
     args.include_path = [str(TASKS_DIR), *user_paths]
     if not args.output_path:
         args.output_path = DEFAULT_OUTPUT
-    return GeometrySession(selection)
+    session = GeometrySession(selection)
+    session.lm_eval_options = lm_eval_options  # config.lm_coupling.lm_eval_options
+    return session
 
 
 def run_with_geometry(args: argparse.Namespace, execute: Callable) -> dict | None:
