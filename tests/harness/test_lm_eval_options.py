@@ -160,7 +160,9 @@ def _save_lora(base: Path, path: Path) -> Path:
     from peft import LoraConfig, get_peft_model
 
     model = transformers.AutoModelForCausalLM.from_pretrained(base)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"])
+    config = LoraConfig(  # GPT-2's Conv1D stores weights transposed: fan_in_fan_out
+        r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True
+    )
     config.init_lora_weights = False
     torch.manual_seed(3)
     adapted = get_peft_model(model, config)
@@ -179,7 +181,8 @@ def _full_mmlu(data_dir: Path, out: Path) -> Path:
         path = out / "mmlu" / f"{split}.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         have = {row["subject"] for row in rows}
-        extra = [{**rows[i % len(rows)], "subject": s} for i, s in enumerate(subjects) if s not in have]
+        missing = [subject for subject in subjects if subject not in have]
+        extra = [{**rows[i % len(rows)], "subject": name} for i, name in enumerate(missing)]
         path.write_text("\n".join(json.dumps(r) for r in rows + extra) + "\n")
     return out
 
@@ -195,8 +198,12 @@ def options_setup(harness_setup) -> dict[str, Path]:
         "chat": chat,
         "lora": _save_lora(chat, root / "lora"),
         "delta": save_tiny_model(
-            root / "delta", "gpt2", tokenizer=train_tokenizer(), init_std=0.02,
-            max_len=MAX_LEN, seed=2,
+            root / "delta",
+            "gpt2",
+            tokenizer=train_tokenizer(),
+            init_std=0.02,
+            max_len=MAX_LEN,
+            seed=2,
         ),  # fmt: skip
         "gpt2": harness_setup.models["gpt2"],
         "llama": harness_setup.models["llama"],
@@ -484,7 +491,8 @@ def test_group_of_groups_one_file_per_subtask(group_run):
 def test_refused_option_stops_lm_eval_before_the_model_loads(options_setup, tmp_path):
     s = options_setup
     args = ["--model", "hf", "--model_args", f"pretrained={s['gpt2']}", "--tasks", ARC,
-            *_common(s), "--output_path", "results", "--predict_only", "--metrics", "lss"]  # fmt: skip
+            *_common(s), "--output_path", "results", "--predict_only",
+            "--metrics", "lss"]  # fmt: skip
     run = _launch(tmp_path, args)
     assert run.returncode == 2
     assert "lm-coupling: error: --predict_only cannot be combined with --metrics" in run.stderr
