@@ -136,7 +136,8 @@ def run_with_geometry(args: argparse.Namespace, execute: Callable) -> dict | Non
             _fail(str(exc))
     print_run_summary(run)
     if int(os.environ.get("RANK", "0")) == 0:  # one writer under data parallelism
-        update_leaderboard(Path(args.output_path))
+        output = Path(args.output_path)  # a folder, or a results file name
+        update_leaderboard(output.parent if output.suffix == ".json" else output)
     return session.results
 
 

@@ -198,7 +198,9 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "--output_path",
         WORKS,
         "A folder, or a `.json` file name: geometry files go beside lm-eval's results "
-        "file. Default `results`.",
+        "file. Default `results`. `lm-coupling report` and the leaderboard refresh read "
+        "`results_*.json` files, so a run saved under another file name is not in them "
+        "(the refresh warns).",
         record=False,
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
@@ -216,7 +218,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         instead="drop --predict_only; --log_samples keeps the predictions beside the "
         "scores and the geometry",
         refuse_if="set",
-        checked_by=_TEST + "test_refusals_before_the_model_loads",
+        checked_by=_TEST + "test_refused_option_stops_lm_eval_before_the_model_loads",
     ),
     RunOption(
         "--check_integrity", PASSED_ON, "Runs the tasks' own test suites; no effect on geometry."
@@ -246,7 +248,7 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
         "--wandb_args",
         WORKS,
         "Geometry values are logged to the W&B run like `acc` (offline mode included).",
-        checked_by=_TEST + "test_adapter_chat_template_and_samples",
+        checked_by=_TEST + "test_geometry_is_logged_to_wandb_offline",
     ),
     RunOption("--wandb_config_args", PASSED_ON, "Passed to W&B's run config."),
     RunOption(
@@ -627,8 +629,8 @@ def options_page() -> str:
         "",
         "Tolerance of reduced precision (tiny test models, CPU): with `dtype=bfloat16`",
         "or `dtype=float16`, values match a same-dtype measurement of the prompt alone",
-        f"to a relative {DTYPE_RTOL:g} (absolute {DTYPE_ATOL:g}); batching and padding",
-        "change the rounding of half-precision states.",
+        f"to a relative {DTYPE_RTOL:g} (absolute {DTYPE_ATOL:g}): batching and padding",
+        "change the rounding of half-precision states. Float32 runs agree to 1e-4.",
         "",
     ]
     for title, table in (("`lm_eval run` flags", RUN_OPTIONS), ("`--model_args` keys", MODEL_ARGS)):

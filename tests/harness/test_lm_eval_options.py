@@ -279,6 +279,7 @@ def dtype_run(options_setup) -> RunOutput:
     args = [
         "--model", "hf-auto", "--model_args", model_args, "--trust_remote_code",
         "--tasks", f"{ARC},{GSM8K}", *_common(s), "--limit", "0.6", "--batch_size", "4",
+        "--gen_kwargs", "max_gen_toks=16",
         "--output_path", "results", "--metrics", "all",
         "--metric_args", f"coupling_docs={COUPLING_DOCS}",
     ]  # fmt: skip
@@ -304,7 +305,8 @@ def group_run(options_setup) -> RunOutput:
     args = [
         "--model", "hf", "--model_args", f"pretrained={s['llama']}",
         "--tasks", "lmc_openllm_v1_offline", *_common(s, "full_data"), "--limit", "1",
-        "--num_fewshot", "1", "--batch_size", "8", "--output_path", "results",
+        "--num_fewshot", "1", "--gen_kwargs", "max_gen_toks=16", "--batch_size", "8",
+        "--output_path", "results",
         "--metrics", "lss,logit_lens_entropy",
     ]  # fmt: skip
     return check_ok(_launch(s["root"] / "run_group", args))
@@ -334,13 +336,15 @@ def _assert_equals_reference(
     """Every row's geometry equals the runner's measurement of the prompt lm-eval scored."""
     rows = _first_rows(run, task)
     assert rows
+    metrics = run.results["config"]["lm_coupling"]["metrics"]
     for position, row in enumerate(rows):
         tokens, gold = prompt_of(hflm, row)
         in_sample = sampled_docs is None or position < sampled_docs
         reference = runner.measure_prompt(torch.tensor(tokens), gold, sampled=in_sample)
-        for name, expected in reference.values.items():
+        for name in metrics:
             if name in SAMPLED and not in_sample:
                 continue
+            expected = reference.values[name]
             if math.isfinite(expected):
                 assert row[name] == pytest.approx(expected, abs=abs_tol, rel=rel_tol), (
                     task, row["doc_id"], name,
@@ -348,7 +352,7 @@ def _assert_equals_reference(
             else:
                 assert name not in row, (task, row["doc_id"], name)
         for name in SAMPLED:
-            assert (name in row) == in_sample or name not in reference.values
+            assert (name in row) == in_sample or name not in metrics
     capture = run.geometry[task]["capture"]
     assert capture["alone"] == 0 and capture["failed"] == 0
     assert capture["in_batch"] == len(rows)
@@ -472,19 +476,24 @@ def test_delta_float16(delta_run, options_setup, reference_hflm):
 
 @pytest.mark.slow
 def test_group_of_groups_one_file_per_subtask(group_run):
+    from lm_coupling.harness.run_summary import leaf_tasks
     from lm_coupling.report.loading import load_results
 
-    leaves = {t for t in group_run.results["results"] if t not in group_run.results["groups"]}
+    leaves = set(leaf_tasks(group_run.results))
     mmlu = {t for t in leaves if t.startswith("lmc_mmlu_offline_")}
-    assert len(mmlu) == 57
+    assert len(mmlu) == 57 and len(leaves) == 62  # 57 subjects and 5 benchmarks
     assert set(group_run.geometry) == leaves
     for task in leaves:
         capture = group_run.geometry[task]["capture"]
         assert (capture["in_batch"], capture["alone"]) == (1, 0), task
     loaded = load_results(group_run.output_dir)
     assert {g["task"] for g in loaded.geometry} == leaves
-    geometry_values = loaded.values[loaded.values["kind"] == "geometry"]
-    assert {"lmc_mmlu_offline", "lmc_openllm_v1_offline"} <= set(geometry_values["task"])
+    values = loaded.values[loaded.values["kind"] == "geometry"]
+    assert set(values["task"]) == leaves
+    groups = dict(zip(values["task"], values["group"], strict=True))
+    categories = {"stem", "other", "social_sciences", "humanities"}
+    assert {groups[t] for t in mmlu} == {f"lmc_mmlu_offline_{c}" for c in categories}
+    assert groups["lmc_gsm8k_offline"] == "lmc_openllm_v1_offline"
 
 
 @pytest.mark.slow
