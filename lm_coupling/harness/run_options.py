@@ -601,7 +601,16 @@ def _samples_mapping(samples: Any) -> Any:
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else samples
 
 
+_SECRET_KEYS = ("token", "api_key", "password", "secret")
+
+
 def _jsonable(value: Any) -> Any:
+    """A JSON-safe copy; values of secret-looking keys (``token=``) are redacted."""
+    if isinstance(value, Mapping):
+        return {
+            str(k): "<redacted>" if any(w in str(k).lower() for w in _SECRET_KEYS) else _jsonable(v)
+            for k, v in value.items()
+        }
     try:
         json.dumps(value)
     except TypeError:

@@ -139,6 +139,8 @@ def test_recorded_options_are_those_set():
         "revision": "step1",
     }
     json.dumps(used)  # JSON-safe
+    hub = run_options.check_run_options(_parse("--hf_hub_log_args", "hub_results_org=o,token=t"))
+    assert hub == {"hf_hub_log_args": {"hub_results_org": "o", "token": "<redacted>"}}
 
 
 # -- the launches -------------------------------------------------------------------
