@@ -184,7 +184,16 @@ def _full_mmlu(data_dir: Path, out: Path) -> Path:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         have = {row["subject"] for row in rows}
         missing = [subject for subject in subjects if subject not in have]
-        extra = [{**rows[i % len(rows)], "subject": name} for i, name in enumerate(missing)]
+        # Distinct prompt ends: lm-eval keeps the last 128 tokens, and two documents
+        # with one model input share one batch row (the second is measured alone).
+        extra = [
+            {
+                **rows[i % len(rows)],
+                "subject": name,
+                "choices": [f"{c} ({name})" for c in rows[i % len(rows)]["choices"]],
+            }
+            for i, name in enumerate(missing)
+        ]
         path.write_text("\n".join(json.dumps(r) for r in rows + extra) + "\n")
     return out
 
