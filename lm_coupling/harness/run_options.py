@@ -78,351 +78,305 @@ class RunOption:
 
 _TEST = "tests/harness/test_lm_eval_options.py::"
 
+# fmt: off
 RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption(
-        "--model",
-        WORKS,
-        "`hf`, `hf-auto` and `huggingface` are replaced by lm-coupling's `hf-coupling` "
-        "(lm-eval's `hf` model with capture); `config.model` keeps the name typed. Any "
-        "other model type is refused.",
+        "--model", WORKS,
+        "`hf`, `hf-auto` and `huggingface` are replaced by lm-coupling's `hf-coupling` (lm-eval's "
+        "`hf` model with capture); `config.model` keeps the name typed. Any other model type is "
+        "refused.",
         why="geometry needs the hidden states of a Hugging Face causal LM in this process.",
-        instead="run the model with `--model hf` (a vLLM, API or GGUF server model "
-        "cannot be hooked)",
-        refuse_if="not_hf_model",
-        record=False,
-        checked_by=_TEST + "test_hf_auto_and_dtype",
+        instead="run the model with `--model hf` (a vLLM, API or GGUF server model cannot be "
+        "hooked)",
+        refuse_if="not_hf_model", record=False, checked_by=_TEST + "test_hf_auto_and_dtype",
     ),
     RunOption(
-        "--model_args",
-        WORKS,
+        "--model_args", WORKS,
         "Passed to the `hf` model; its keys are in the `--model_args` table below.",
-        record=False,
-        checked_by=_TEST + "test_adapter_chat_template_and_samples",
+        record=False, checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--tasks",
-        WORKS,
-        "Every leaf task gets geometry, one geometry file per leaf task (a group of "
-        "groups such as `lmc_openllm_v1_offline`, and each MMLU subject).",
-        record=False,
-        checked_by=_TEST + "test_group_of_groups_one_file_per_subtask",
+        "--tasks", WORKS,
+        "Every leaf task gets geometry, one geometry file per leaf task (a group of groups such "
+        "as `lmc_openllm_v1_offline`, and each MMLU subject).",
+        record=False, checked_by=_TEST + "test_group_of_groups_one_file_per_subtask",
     ),
     RunOption(
-        "--config",
-        WORKS,
-        "The YAML's options are checked like the same flags on the command line "
-        "(command line first).",
+        "--config", WORKS,
+        "The YAML's options are checked like the same flags on the command line (command line "
+        "first).",
         checked_by=_TEST + "test_options_from_a_config_file_are_checked",
     ),
     RunOption(
-        "--apply_chat_template",
-        WORKS,
-        "Geometry of the templated prompt lm-eval scores (the tokenizer's chat "
-        "template, or the named one).",
+        "--apply_chat_template", WORKS,
+        "Geometry of the templated prompt lm-eval scores (the tokenizer's chat template, or the "
+        "named one).",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--fewshot_as_multiturn",
-        WORKS,
+        "--fewshot_as_multiturn", WORKS,
         "Geometry of the multi-turn prompt lm-eval builds. lm-eval rejects it without "
         "`--apply_chat_template`.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--system_instruction",
-        WORKS,
+        "--system_instruction", WORKS,
         "Geometry of the prompt with the instruction, as lm-eval scores it.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--limit",
-        WORKS,
-        "Geometry of the documents lm-eval evaluates; a fraction (`0.4`) as well as a "
-        "count. lm-eval rejects it together with `--samples`.",
+        "--limit", WORKS,
+        "Geometry of the documents lm-eval evaluates; a fraction (`0.4`) as well as a count. "
+        "lm-eval rejects it together with `--samples`.",
         checked_by=_TEST + "test_hf_auto_and_dtype",
     ),
     RunOption(
-        "--samples",
-        WORKS,
-        "Geometry of exactly the listed documents; a sampled metric's sample "
-        "(`coupling_docs`) is the first of them.",
+        "--samples", WORKS,
+        "Geometry of exactly the listed documents; a sampled metric's sample (`coupling_docs`) is "
+        "the first of them.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--use_cache",
-        WORKS,
-        "A geometry cache beside lm-eval's response cache: documents lm-eval answers "
-        "from its cache are read from it (`capture.cached`).",
+        "--use_cache", WORKS,
+        "A geometry cache beside lm-eval's response cache: documents lm-eval answers from its "
+        "cache are read from it (`capture.cached`).",
         checked_by="tests/harness/test_harness_cache.py",
     ),
     RunOption(
-        "--cache_requests",
-        WORKS,
+        "--cache_requests", WORKS,
         "lm-eval's cached requests are planned like fresh ones.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--num_fewshot",
-        WORKS,
+        "--num_fewshot", WORKS,
         "Geometry of the few-shot prompt lm-eval scores.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--batch_size",
-        WORKS,
-        "An integer, `auto` or `auto:N`: geometry is captured in whatever batches "
-        "lm-eval forms (lm-eval's batch-size probe is not measured).",
+        "--batch_size", WORKS,
+        "An integer, `auto` or `auto:N`: geometry is captured in whatever batches lm-eval forms "
+        "(lm-eval's batch-size probe is not measured).",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--max_batch_size",
-        WORKS,
+        "--max_batch_size", WORKS,
         "Caps lm-eval's `auto` batch size, as without --metrics.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--device",
-        WORKS,
+        "--device", WORKS,
         "The model's device; geometry is computed there, in float32.",
-        record=False,
-        checked_by="tests/harness/test_harness_runs.py",
+        record=False, checked_by="tests/harness/test_harness_runs.py",
     ),
     RunOption(
-        "--gen_kwargs",
-        WORKS,
-        "Generation tasks: geometry of the prompt at the prefill (its truncation "
-        "follows `max_gen_toks`); the generated tokens are not part of it.",
+        "--gen_kwargs", WORKS,
+        "Generation tasks: geometry of the prompt at the prefill (its truncation follows "
+        "`max_gen_toks`); the generated tokens are not part of it.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--output_path",
-        WORKS,
-        "A folder, or a `.json` file name: geometry files go beside lm-eval's results "
-        "file. Default `results`. `lm-coupling report` and the leaderboard refresh read "
-        "`results_*.json` files, so a run saved under another file name is not in them "
-        "(the refresh warns).",
-        record=False,
-        checked_by=_TEST + "test_adapter_chat_template_and_samples",
+        "--output_path", WORKS,
+        "A folder, or a `.json` file name: geometry files go beside lm-eval's results file. "
+        "Default `results`. `lm-coupling report` and the leaderboard refresh read "
+        "`results_*.json` files, so a run saved under another file name is not in them (the "
+        "refresh warns).",
+        record=False, checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--log_samples",
-        WORKS,
+        "--log_samples", WORKS,
         "Each document's geometry values are in its samples JSONL row.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--predict_only",
-        REFUSED,
-        "lm-eval replaces every metric by `bypass` and never scores a document, so "
-        "geometry would be measured and then dropped.",
-        instead="drop --predict_only; --log_samples keeps the predictions beside the "
-        "scores and the geometry",
+        "--predict_only", REFUSED,
+        "lm-eval replaces every metric by `bypass` and never scores a document, so geometry would "
+        "be measured and then dropped.",
+        instead="drop --predict_only; --log_samples keeps the predictions beside the scores and "
+        "the geometry",
         refuse_if="set",
         checked_by=_TEST + "test_refused_option_stops_lm_eval_before_the_model_loads",
     ),
     RunOption(
-        "--check_integrity", PASSED_ON, "Runs the tasks' own test suites; no effect on geometry."
+        "--check_integrity", PASSED_ON,
+        "Runs the tasks' own test suites; no effect on geometry.",
     ),
     RunOption(
-        "--include_path",
-        WORKS,
+        "--include_path", WORKS,
         "Merged with lm-coupling's task folder (both are searched).",
         checked_by="tests/sweep/test_sweep_options.py",
     ),
     RunOption(
-        "--verbosity", PASSED_ON, "lm-eval's log level (deprecated by lm-eval).", record=False
+        "--verbosity", PASSED_ON,
+        "lm-eval's log level (deprecated by lm-eval).",
+        record=False,
     ),
     RunOption(
-        "--write_out",
-        WORKS,
+        "--write_out", WORKS,
         "lm-eval prints the first prompts; geometry unchanged.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--show_config",
-        WORKS,
+        "--show_config", WORKS,
         "lm-eval prints the results, `config.lm_coupling` included.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--wandb_args",
-        WORKS,
+        "--wandb_args", WORKS,
         "Geometry values are logged to the W&B run like `acc` (offline mode included).",
         checked_by=_TEST + "test_geometry_is_logged_to_wandb_offline",
     ),
-    RunOption("--wandb_config_args", PASSED_ON, "Passed to W&B's run config."),
     RunOption(
-        "--trackio_args",
-        PASSED_ON,
-        "Geometry values are in the results lm-eval hands Trackio (not tested: Trackio "
-        "is not a test dependency).",
+        "--wandb_config_args", PASSED_ON,
+        "Passed to W&B's run config.",
     ),
     RunOption(
-        "--hf_hub_log_args",
-        PASSED_ON,
-        "lm-eval pushes its results (geometry means included) and samples; the geometry "
-        "files (profiles, matrices) are not pushed.",
+        "--trackio_args", PASSED_ON,
+        "Geometry values are in the results lm-eval hands Trackio (not tested: Trackio is not a "
+        "test dependency).",
     ),
     RunOption(
-        "--seed",
-        WORKS,
-        "lm-eval's seeds (few-shot sampling included); geometry follows the prompts "
-        "they give. The sampled metrics' samples do not depend on it.",
+        "--hf_hub_log_args", PASSED_ON,
+        "lm-eval pushes its results (geometry means included) and samples; the geometry files "
+        "(profiles, matrices) are not pushed.",
+    ),
+    RunOption(
+        "--seed", WORKS,
+        "lm-eval's seeds (few-shot sampling included); geometry follows the prompts they give. "
+        "The sampled metrics' samples do not depend on it.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "--trust_remote_code",
-        WORKS,
-        "Passed to the model; a remote-code model is supported where its blocks can be "
-        "located (`lm-coupling` overrides otherwise).",
+        "--trust_remote_code", WORKS,
+        "Passed to the model; a remote-code model is supported where its blocks can be located "
+        "(`lm-coupling` overrides otherwise).",
         checked_by=_TEST + "test_hf_auto_and_dtype",
     ),
-    RunOption("--confirm_run_unsafe_code", PASSED_ON, "Needed by code-execution tasks."),
     RunOption(
-        "--metadata",
-        WORKS,
+        "--confirm_run_unsafe_code", PASSED_ON,
+        "Needed by code-execution tasks.",
+    ),
+    RunOption(
+        "--metadata", WORKS,
         "Passed to the tasks (lm-coupling's offline tasks read `lmc_data_dir`).",
         checked_by=_TEST + "test_hf_auto_and_dtype",
     ),
     RunOption(
-        "--bootstrap_iters",
-        REJECTED,
+        "--bootstrap_iters", REJECTED,
         "Not a flag of lm-eval 0.4.13's `run` command (argparse refuses it); "
         "`lm_eval.simple_evaluate(bootstrap_iters=0)` takes it from Python.",
-        record=False,
-        checked_by=_TEST + "test_lm_eval_rejections",
+        record=False, checked_by=_TEST + "test_lm_eval_rejections",
     ),
 )
 
 MODEL_ARGS: tuple[RunOption, ...] = (
     RunOption(
-        "pretrained",
-        WORKS,
+        "pretrained", WORKS,
         "The model (hub name or local folder).",
-        record=False,
+        record=False, checked_by=_TEST + "test_adapter_chat_template_and_samples",
+    ),
+    RunOption(
+        "peft", WORKS,
+        "The adapter (e.g. LoRA) is applied by lm-eval; geometry is that of the adapted model, "
+        "equal to the merged model's.",
         checked_by=_TEST + "test_adapter_chat_template_and_samples",
     ),
     RunOption(
-        "peft",
-        WORKS,
-        "The adapter (e.g. LoRA) is applied by lm-eval; geometry is that of the "
-        "adapted model, equal to the merged model's.",
-        checked_by=_TEST + "test_adapter_chat_template_and_samples",
-    ),
-    RunOption(
-        "delta",
-        WORKS,
+        "delta", WORKS,
         "Geometry of the base plus delta weights lm-eval builds.",
         checked_by=_TEST + "test_delta_float16",
     ),
     RunOption(
-        "dtype",
-        WORKS,
-        "The model runs in that dtype; geometry is computed from its states in "
-        "float32 (bfloat16 and float16 agree with a same-dtype measurement of the prompt "
-        "alone within the tolerance in docs/options.md).",
+        "dtype", WORKS,
+        "The model runs in that dtype; geometry is computed from its states in float32 (bfloat16 "
+        "and float16 agree with a same-dtype measurement of the prompt alone within the tolerance "
+        "in docs/options.md).",
         checked_by=_TEST + "test_hf_auto_and_dtype",
     ),
     RunOption(
-        "revision",
-        WORKS,
+        "revision", WORKS,
         "Recorded as the model's revision in the geometry file.",
         checked_by=_TEST + "test_hf_auto_and_dtype",
     ),
     RunOption(
-        "trust_remote_code",
-        WORKS,
+        "trust_remote_code", WORKS,
         "As `--trust_remote_code`.",
         checked_by=_TEST + "test_hf_auto_and_dtype",
     ),
     RunOption(
-        "backend",
-        REFUSED,
-        "`backend=seq2seq` (encoder-decoder): the geometry is defined for decoder-only causal LMs.",
+        "backend", REFUSED,
+        "`backend=seq2seq` (encoder-decoder): the geometry is defined for decoder-only causal "
+        "LMs.",
         instead="use a decoder-only model with the default backend",
-        refuse_if="seq2seq_backend",
-        checked_by=_TEST + "test_refusals_before_the_model_loads",
+        refuse_if="seq2seq_backend", checked_by=_TEST + "test_refusals_before_the_model_loads",
     ),
     RunOption(
-        "load_in_4bit",
-        REFUSED,
-        "bitsandbytes quantization: refused on a machine without CUDA (bitsandbytes "
-        "loads on GPUs); on a GPU geometry is measured from the dequantized states.",
+        "load_in_4bit", REFUSED,
+        "bitsandbytes quantization: refused on a machine without CUDA (bitsandbytes loads on "
+        "GPUs); on a GPU geometry is measured from the dequantized states.",
         instead="run on a CUDA machine, or drop the quantization on CPU",
-        refuse_if="quantized_without_gpu",
-        checked_by=_TEST + "test_quantized_loading_on_gpu",
+        refuse_if="quantized_without_gpu", checked_by=_TEST + "test_quantized_loading_on_gpu",
     ),
     RunOption(
-        "quantization_config",
-        REFUSED,
-        "A quantized checkpoint (GPTQ, AWQ: `quantization_config` in its config.json, or "
-        "this key): refused on a machine without CUDA, whose kernels these formats need.",
+        "quantization_config", REFUSED,
+        "A quantized checkpoint (GPTQ, AWQ: `quantization_config` in its config.json, or this "
+        "key): refused on a machine without CUDA, whose kernels these formats need.",
         instead="run on a CUDA machine, or evaluate the unquantized checkpoint",
         refuse_if="quantized_checkpoint_without_gpu",
         checked_by=_TEST + "test_refusals_before_the_model_loads",
     ),
     RunOption(
-        "load_in_8bit",
-        REFUSED,
+        "load_in_8bit", REFUSED,
         "As `load_in_4bit`.",
         instead="run on a CUDA machine, or drop the quantization on CPU",
         refuse_if="quantized_without_gpu",
         checked_by=_TEST + "test_refusals_before_the_model_loads",
     ),
     RunOption(
-        "autogptq",
-        REFUSED,
+        "autogptq", REFUSED,
         "GPTQ kernels need a GPU: refused without CUDA.",
         instead="run on a CUDA machine",
         refuse_if="quantized_without_gpu",
         checked_by=_TEST + "test_refusals_before_the_model_loads",
     ),
     RunOption(
-        "gptqmodel",
-        REFUSED,
+        "gptqmodel", REFUSED,
         "GPTQ (and AWQ through GPTQModel) needs a GPU: refused without CUDA.",
         instead="run on a CUDA machine",
         refuse_if="quantized_without_gpu",
         checked_by=_TEST + "test_refusals_before_the_model_loads",
     ),
     RunOption(
-        "peft+delta",
-        REJECTED,
-        "lm-eval refuses an adapter and delta weights together (after loading the "
-        "model); lm-coupling refuses the pair before.",
+        "peft+delta", REJECTED,
+        "lm-eval refuses an adapter and delta weights together (after loading the model); "
+        "lm-coupling refuses the pair before.",
         instead="apply one of them",
-        refuse_if="peft_and_delta",
-        checked_by=_TEST + "test_refusals_before_the_model_loads",
+        refuse_if="peft_and_delta", checked_by=_TEST + "test_refusals_before_the_model_loads",
     ),
     RunOption(
-        "tp_plan",
-        REFUSED,
-        "Tensor parallelism splits each block's weights across processes; geometry "
-        "capture is not verified there.",
-        instead="use parallelize=True (whole blocks per GPU) or data parallelism "
-        "(accelerate launch)",
-        refuse_if="set",
-        checked_by=_TEST + "test_refusals_before_the_model_loads",
+        "tp_plan", REFUSED,
+        "Tensor parallelism splits each block's weights across processes; geometry capture is not "
+        "verified there.",
+        instead="use parallelize=True (whole blocks per GPU) or data parallelism (accelerate "
+        "launch)",
+        refuse_if="set", checked_by=_TEST + "test_refusals_before_the_model_loads",
     ),
     RunOption(
-        "parallelize",
-        PASSED_ON,
-        "Blocks on several GPUs: hooks and the Jacobian engine work on each block's "
-        "own device (needs several GPUs; not in these tests).",
+        "parallelize", PASSED_ON,
+        "Blocks on several GPUs: hooks and the Jacobian engine work on each block's own device "
+        "(needs several GPUs; not in these tests).",
     ),
     RunOption(
-        "gguf_file",
-        PASSED_ON,
-        "transformers dequantizes a GGUF file into a torch model, whose geometry is "
-        "measured (not tested: needs the gguf package).",
+        "gguf_file", PASSED_ON,
+        "transformers dequantizes a GGUF file into a torch model, whose geometry is measured (not "
+        "tested: needs the gguf package).",
     ),
     RunOption(
-        "max_length",
-        WORKS,
+        "max_length", WORKS,
         "lm-eval's truncation; geometry follows it.",
         checked_by="tests/harness/test_harness_runs.py",
     ),
 )
+# fmt: on
 
 OPTIONS_BY_NAME: dict[str, RunOption] = {o.dest: o for o in RUN_OPTIONS}
 MODEL_ARGS_BY_NAME: dict[str, RunOption] = {o.name: o for o in MODEL_ARGS}
