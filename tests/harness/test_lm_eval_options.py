@@ -22,6 +22,7 @@ import pytest
 import torch
 from harness_cli import (
     MAX_LEN,
+    TASKS_DIR,
     RunOutput,
     check_ok,
     prompt_of,
@@ -31,7 +32,6 @@ from harness_cli import (
 
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.harness import run_options
-from lm_coupling.harness.cli import TASKS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS_PAGE = REPO / "docs" / "options.md"

@@ -6,15 +6,17 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import lm_coupling
 from lm_coupling.errors import ConfigurationError
-from lm_coupling.harness.cli import TASKS_DIR
 from lm_coupling.sweep.command import parse_sweep_args
 from lm_coupling.sweep.runner import run_command
 from lm_coupling.sweep.spec import ModelEntry
 
+TASKS_DIR = Path(lm_coupling.__file__).parent / "tasks"
 BASE = ["m1,m2", "--tasks", "my_arc", "--output_path", "out"]
 
 
