@@ -119,6 +119,7 @@ class CouplingHFLM(HFLM):
                 "metrics": list(session.selection.metrics),
                 "options": session.options_used(),
                 "options_requested": session.options_changed(),
+                "lm_eval_options": session.lm_eval_options,
                 "model_shape": session.model_shape,
                 "plugins": session.plugin_versions(),
                 "capture": {task: part["capture"] for task, part in report.items()},

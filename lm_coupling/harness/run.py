@@ -23,6 +23,7 @@ lm-eval seeds the global random generators and configures global logging in
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -222,18 +223,24 @@ def run_evaluation(
         LmCouplingError: a configuration, model or data problem, before the
             model loads where it can be known then.
     """
+    import dataclasses
+
+    from lm_coupling.harness.run_options import check_run_options
+
     model_type = config.model or "hf"
     check_model_type(model_type)
+    recorded = check_run_options(argparse.Namespace(**dataclasses.asdict(config)))
     if model is None:
         check_model_path((config.model_args or {}).get("pretrained"))
     with exclusive_run():
         return _run(
-            config, selection, model, tokenizer, bootstrap_iters, task_manager, echo, stream
-        )
+            config, selection, model, tokenizer, bootstrap_iters, task_manager, echo, stream,
+            recorded,
+        )  # fmt: skip
 
 
 def _run(
-    config, selection, model, tokenizer, bootstrap_iters, shared_index, echo, stream
+    config, selection, model, tokenizer, bootstrap_iters, shared_index, echo, stream, recorded
 ) -> RunRecord:
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
@@ -243,6 +250,7 @@ def _run(
     from lm_coupling.harness.tasks import GeometryTaskManager
 
     session = GeometrySession(selection, cache_path_prefix=config.use_cache)
+    session.lm_eval_options = recorded
     record = RunRecord(session=session)
     if shared_index is not None:
         task_manager = GeometryTaskManager.sharing_index(
@@ -315,7 +323,8 @@ def _run(
     if config.output_path and int(os.environ.get("RANK", "0")) == 0:
         from lm_coupling.harness.outputs import refresh_leaderboard
 
-        refresh_leaderboard(Path(config.output_path), stream)
+        folder = Path(config.output_path)
+        refresh_leaderboard(folder.parent if folder.suffix == ".json" else folder, stream)
     return record
 
 

@@ -79,6 +79,7 @@ class GeometrySession:
     def __init__(self, selection: Selection, cache_path_prefix: str | None = None):
         self.selection = selection
         self.first_batch_checked = False  # preflight's read-out check, once per run
+        self.lm_eval_options: dict[str, Any] = {}  # the lm-eval options used, as recorded
         self.runner: GeometryRunner | None = None
         self.model_shape: dict[str, Any] = {}
         self.tasks: dict[str, Any] = {}

@@ -37,7 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--tasks", required=True, help="lm-eval tasks, as for lm_eval")
     parser.add_argument("--output_path", required=True, help="the shared results folder")
-    parser.add_argument("--model_args", default=None, help="added to every model's pretrained=")
+    parser.add_argument(
+        "--model_args",
+        default=None,
+        help="added to every model's pretrained= (peft=, dtype=, ...; never pretrained=)",
+    )
     parser.add_argument("--metrics", default=None, help="lm-coupling metrics, as for run")
     parser.add_argument("--shard", default=None, help="i/n: run every n-th model from the i-th")
     parser.add_argument(
@@ -53,12 +57,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# lm-eval ``run`` flags a sweep sets per model itself, and why each cannot be passed on.
+SET_BY_THE_SWEEP = {
+    "--model": "every model of a sweep runs as a Hugging Face model (--model hf); MODELS "
+    "names the models and --model_args adds arguments to each",
+    "-M": "-M is --model: every model of a sweep runs as --model hf",
+    "-a": "-a is --model_args: give the sweep's --model_args (added to every model)",
+    "-o": "-o is --output_path: give the sweep's --output_path folder",
+    "-t": "-t is --tasks: give the sweep's --tasks",
+}
+# Keys of a --config YAML that would override what the sweep sets per model.
+_CONFIG_KEYS_SET_BY_THE_SWEEP = ("model", "tasks", "output_path")
+
+
 def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``MODELS [options]`` into the sweep's options and lm-eval's arguments.
 
+    Every lm-eval ``run`` option that makes sense per model is passed on to
+    each model's run (``--include_path`` too: lm-coupling's task folder is
+    added to it); with ``--metrics`` they are checked once, before any model
+    runs (`lm_coupling.harness.run_options`).
+
     Raises:
-        ConfigurationError: MODELS missing or not first, or an argument the
-            sweep sets itself (``--model_args`` pretrained, ``--model``).
+        ConfigurationError: MODELS missing or not first, an option the sweep
+            sets per model (``--model``, ``pretrained=`` in ``--model_args``,
+            ``--output_path`` of a model), or an option refused with ``--metrics``.
     """
     argv = list(argv)
     if argv and argv[0] in ("-h", "--help"):
@@ -72,19 +95,66 @@ def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]
         )
     args, rest = build_parser().parse_known_args(argv[1:])
     args.models = argv[0]
-    for flag in ("--model", "--model_args", "-o", "--include_path"):
+    for flag, reason in SET_BY_THE_SWEEP.items():
         if any(word == flag or word.startswith(flag + "=") for word in rest):
-            raise ConfigurationError(
-                f"lm-coupling sweep sets {flag} itself"
-                + ("; add model arguments with --model_args" if flag == "--model" else "")
-            )
+            raise ConfigurationError(f"lm-coupling sweep cannot pass {flag} on: {reason}")
     if args.model_args and "pretrained=" in args.model_args:
         raise ConfigurationError(
-            "--model_args of a sweep must not hold pretrained= (MODELS has it)"
+            "--model_args of a sweep must not hold pretrained=: the sweep sets it per model "
+            "from MODELS (add the model to MODELS instead)"
         )
+    _check_config_file(rest)
     if args.metrics is not None:
         rest += ["--metrics", args.metrics]
+        check_lm_eval_options(args, rest)
     return args, rest
+
+
+def _check_config_file(rest: Sequence[str]) -> None:
+    """Refuse a ``--config`` YAML that sets what the sweep sets per model."""
+    pairs = zip(rest, rest[1:], strict=False)
+    path = next((value for flag, value in pairs if flag in ("--config", "-C")), None)
+    if path is None:
+        return
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigurationError(f"--config {path}: cannot read it ({exc})") from exc
+    model_args = config.get("model_args") if isinstance(config, dict) else None
+    keys = [key for key in _CONFIG_KEYS_SET_BY_THE_SWEEP if key in config]
+    if isinstance(model_args, dict) and "pretrained" in model_args:
+        keys.append("model_args.pretrained")
+    elif isinstance(model_args, str) and "pretrained=" in model_args:
+        keys.append("model_args.pretrained")
+    if keys:
+        raise ConfigurationError(
+            f"--config {path} sets {', '.join(keys)}, which the sweep sets per model; remove "
+            "them from the file (models: MODELS; tasks: --tasks; folder: --output_path)"
+        )
+
+
+def check_lm_eval_options(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> None:
+    """Check the options every model's run will get, once, before any model runs.
+
+    Raises:
+        ConfigurationError: an option lm-coupling refuses with ``--metrics``.
+    """
+    from lm_coupling.harness.cli import run_parser
+    from lm_coupling.harness.run_options import check_run_options
+
+    argv = ["run", "--tasks", args.tasks, *lm_eval_args]
+    if args.model_args:
+        argv += ["--model_args", args.model_args]
+    try:
+        namespace = run_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse has printed why
+        raise ConfigurationError(
+            "lm_eval run does not accept the sweep's lm-eval arguments "
+            f"{' '.join(lm_eval_args)!r} (see the message above)"
+        ) from exc
+    check_run_options(namespace)
 
 
 def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> str:

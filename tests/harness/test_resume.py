@@ -35,6 +35,7 @@ GEOMETRY += ("fixation_depth", "coupling", "alignment_ratio")
 
 def _slow_plugin(root: Path) -> Path:
     """A distribution whose lm_coupling plugin sleeps in every captured batch."""
+    root.mkdir(parents=True, exist_ok=True)
     (root / "lmc_slow_batches.py").write_text(
         textwrap.dedent(
             '''
