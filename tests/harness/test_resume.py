@@ -98,6 +98,7 @@ def _interrupt_part_way(command: list[str], cwd: Path, env: dict, at_percent: in
     watcher.start()
     code = process.wait(timeout=900)
     watcher.join(timeout=10)
+    process.stderr.close()
     assert seen, "the run ended before its requests reached the interruption point"
     assert seen[0] < 100
     return code
