@@ -1,7 +1,7 @@
 """Containers that carry captured geometry from capture/ to the metric plugins.
 
 These are plain data records: capture/ fills them, plugins read them, and the
-math in metrics/ never sees them. Shape symbols follow DESIGN.md: B documents,
+math in metrics/ never sees them. Shape symbols follow docs/design.md: B documents,
 T positions, L blocks (L+1 states x^0..x^L), d model width, V vocabulary, K
 number of singular vectors. Every tensor is float32 (float64 in tests) and on
 the model's device unless stated otherwise.

@@ -7,7 +7,7 @@ the decoder from ``get_decoder``/``base_model``, the ``nn.ModuleList`` of
 small override table keyed by ``config.model_type`` fixes the rest. Users add
 entries with :func:`register_override`.
 
-Notation (DESIGN.md): x^0 is the input of block 1, x^l the output of block l,
+Notation (docs/design.md, "Conventions"): x^0 is the input of block 1, x^l the output of block l,
 before the final norm N. The lens distribution is
 ``P^l = softmax(W_U N(x^l) + b)``; :meth:`ModelParts.unembed_fp32` composed
 with :meth:`ModelParts.final_norm_fp32` reproduces the model's own logits at

@@ -45,8 +45,8 @@ n in a plain forward pass of the model (``check``); a document whose call
 does not reproduce it raises :class:`JacobianMismatchError`.
 
 Reference: Aubry et al., "Transformer Block Coupling and its Correlation with
-Generalization in LLMs", ICLR 2025 (block Jacobians at the last token); DESIGN
-section 5. Departure from the authors' code: the last block's Jacobian does not
+Generalization in LLMs", ICLR 2025 (block Jacobians at the last token);
+docs/engine.md. Departure from the authors' code: the last block's Jacobian does not
 include the final norm.
 """
 

@@ -5,16 +5,23 @@ It evaluates the bundled model (a small GPT-2 trained here, see
 is absent) on the bundled sample tasks of all six benchmark formats with
 ``--metrics all``, writes lm-eval's results and the geometry files to
 ``results/``, and runs the report on that folder.
+
+``lm-coupling demo --where`` prints where the bundled model and task data are
+installed, as two shell lines (``eval "$(lm-coupling demo --where)"`` sets
+them), and exits without importing torch or lm-eval.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 DEMO_TASKS = "lmc_demo"
+MODEL_VARIABLE = "LMC_DEMO_MODEL"
+DATA_VARIABLE = "LM_COUPLING_DATA_DIR"  # read by the offline task YAMLs
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -41,7 +48,35 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument(
         "--reduced", action="store_true", help="with --family: train a reduced family (minutes)"
     )
+    parser.add_argument(
+        "--where",
+        action="store_true",
+        help=f"print the bundled model folder and task data folder as shell lines "
+        f"({MODEL_VARIABLE}=..., {DATA_VARIABLE}=...) and exit",
+    )
     return parser
+
+
+def where_lines() -> list[str]:
+    """The bundled model and task data folders, as ``export NAME=PATH`` shell lines.
+
+    ``LM_COUPLING_DATA_DIR`` is the variable the offline tasks read, so
+    ``eval "$(lm-coupling demo --where)"`` points them at the bundled items.
+
+    Raises:
+        DataUnavailableError: a bundled folder is missing from the installation.
+    """
+    from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
+    from lm_coupling.errors import DataUnavailableError
+
+    try:
+        model, data = bundled_model_path(), bundled_tasks_data_path()
+    except FileNotFoundError as exc:
+        raise DataUnavailableError(str(exc)) from None
+    return [
+        f"export {MODEL_VARIABLE}={shlex.quote(str(model))}",
+        f"export {DATA_VARIABLE}={shlex.quote(str(data))}",
+    ]
 
 
 def family_checkpoints(family_dir: Path) -> list[Path]:
@@ -115,7 +150,10 @@ def demo_evaluation(
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    """Run the demo evaluation, then the report."""
+    """Run the demo evaluation, then the report (with ``--where``: print the bundle's folders)."""
+    if getattr(args, "where", False):
+        print("\n".join(where_lines()))
+        return
     from lm_coupling.harness.evaluate import evaluate
     from lm_coupling.report.build import build_report
     from lm_coupling.report.cli import format_result

@@ -311,7 +311,7 @@ def spectral_gap(S: torch.Tensor, k: int) -> torch.Tensor:
     """Spectral gap at K, ``s_K / s_{K+1}``.
 
     Reference: Halko, Martinsson and Tropp, 2011 (randomized SVD accuracy
-    depends on this gap); DESIGN section 4.
+    depends on this gap); docs/design.md, "Metric definitions".
 
     Args:
         S: ``[..., >=K+1]`` singular values, descending.

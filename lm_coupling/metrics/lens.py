@@ -57,8 +57,8 @@ def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
     distribution, 0 for a one-hot.
 
     Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
-    Aubry et al., "Picking an LLM's Brain" (2024), lens entropy. DESIGN
-    section 4 (``logit_lens_entropy``).
+    Aubry et al., "Picking an LLM's Brain" (2024), lens entropy.
+    docs/design.md, "Metric definitions" (``logit_lens_entropy``).
 
     Args:
         logits: ``[..., V]`` logits (any float dtype).
@@ -85,7 +85,8 @@ def lens_summary(
     ``P^l(target)`` and ``argmax_v P^l(v)`` for l = 0..L.
 
     Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
-    Aubry et al., "Picking an LLM's Brain" (2024). DESIGN section 4.
+    Aubry et al., "Picking an LLM's Brain" (2024). docs/design.md,
+    "Metric definitions".
 
     Args:
         logits: ``[B, L+1, V]`` lens logits at the target position n.
@@ -132,7 +133,7 @@ def tv_to_target(target_prob: torch.Tensor) -> torch.Tensor:
 
     ``TV(P, e_y) = (1/2) (1 - P(y) + sum_{v != y} P(v)) = 1 - P(y)``.
 
-    Reference: DESIGN section 4 (``tv_to_target``).
+    Reference: docs/design.md, "Metric definitions" (``tv_to_target``).
 
     Args:
         target_prob: ``[...]`` ``P^l(target)``.
@@ -151,7 +152,7 @@ def fixation_depth(top1: torch.Tensor) -> torch.Tensor:
     at the last layer.
 
     Reference: Aubry et al., "Picking an LLM's Brain: Thought and Fixation in
-    Hidden Representations" (2024), fixation; DESIGN section 4.
+    Hidden Representations" (2024), fixation; docs/design.md, "Metric definitions".
 
     Args:
         top1: ``[B, L+1]`` int64 top-1 token ids per layer l = 0..L.

@@ -111,7 +111,8 @@ def line_shape_score(trajectory: torch.Tensor) -> torch.Tensor:
     the sum and the count ``L'`` run over the nonzero steps only. LSS is 1 for a
     straight trajectory (all steps in one direction) and larger otherwise.
 
-    Reference: Gai and Zhang, 2021 (line-shape score); DESIGN section 4.
+    Reference: Gai and Zhang, 2021 (line-shape score); docs/design.md,
+    "Metric definitions".
     Zero-length steps are skipped and not counted.
 
     Args:
@@ -146,7 +147,8 @@ def windowed_line_shape_score(trajectory: torch.Tensor, window: int = 11) -> tor
     ``W_l = [l - h, l + h] ∩ [1, L]``, ``h = (window - 1) / 2``, nonzero steps only.
 
     Reference: Gai and Zhang, 2021 (line-shape score), applied in a sliding
-    window as in DESIGN section 4 (window 11 = steps l-5..l+5).
+    window as in docs/design.md, "Metric definitions" (window 11 = steps
+    l-5..l+5).
 
     Args:
         trajectory: ``[..., L+1, d]`` states ``x^0..x^L``.
@@ -177,7 +179,7 @@ def expodistance(norms: torch.Tensor) -> torch.Tensor:
     for exact exponential growth (or decay) of the norms.
 
     Reference: Aubry et al., "Picking an LLM's Brain: Thought and Fixation in
-    Hidden Representations" (2024), exponential norm growth; DESIGN section 4.
+    Hidden Representations" (2024), exponential norm growth; docs/design.md, "Metric definitions".
 
     Args:
         norms: ``[..., L+1]`` norms ``||x^0||..||x^L||`` (see :func:`norm_profile`).
@@ -274,7 +276,8 @@ class TrajectoryAccumulator:
     turned into suffix sums in place, so each window sum costs one addition
     (about three passes over ``[B, T, d]`` per step instead of ``window``).
 
-    Reference: Gai and Zhang, 2021 (LSS); DESIGN sections 3-4.
+    Reference: Gai and Zhang, 2021 (LSS); docs/design.md, "Conventions" and
+    "Metric definitions".
 
     Args:
         windowed: also compute the windowed LSS profile.

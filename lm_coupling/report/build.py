@@ -178,7 +178,7 @@ def build_report(
     primary: str = "coupling",
     seed: int = 0,
 ) -> ReportResult:
-    """Read a results folder and write the report (see DESIGN.md section 7).
+    """Read a results folder and write the report (see docs/report.md).
 
     Args:
         results_dir: folder holding lm-eval runs (searched recursively).

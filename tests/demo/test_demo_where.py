@@ -1,0 +1,50 @@
+"""``lm-coupling demo --where``: the bundled model and task data folders, printed without torch."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
+from lm_coupling.demo.run import DATA_VARIABLE, MODEL_VARIABLE
+from lm_coupling.tasks.offline_data import DATA_DIR_ENV
+
+
+def _where(extra_code: str = "") -> subprocess.CompletedProcess:
+    code = (
+        "import sys\n"
+        "from lm_coupling.cli import main\n"
+        "try:\n"
+        "    main(['demo', '--where'])\n"
+        "finally:\n"
+        f"    {extra_code or 'pass'}\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+
+
+def test_where_prints_the_bundled_folders_as_shell_lines():
+    out = _where().stdout.splitlines()
+    assert len(out) == 2
+    parsed = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in out)
+    assert Path(parsed[MODEL_VARIABLE]) == bundled_model_path()
+    assert Path(parsed[DATA_VARIABLE]) == bundled_tasks_data_path()
+    assert (Path(parsed[MODEL_VARIABLE]) / "config.json").is_file()
+    assert (Path(parsed[DATA_VARIABLE]) / "arc_easy").is_dir()
+
+
+def test_where_names_the_variable_the_offline_tasks_read():
+    assert DATA_VARIABLE == DATA_DIR_ENV
+
+
+def test_where_imports_neither_torch_nor_lm_eval():
+    report = "print('loaded:', 'torch' in sys.modules, 'lm_eval' in sys.modules)"
+    assert _where(report).stdout.splitlines()[-1] == "loaded: False False"
