@@ -20,12 +20,12 @@ from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
     miscoupling,
-    resolve_k,
     top_k_svd,
 )
 from lm_coupling.metrics.lens import normalized_entropy
 from lm_coupling.metrics.trajectory import equidistance, expodistance, line_shape_score
 from lm_coupling.plugins.manager import get_registry, new_plugin_manager
+from lm_coupling.plugins.specs import used_k
 from lm_coupling.selection import make_selection
 
 ARCHITECTURES = ("gpt2", "llama", "gpt_neox")
@@ -221,7 +221,7 @@ def test_coupling_matches_finite_difference_jacobians(
     runner = _runner(model, plugin_manager, "coupling", "k=6")
     doc = runner.measure_prompt(prompt_ids)
     J = finite_difference_jacobians(model, prompt_ids)
-    k = resolve_k(6, model.config.hidden_size)
+    k = used_k(6, model.config.hidden_size)
     U, S, V = top_k_svd(J, k)
     expected = coupling_score(miscoupling(coupling_matrices_dense(J, U, V), S))
     assert math.isfinite(doc.values["coupling"])

@@ -110,7 +110,8 @@ def evaluate(
         samples: document ids per task (a dict, JSON text or a JSON file).
         num_fewshot: few-shot examples (the task's default when None).
         include_path: folders of your own task YAMLs (beside lm-coupling's).
-        log_samples: keep per-document records (returned under ``"samples"``).
+        log_samples: keep per-document records (returned under ``"samples"``;
+            written as lm-eval's samples files too when ``output_path`` is given).
         use_cache: lm-eval's response cache path (geometry is cached beside it).
         gen_kwargs: generation arguments for generation tasks.
         apply_chat_template: apply the tokenizer's chat template (or a named one).
@@ -229,6 +230,10 @@ def evaluate_record(
         "wandb_args": dict(wandb_args) if isinstance(wandb_args, Mapping) else wandb_args,
         **lm_eval_options,
     }
+    # lm-eval ties --log_samples to an output path; in Python the records are returned.
+    return_samples = bool(log_samples) and not output_path
+    if return_samples:
+        options["log_samples"] = False
     config = evaluator_config(options)
     return run_evaluation(
         config,
@@ -237,4 +242,5 @@ def evaluate_record(
         tokenizer=tokenizer,
         bootstrap_iters=bootstrap_iters,
         task_manager=task_manager,
+        return_samples=return_samples,
     )

@@ -197,6 +197,7 @@ def run_evaluation(
     tokenizer: Any = None,
     bootstrap_iters: int = 100000,
     task_manager: Any = None,
+    return_samples: bool = False,
     echo: bool = False,
     stream: TextIO | None = None,
 ) -> RunRecord:
@@ -210,6 +211,9 @@ def run_evaluation(
         tokenizer: its tokenizer (with ``model``).
         bootstrap_iters: lm-eval's bootstrap resamples for stderrs of
             non-mean metrics (0 skips them).
+        return_samples: keep per-document records in the returned results
+            even without ``config.log_samples`` (which lm-eval ties to an
+            output path: a notebook run may want the records, not the files).
         task_manager: an lm-eval ``TaskManager`` whose task index to reuse
             (it must include lm-coupling's task folder, `TASKS_DIR`, for its
             tasks); None builds one from ``config.include_path``.
@@ -235,13 +239,14 @@ def run_evaluation(
     with exclusive_run():
         return _run(
             config, selection, model, tokenizer, bootstrap_iters, task_manager, echo, stream,
-            recorded,
+            recorded, config.log_samples or return_samples,
         )  # fmt: skip
 
 
 def _run(
-    config, selection, model, tokenizer, bootstrap_iters, shared_index, echo, stream, recorded
-) -> RunRecord:
+    config, selection, model, tokenizer, bootstrap_iters, shared_index, echo, stream, recorded,
+    log_samples,
+) -> RunRecord:  # fmt: skip
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
@@ -288,7 +293,7 @@ def _run(
             bootstrap_iters=bootstrap_iters,
             check_integrity=config.check_integrity,
             write_out=config.write_out,
-            log_samples=config.log_samples,
+            log_samples=log_samples,
             evaluation_tracker=tracker,
             system_instruction=config.system_instruction,
             apply_chat_template=config.apply_chat_template,
@@ -308,7 +313,7 @@ def _run(
         return record
     model_type = config.model or "hf"
     _record_model_type(results, model_type)
-    samples = results.pop("samples", None) if config.log_samples else None
+    samples = results.pop("samples", None) if log_samples else None
     if config.show_config:
         from lm_eval.utils import handle_non_serializable
 

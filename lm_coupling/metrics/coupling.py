@@ -26,7 +26,6 @@ __all__ = [
     "coupling_matrices_dense",
     "coupling_score",
     "miscoupling",
-    "resolve_k",
     "spectral_gap",
     "swapped_coupling_matrices",
     "swapped_coupling_matrices_dense",
@@ -39,35 +38,6 @@ _PAIRS = ("offdiag", "all", "adjacent")
 
 def _work(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.to(torch.float32)
-
-
-def resolve_k(k: int | float, d_model: int) -> int:
-    """Number of singular vectors K from an integer or a fraction of d_model.
-
-    An int is used as is; a float in (0, 1) means ``floor(k * d_model)``, at
-    least 1 (0.1 = d_model / 10, the ICLR 2025 paper's headline choice).
-
-    Args:
-        k: positive int, or float in (0, 1).
-        d_model: model width d.
-
-    Returns:
-        K in [1, d_model].
-    """
-    if isinstance(k, bool) or not isinstance(k, (int, float)):
-        raise TypeError(f"k must be an int or a float in (0, 1), found {type(k).__name__} {k!r}")
-    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
-        raise ValueError(f"d_model must be a positive int, found {d_model!r}")
-    if isinstance(k, float):
-        if not 0 < k < 1:
-            raise ValueError(
-                f"a float k is a fraction of d_model and must lie in (0, 1), found {k}; "
-                "pass an int for an absolute number of singular vectors"
-            )
-        return max(1, math.floor(k * d_model + 1e-9))
-    if not 1 <= k <= d_model:
-        raise ValueError(f"k must lie in [1, d_model={d_model}], found {k}")
-    return k
 
 
 def _check_factor(name: str, x: torch.Tensor, dims: int) -> None:

@@ -94,14 +94,22 @@ def used_k(k: int | float, d_model: int) -> int:
     width, ``floor(k * d_model)``, at least 1 and at most ``d_model - 1``.
 
     Raises:
-        ValueError: ``d_model`` is not a positive integer or a float ``k`` is
-            outside (0, 1).
+        TypeError: ``k`` is not an int or a float (a bool is neither).
+        ValueError: ``d_model`` is not a positive integer, an int ``k`` is
+            below 1, or a float ``k`` is outside (0, 1).
     """
+    if isinstance(k, bool) or not isinstance(k, (int, float)):
+        raise TypeError(f"k must be an int or a float in (0, 1), found {type(k).__name__} {k!r}")
     if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model < 1:
         raise ValueError(f"d_model must be a positive int, found {d_model!r}")
     cap = max(d_model - 1, 1)
     if isinstance(k, float):
         if not 0 < k < 1:
-            raise ValueError(f"a float k is a fraction of d_model in (0, 1), found {k}")
+            raise ValueError(
+                f"a float k is a fraction of d_model and must lie in (0, 1), found {k}; "
+                "pass an int for an absolute number of singular vectors"
+            )
         return max(1, min(math.floor(k * d_model + 1e-9), cap))
-    return max(1, min(int(k), cap))
+    if k < 1:
+        raise ValueError(f"k must be at least 1, found {k}")
+    return min(k, cap)

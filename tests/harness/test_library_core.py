@@ -220,3 +220,26 @@ def test_unknown_options_raise_before_anything_loads():
         lm_coupling.evaluate(model_args={"pretrained": "x"}, metrics="couplng")
     with pytest.raises(lm_coupling.ConfigurationError, match="not both"):
         lm_coupling.evaluate(model=object(), model_args={"pretrained": "x"}, tokenizer=object())
+
+
+def test_without_an_output_path_nothing_is_written_and_all_is_returned(
+    harness_setup, shared_index, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    results = lm_coupling.evaluate(
+        model_args={"pretrained": str(harness_setup.models["gpt2"])},
+        tasks="lmc_arc_easy_offline",
+        metrics="lss,coupling",
+        metric_args="coupling_docs=1",
+        limit=2,
+        num_fewshot=0,
+        log_samples=True,
+        metadata={"lmc_data_dir": str(harness_setup.data_dir)},
+        task_manager=shared_index,
+    )
+    assert list(tmp_path.iterdir()) == []
+    rows = results["samples"]["lmc_arc_easy_offline"]
+    assert len(rows) == 2 and all("lss" in row for row in rows)
+    geometry = results["geometry"]["lmc_arc_easy_offline"]
+    assert geometry["n_measured"] == {"lss": 2, "coupling": 1}
+    assert geometry["coupling"]["n_sampled"] == 1

@@ -13,12 +13,12 @@ from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
     miscoupling,
-    resolve_k,
     spectral_gap,
     swapped_coupling_matrices,
     swapped_coupling_matrices_dense,
     top_k_svd,
 )
+from lm_coupling.plugins.specs import used_k
 
 F64 = torch.float64
 NORMS = ("l1", "l2", "offdiag")
@@ -192,21 +192,30 @@ def test_miscoupling_degenerate_and_errors():
 
 @pytest.mark.parametrize(
     ("k", "d", "expected"),
-    [(10, 768, 10), (0.1, 768, 76), (0.1, 5, 1), (0.3, 10, 3), (0.29, 100, 29), (1, 1, 1)],
+    [
+        (10, 768, 10),
+        (0.1, 768, 76),
+        (0.1, 5, 1),
+        (0.3, 10, 3),
+        (0.29, 100, 29),
+        (1, 1, 1),
+        (769, 768, 767),  # capped at d - 1: s_{K+1} is left for the spectral gap
+        (100, 48, 47),
+    ],
 )
-def test_resolve_k(k, d, expected):
-    assert resolve_k(k, d) == expected
+def test_used_k_is_the_one_resolver(k, d, expected):
+    assert used_k(k, d) == expected
 
 
-@pytest.mark.parametrize("k", [0, 1.0, 1.5, -0.1, 769])
-def test_resolve_k_rejects(k):
+@pytest.mark.parametrize("k", [0, -3, 1.0, 1.5, -0.1])
+def test_used_k_rejects(k):
     with pytest.raises(ValueError, match="k"):
-        resolve_k(k, 768)
+        used_k(k, 768)
 
 
-def test_resolve_k_rejects_bool():
+def test_used_k_rejects_bool():
     with pytest.raises(TypeError):
-        resolve_k(True, 768)
+        used_k(True, 768)
 
 
 def test_spectral_gap():
