@@ -21,6 +21,9 @@ one token, whatever the prompt length.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -28,8 +31,8 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
-from lm_coupling.capture.frozen_attention import STASH, sdpa_split_installed
-from lm_coupling.errors import LmCouplingError
+from lm_coupling.capture.frozen_attention import STASH, register_split_attention
+from lm_coupling.errors import EngineFallbackWarning, LmCouplingError
 
 __all__ = [
     "BlockCall",
@@ -68,6 +71,45 @@ def _configs(model: nn.Module) -> list:
 FORWARD_AD_ATTENTION = ("eager", "sdpa")
 """Attention implementations differentiated as they are (SDPA through its math backend)."""
 
+_OWN_SDPA_BRANCH = ('_attn_implementation == "sdpa"', '_attn_implementation != "sdpa"')
+"""Source text of a modeling module that tests the attention's name itself (Falcon)."""
+
+
+def _module_source(module_name: str) -> str:
+    """The source text of an imported module ("" where it has none; ``linecache`` keeps it)."""
+    module = sys.modules.get(module_name)
+    try:
+        return inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError):  # no source file (a frozen or compiled module)
+        return ""
+
+
+def _dispatches_by_name(model: nn.Module) -> bool:
+    """Whether the model's attention looks its function up by the config's name only.
+
+    True when the modeling modules of its submodules use transformers'
+    ``ALL_ATTENTION_FUNCTIONS`` and none compares ``_attn_implementation`` with
+    ``"sdpa"``: then its SDPA attention can run as ``SPLIT_ATTENTION`` (the
+    same function, taking a frozen prefix). A model with its own SDPA branch
+    (Falcon) would take another path under another name, so it keeps ``"sdpa"``.
+    """
+    names = {type(m).__module__ for m in model.modules()}
+    sources = [_module_source(n) for n in sorted(names) if n.startswith("transformers.models.")]
+    uses = any("ALL_ATTENTION_FUNCTIONS" in source for source in sources)
+    return uses and not any(t in source for source in sources for t in _OWN_SDPA_BRANCH)
+
+
+def _engine_attention(current, forced: str | None, split: bool):
+    """The attention implementation a config gets inside ``engine_mode`` (None: unchanged)."""
+    target = forced if forced is not None else current
+    if not isinstance(target, str):
+        return forced
+    if target not in FORWARD_AD_ATTENTION:
+        target = "sdpa"
+    if target == "sdpa" and split:
+        return register_split_attention()
+    return None if target == current else target
+
 
 @contextlib.contextmanager
 def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Iterator[None]:
@@ -78,13 +120,15 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
     (``torch.nn.attention.sdpa_kernel``), the one SDPA backend that supports
     forward-mode AD and ``vmap``, and computes the same function as the fused
     kernels. Any other implementation (flash, flex, paged) is switched to
-    ``"sdpa"`` for the duration; the engine's run-time check (see
-    ``JacobianEngine``) then tells whether that changed the function. Dropout
-    is switched off (eval mode); transformers' SDPA entry takes a frozen
-    prefix without copying it (``capture.frozen_attention``; every other call
-    is passed through unchanged); ``torch.no_grad`` stops graphs through the
-    parameters (``torch.func`` transforms still differentiate with respect to
-    their inputs). Everything is restored in ``finally``.
+    SDPA for the duration; the engine's run-time check (see
+    ``JacobianEngine``) then tells whether that changed the function. Where
+    the model looks its attention up by name, this model's SDPA runs as
+    ``capture.frozen_attention.SPLIT_ATTENTION`` (transformers' SDPA, taking a
+    frozen prefix without copying it); transformers' global entries and other
+    models are not touched. Dropout is switched off (eval mode);
+    ``torch.no_grad`` stops graphs through the parameters (``torch.func``
+    transforms still differentiate with respect to their inputs). Everything
+    is restored in ``finally``.
 
     Args:
         model: the causal LM.
@@ -96,21 +140,22 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
     configs = _configs(model)
     saved = [c.__dict__.get("_attn_implementation_internal") for c in configs]
     training = {m: m.training for m in model.modules()}
+    split = _dispatches_by_name(model)
     try:
         for config in configs:
             current = getattr(config, "_attn_implementation", None)
-            if attn_implementation is not None:
-                config._attn_implementation_internal = attn_implementation
-            elif isinstance(current, str) and current not in FORWARD_AD_ATTENTION:
-                config._attn_implementation_internal = "sdpa"
+            target = _engine_attention(current, attn_implementation, split)
+            if target is not None:
+                config._attn_implementation_internal = target
         model.eval()
-        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), sdpa_split_installed():
+        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
             yield
     finally:
         for config, value in zip(configs, saved, strict=True):
             config._attn_implementation_internal = value
         for module, flag in training.items():
             module.training = flag
+        STASH.take()
 
 
 class FrozenPrefixCache:
@@ -357,20 +402,24 @@ def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
     return _prefix_keys_values(cache, None)
 
 
-def _truncated_prefix(cache, length: int) -> dict[int, tuple] | None:
+def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]:
     """The first ``length - 1`` positions of a cache filled by a whole prompt of ``length``.
 
-    None when the cache is not one full key/value row per position on every
-    layer (sliding windows, an architecture-specific cache): then the prefix
-    must run alone.
+    Returns:
+        ``(prefix, "")``, or ``(None, why)`` when the cache is not one full
+        key/value row per position on every attention layer (an
+        architecture-specific cache): then the prefix must run alone.
     """
     try:
         keys_values = _prefix_keys_values(cache, None)
-    except LmCouplingError:
-        return None
-    if not keys_values or any(k.shape[-2] != length for k, _ in keys_values.values()):
-        return None
-    return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}
+    except LmCouplingError as error:
+        return None, str(error)
+    if not keys_values:
+        return None, f"{type(cache).__name__} holds no keys"
+    rows = {i: k.shape[-2] for i, (k, _) in keys_values.items() if k.shape[-2] != length}
+    if rows:
+        return None, f"layers {sorted(rows)} hold {sorted(set(rows.values()))} rows, not {length}"
+    return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}, ""
 
 
 @dataclass
@@ -414,24 +463,36 @@ def run_prompts(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]
     handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
     training = {m: m.training for m in model.modules()}
     prefixes: list[dict[int, tuple] | None] = []
+    alone: list[tuple[int, str]] = []
     try:
         model.eval()
         with torch.no_grad():
-            for prompt in prompts:
+            for index, prompt in enumerate(prompts):
                 length = prompt.shape[0]
-                cache = DynamicCache(config=model.config) if length > 1 else None
+                # A cache of full layers keeps every key/value row, also on layers with a
+                # sliding window (their mask, not the cache, limits what a query sees).
+                cache = DynamicCache() if length > 1 else None
                 with contextlib.suppress(_StopForward):
                     model(prompt[None], use_cache=length > 1, past_key_values=cache)
-                if length == 1:
-                    prefixes.append(None)
-                    continue
-                prefix = _truncated_prefix(cache, length)
-                prefixes.append(prefix if prefix is not None else _prefix_cache(model, prompt))
+                prefix, why = (None, "") if length == 1 else _truncated_prefix(cache, length)
+                prefixes.append(prefix)
+                if length > 1 and prefix is None:
+                    alone.append((index, why))
     finally:
         for handle in handles:
             handle.remove()
         for module, flag in training.items():
             module.training = flag
+    for index, why in alone:  # outside the recording hooks, which stop a pass at the last block
+        warnings.warn(
+            f"the Jacobian engine could not take prompt {index}'s prefix keys/values from the "
+            f"cache of its whole forward pass ({why}); running its prefix alone, one extra "
+            "forward pass",
+            EngineFallbackWarning,
+            stacklevel=2,
+        )
+        with torch.no_grad():
+            prefixes[index] = _prefix_cache(model, prompts[index])
     return PromptPass(prefixes, [torch.cat(rows) for rows in outputs])
 
 
@@ -469,7 +530,7 @@ def _batched_cache(model: nn.Module, padded: dict[int, tuple]):
     """A transformers ``DynamicCache`` holding the padded prefixes (for the recording run)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache()
     for layer in sorted(padded):
         cache.update(*padded[layer], layer)
     return cache
@@ -527,25 +588,21 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
     attention (``capture.frozen_attention``) on the recorded hidden states;
     the block's layers join ``cache.split`` only when the attention took the
     stashed prefix and the two outputs agree to ``sqrt(eps)`` (relative).
-    A block whose attention does not go through transformers' SDPA entry
-    (eager attention, a model-local override) keeps concatenating, whether
-    its split call fails (the eager attention gets a key of length 1) or
-    computes something else.
+    A block whose attention never called ``split_sdpa`` (eager attention, a
+    model with its own SDPA branch) is not tried and keeps concatenating;
+    one whose split call computes something else keeps concatenating too.
     """
     enabled: set[int] = set()
     for call in calls:
         f, x = call.last_token_map()
         cache.split, cache.touched = set(enabled), set()
+        calls_before = STASH.calls
         reference = f(x)
         layers = set(cache.touched)
-        if not layers:
-            continue
+        if not layers or STASH.calls == calls_before:
+            continue  # no cached attention, or one that is not ``split_sdpa``: concatenate
         cache.split = enabled | layers
-        try:
-            out = f(x)
-        except Exception:  # noqa: BLE001 - the attention got the new key alone: no split here
-            STASH.take()
-            continue
+        out = f(x)
         taken = STASH.take() is None
         tol = torch.finfo(reference.dtype).eps ** 0.5
         err = torch.linalg.vector_norm(out - reference) / torch.linalg.vector_norm(reference)
