@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.capture.differentiable import differentiable_substitutes
 from lm_coupling.capture.frozen_attention import STASH, register_split_attention
 from lm_coupling.errors import EngineFallbackWarning, LmCouplingError
 
@@ -125,7 +126,9 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
     the model looks its attention up by name, this model's SDPA runs as
     ``capture.frozen_attention.SPLIT_ATTENTION`` (transformers' SDPA, taking a
     frozen prefix without copying it); transformers' global entries and other
-    models are not touched. Dropout is switched off (eval mode);
+    models are not touched. Modules whose forward ``torch.func`` cannot
+    transform get an exact differentiable stand-in on this model's instances
+    (``capture.differentiable``: Bloom's GELU). Dropout is switched off (eval mode);
     ``torch.no_grad`` stops graphs through the parameters (``torch.func``
     transforms still differentiate with respect to their inputs). Everything
     is restored in ``finally``.
@@ -148,7 +151,7 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
             if target is not None:
                 config._attn_implementation_internal = target
         model.eval()
-        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), differentiable_substitutes(model):
             yield
     finally:
         for config, value in zip(configs, saved, strict=True):
