@@ -93,7 +93,8 @@ def register_override(
         logit_scale: factor the model multiplies its logits by (when its config
             does not name it ``logit_scale``/``logits_scaling``).
         logit_softcap: ``c`` of a final ``c * tanh(z / c)`` soft-cap (when the
-            config does not name it ``final_logit_softcapping``); 0 for none.
+            config does not name it ``final_logit_softcapping`` or
+            ``logits_soft_cap``); 0 for none.
 
     Raises:
         TypeError: a path is not a string.
@@ -434,6 +435,8 @@ def _logit_transform(config, override) -> tuple[float, float | None]:
     if scaling:
         scale /= float(scaling)
     softcap = getattr(config, "final_logit_softcapping", None)
+    if softcap is None:
+        softcap = getattr(config, "logits_soft_cap", None)  # RecurrentGemma
     scale = float(override.get("logit_scale", scale))
     softcap = override.get("logit_softcap", softcap)
     return scale, softcap
