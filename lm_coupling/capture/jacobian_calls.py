@@ -33,7 +33,7 @@ from torch import nn
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.capture.differentiable import differentiable_substitutes
 from lm_coupling.capture.frozen_attention import STASH, register_split_attention
-from lm_coupling.errors import EngineFallbackWarning, LmCouplingError
+from lm_coupling.errors import EngineFallbackWarning, LmCouplingError, UnsupportedModelError
 
 __all__ = [
     "BlockCall",
@@ -425,6 +425,30 @@ def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]
     return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}, ""
 
 
+STATE_ATTRIBUTES = ("conv_states", "recurrent_states", "ssm_states")
+"""Attributes of a cache layer that keeps a state instead of (or beside) keys and values."""
+
+
+def _refuse_state_layers(model: nn.Module) -> None:
+    """Raise when the model's own cache has layers with a recurrent or convolution state.
+
+    The engine freezes the prefix as keys and values; the state of a hybrid's
+    state-space or linear-attention layers (Falcon-H1, Qwen3-Next, LFM2) is not
+    reproduced, so its Jacobians would not be the model's.
+    """
+    from transformers import DynamicCache
+
+    layers = DynamicCache(config=model.config).layers
+    state = [i for i, lay in enumerate(layers) if any(hasattr(lay, a) for a in STATE_ATTRIBUTES)]
+    if state:
+        raise UnsupportedModelError(
+            f"the Jacobian engine cannot differentiate {type(model).__name__}: its cache "
+            f"layers {state} keep a state-space, linear-attention or convolution state, and "
+            "the engine freezes a prefix as keys and values only; the metrics that need no "
+            "Jacobians can still run on it"
+        )
+
+
 @dataclass
 class PromptPass:
     """What one plain forward pass per prompt gives the engine.
@@ -452,6 +476,7 @@ def run_prompts(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]
     """
     from transformers import DynamicCache
 
+    _refuse_state_layers(model)
     outputs: list[list[torch.Tensor]] = [[] for _ in parts.blocks]
     last = len(parts.blocks) - 1
 

@@ -36,6 +36,14 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.capture.differentiable import untransformable_modules
+from lm_coupling.capture.jacobian_calls import (
+    STATE_ATTRIBUTES,
+    compute_dtype,
+    engine_mode,
+    record_last_token,
+    run_prompts,
+)
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
@@ -87,10 +95,6 @@ def _causal_tolerance(dtype: torch.dtype, scale: float) -> float:
     """How much earlier logits may move when only the last token changes (kernel noise)."""
     relative = 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
     return relative * scale + 1e-7
-
-
-STATE_ATTRIBUTES = ("conv_states", "recurrent_states", "ssm_states")
-"""Attributes of a cache layer that keeps a state instead of (or beside) keys and values."""
 
 
 def _accepts_use_cache(model: nn.Module) -> bool:
@@ -328,14 +332,6 @@ def check_differentiable(
     """
     if not selection.needs & JACOBIAN_NEEDS or input_ids.shape[0] < 1:
         return
-    from lm_coupling.capture.differentiable import untransformable_modules
-    from lm_coupling.capture.jacobian_calls import (
-        compute_dtype,
-        engine_mode,
-        record_last_token,
-        run_prompts,
-    )
-
     ids = input_ids.to(parts.input_device)
     prefixes = run_prompts(model, parts, [ids]).prefixes
     with engine_mode(model):

@@ -354,6 +354,9 @@ def test_refused_at_load_naming_what_can_run(name, models, one_thread):
         assert "can still run: lss," in str(info.value)
         assert preflight.check_model(model, parts, make_selection("lss,logit_lens_entropy"))
         assert readout_problems(model, parts, PROMPTS[-1], composition=False) == []
+    if TABLE[name].refused == "is a hybrid":  # the engine itself refuses too, by name
+        with pytest.raises(UnsupportedModelError, match="keep a state-space"):
+            JacobianEngine(model, parts, k_max=K).factors(PROMPTS[0])
 
 
 def test_every_model_type_exists_in_transformers():
