@@ -40,10 +40,13 @@ import threading
 
 import torch
 
+from lm_coupling.errors import LmCouplingError
+
 __all__ = [
     "SPLIT_ATTENTION",
     "STASH",
     "PrefixStash",
+    "StashMismatch",
     "register_split_attention",
     "split_attention",
     "split_sdpa",
@@ -140,6 +143,20 @@ def split_attention(
     return out.reshape(B, H, 1, dh).transpose(1, 2)
 
 
+class StashMismatch(LmCouplingError):
+    """The stashed prefix is not keys/values of the attention that took it (``probe_split``)."""
+
+
+def _fits(prefix: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether a prefix ``[B', H_kv, n, d]`` can precede new rows ``[B, H_kv, 1, d]``."""
+    return (
+        prefix.dim() == new.dim() == 4
+        and prefix.shape[0] in (1, new.shape[0])
+        and prefix.shape[1] == new.shape[1]
+        and prefix.shape[3] == new.shape[3]
+    )
+
+
 def _split_ok(query, key, attention_mask, dropout, kwargs) -> bool:
     """Whether ``split_attention`` computes what the wrapped SDPA function would."""
     if query.shape[2] != 1 or key.shape[2] != 1 or dropout:
@@ -172,6 +189,12 @@ def split_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if pending is None:
         return sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     prefix_keys, prefix_values = pending
+    if not _fits(prefix_keys, key) or not _fits(prefix_values, value):
+        raise StashMismatch(
+            f"the cached prefix {tuple(prefix_keys.shape)}/{tuple(prefix_values.shape)} is not "
+            f"this attention's keys/values {tuple(key.shape)}/{tuple(value.shape)} (the cache "
+            "holds something the attention expands, such as DeepSeek's latents)"
+        )
     if not _split_ok(query, key, attention_mask, dropout, kwargs):
         batch = key.shape[0]
         key = torch.cat([prefix_keys.expand(batch, *prefix_keys.shape[1:]), key], dim=-2)

@@ -32,7 +32,7 @@ from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.capture.differentiable import differentiable_substitutes
-from lm_coupling.capture.frozen_attention import STASH, register_split_attention
+from lm_coupling.capture.frozen_attention import STASH, StashMismatch, register_split_attention
 from lm_coupling.errors import EngineFallbackWarning, LmCouplingError, UnsupportedModelError
 
 __all__ = [
@@ -617,8 +617,9 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
     the block's layers join ``cache.split`` only when the attention took the
     stashed prefix and the two outputs agree to ``sqrt(eps)`` (relative).
     A block whose attention never called ``split_sdpa`` (eager attention, a
-    model with its own SDPA branch) is not tried and keeps concatenating;
-    one whose split call computes something else keeps concatenating too.
+    model with its own SDPA branch) is not tried and keeps concatenating; so
+    does one whose cache rows are not the attention's keys (``StashMismatch``:
+    DeepSeek's compressed latents) or whose split call computes something else.
     """
     enabled: set[int] = set()
     for call in calls:
@@ -630,7 +631,11 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
         if not layers or STASH.calls == calls_before:
             continue  # no cached attention, or one that is not ``split_sdpa``: concatenate
         cache.split = enabled | layers
-        out = f(x)
+        try:
+            out = f(x)
+        except StashMismatch:  # the cache's rows are not the attention's keys: concatenate
+            STASH.take()
+            continue
         taken = STASH.take() is None
         tol = torch.finfo(reference.dtype).eps ** 0.5
         err = torch.linalg.vector_norm(out - reference) / torch.linalg.vector_norm(reference)

@@ -32,6 +32,7 @@ import transformers
 
 from lm_coupling.capture.architecture import block_output_hidden, locate_model_parts
 from lm_coupling.capture.jacobian import JacobianEngine
+from lm_coupling.capture.jacobian_calls import _truncated_prefix
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
 from lm_coupling.harness.preflight import readout_problems
@@ -146,6 +147,16 @@ TABLE: dict[str, Arch] = {
         {**_GQA, "num_experts": 4, "num_experts_per_tok": 2},
         experts="eager",
         note="mixture of experts",
+    ),
+    "deepseek_v3": Arch(
+        "deepseek_v3",
+        {"num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2}
+        | {"moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_group": 1}
+        | {"topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "v_head_dim": 16}
+        | {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8},
+        experts="eager",
+        note="multi-head latent attention (its cache holds latents: concatenating path), "
+        "mixture of experts",
     ),
     "falcon_h1": Arch(
         "falcon_h1",
@@ -312,6 +323,23 @@ def test_sliding_window_jacobians_follow_the_window(window, one_thread):
         full = build("mistral", "sdpa", sliding_window=64)
         other = reference_jacobians(full, locate_model_parts(full), ids)
         assert float((other - reference).abs().max()) > 1e-3
+
+
+def test_a_sliding_cache_is_not_taken_for_a_whole_prefix():
+    """transformers' own sliding cache keeps window - 1 rows: the engine says so, never pads it."""
+    model = build("mistral", "sdpa")
+    ids = PROMPTS[-1]
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[None], use_cache=True, past_key_values=cache)
+    prefix, why = _truncated_prefix(cache, ids.shape[0])
+    assert prefix is None
+    assert why == f"layers [0, 1, 2, 3] hold [{WINDOW - 1}] rows, not {ids.shape[0]}"
+    full = transformers.DynamicCache()
+    with torch.no_grad():
+        model(ids[None], use_cache=True, past_key_values=full)
+    prefix, why = _truncated_prefix(full, ids.shape[0])
+    assert why == "" and prefix[0][0].shape[-2] == ids.shape[0] - 1
 
 
 def _experts(model, ids: torch.Tensor) -> list[list[frozenset[int]]]:
