@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 
 from lm_coupling.capture.differentiable import differentiable_substitutes
 from lm_coupling.capture.frozen_attention import STASH, register_split_attention
+from lm_coupling.errors import EngineFallbackWarning
 
 __all__ = ["FORWARD_AD_ATTENTION", "engine_mode"]
 
@@ -52,7 +54,14 @@ def _module_source(module_name: str) -> str:
     module = sys.modules.get(module_name)
     try:
         return inspect.getsource(module) if module is not None else ""
-    except (OSError, TypeError):  # no source file (a frozen or compiled module)
+    except (OSError, TypeError) as error:  # no source file (a frozen or compiled module)
+        warnings.warn(
+            f"the Jacobian engine cannot read the source of {module_name} ({error}), so it "
+            "cannot tell whether that module's attention is looked up by name; its models "
+            "keep SDPA with the prefix concatenated (exact, slower on long prompts)",
+            EngineFallbackWarning,
+            stacklevel=3,
+        )
         return ""
 
 
