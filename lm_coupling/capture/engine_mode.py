@@ -75,7 +75,8 @@ def _dispatches_by_name(model: nn.Module) -> bool:
     (Falcon) would take another path under another name, so it keeps ``"sdpa"``.
     """
     names = {type(m).__module__ for m in model.modules()}
-    sources = [_module_source(n) for n in sorted(names) if n.startswith("transformers.models.")]
+    # transformers' modeling modules, and remote-code ones (``transformers_modules.*``).
+    sources = [_module_source(n) for n in sorted(names) if n.startswith("transformers")]
     uses = any("ALL_ATTENTION_FUNCTIONS" in source for source in sources)
     return uses and not any(t in source for source in sources for t in _OWN_SDPA_BRANCH)
 
