@@ -109,7 +109,9 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
     frozen prefix without copying it); transformers' global entries and other
     models are not touched. Modules whose forward ``torch.func`` cannot
     transform get an exact differentiable stand-in on this model's instances
-    (``capture.differentiable``: Bloom's GELU). Dropout is switched off (eval mode);
+    (``capture.differentiable``: Bloom's GELU). Mixture-of-experts layers run
+    their experts one by one (``"eager"``; the fused ``grouped_mm`` kernels
+    have no forward-mode AD). Dropout is switched off (eval mode);
     ``torch.no_grad`` stops graphs through the parameters (``torch.func``
     transforms still differentiate with respect to their inputs). Everything
     is restored in ``finally``.
@@ -123,6 +125,7 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
 
     configs = _configs(model)
     saved = [c.__dict__.get("_attn_implementation_internal") for c in configs]
+    saved_experts = [c.__dict__.get("_experts_implementation_internal") for c in configs]
     training = {m: m.training for m in model.modules()}
     split = _dispatches_by_name(model)
     try:
@@ -131,12 +134,19 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
             target = _engine_attention(current, attn_implementation, split)
             if target is not None:
                 config._attn_implementation_internal = target
+            experts = config.__dict__.get("_experts_implementation_internal")
+            if isinstance(experts, str) and experts != "eager":
+                # grouped_mm and the other fused expert kernels have no forward-mode AD;
+                # the per-expert loop computes the same function (the run-time check verifies).
+                config._experts_implementation_internal = "eager"
         model.eval()
         with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), differentiable_substitutes(model):
             yield
     finally:
-        for config, value in zip(configs, saved, strict=True):
+        for config, value, experts in zip(configs, saved, saved_experts, strict=True):
             config._attn_implementation_internal = value
+            if experts is not None:
+                config._experts_implementation_internal = experts
         for module, flag in training.items():
             module.training = flag
         STASH.take()

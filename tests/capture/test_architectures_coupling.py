@@ -369,6 +369,21 @@ def test_mixture_of_experts_with_a_last_token_routed_elsewhere(name, models, one
     torch.testing.assert_close(J, reference, rtol=0, atol=1e-10 * float(reference.abs().max()))
 
 
+def test_fused_experts_of_a_default_load_go_through_forward_mode(one_thread):
+    """transformers loads Mixtral with grouped_mm experts (no forward-mode AD); JVP routes work."""
+    config = transformers.AutoConfig.for_model("mixtral", **{**_SIZES, **TABLE["mixtral"].config})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = model.eval()
+    assert model.config._experts_implementation == "grouped_mm"
+    parts = locate_model_parts(model)
+    ids = PROMPTS[-1]
+    factors = JacobianEngine(model, parts, k_max=K, method="krylov").factors(ids)
+    assert model.config._experts_implementation == "grouped_mm"
+    S = torch.linalg.svdvals(reference_jacobians(model, parts, ids))[:, : K + 1]
+    torch.testing.assert_close(factors.S, S, rtol=1e-4, atol=1e-4 * float(S.max()))
+
+
 REFUSED = [name for name, arch in TABLE.items() if arch.refused]
 
 
