@@ -36,3 +36,7 @@ class PluginError(LmCouplingError):
 
 class GeometryWarning(UserWarning):
     """A document's geometry is undefined (NaN); the run goes on."""
+
+
+class EngineFallbackWarning(UserWarning):
+    """The Jacobian engine took a slower route than usual; the message names the cause."""

@@ -33,8 +33,19 @@ __all__ = [
     "work_dtype",
 ]
 
-FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f", "model_norm")
-"""Attribute names of the final norm on the decoder, tried in order."""
+FINAL_NORM_NAMES = (
+    "norm",
+    "ln_f",
+    "final_layer_norm",
+    "final_layernorm",
+    "norm_f",
+    "model_norm",
+    "final_norm",  # RecurrentGemma
+    "layer_norm",  # BioGPT, XGLM
+    "embedding_norm",  # LFM2 (applied after the last block despite its name)
+)
+"""Attribute names of the final norm on the decoder, tried in order (the first-batch
+check verifies that the one found reproduces the model's logits)."""
 
 _UNEMBED_CHUNK = 32768
 """Vocabulary rows converted to float32 at a time in :meth:`ModelParts.unembed_fp32`."""
@@ -82,7 +93,8 @@ def register_override(
         logit_scale: factor the model multiplies its logits by (when its config
             does not name it ``logit_scale``/``logits_scaling``).
         logit_softcap: ``c`` of a final ``c * tanh(z / c)`` soft-cap (when the
-            config does not name it ``final_logit_softcapping``); 0 for none.
+            config does not name it ``final_logit_softcapping`` or
+            ``logits_soft_cap``); 0 for none.
 
     Raises:
         TypeError: a path is not a string.
@@ -272,16 +284,26 @@ def _text_config(model: nn.Module):
 
 
 def _decoder(model: nn.Module) -> nn.Module:
-    """The decoder stack: ``get_decoder()`` or ``base_model`` or the model itself."""
+    """The decoder stack: ``get_decoder()``, ``base_model``, a ``model`` child, or the model itself.
+
+    Llama-4's text model returns itself from both ``get_decoder()`` and
+    ``base_model``; its decoder is its ``model`` child.
+    """
     if hasattr(model, "get_decoder"):
         try:
             decoder = model.get_decoder()
         except (AttributeError, NotImplementedError, ValueError):
             decoder = None
-        if isinstance(decoder, nn.Module):
-            return decoder
+        if isinstance(decoder, nn.Module) and decoder is not model:
+            return decoder  # Llama-4's get_decoder() returns the causal LM itself
     base = getattr(model, "base_model", None)
-    return base if isinstance(base, nn.Module) else model
+    if isinstance(base, nn.Module) and base is not model:
+        return base
+    for name in ("model", "transformer"):
+        child = getattr(model, name, None)
+        if isinstance(child, nn.Module):
+            return child
+    return model
 
 
 def _find_blocks(decoder: nn.Module, n_layers: int | None) -> tuple[str, nn.ModuleList] | None:
@@ -413,6 +435,8 @@ def _logit_transform(config, override) -> tuple[float, float | None]:
     if scaling:
         scale /= float(scaling)
     softcap = getattr(config, "final_logit_softcapping", None)
+    if softcap is None:
+        softcap = getattr(config, "logits_soft_cap", None)  # RecurrentGemma
     scale = float(override.get("logit_scale", scale))
     softcap = override.get("logit_softcap", softcap)
     return scale, softcap

@@ -8,8 +8,8 @@ concatenation (and its tangent, zero on the prefix) is materialised m times,
 of a product (85% at GPT-2-small shape, 128 tokens).
 
 Here the cache instead stashes the prefix and returns only the new token's
-key and value; the SDPA attention function, wrapped for the engine's
-duration, takes the stash and computes the same attention in two parts::
+key and value; the engine's own attention function takes the stash and
+computes the same attention in two parts::
 
     s = [q K_prefix^T, q k_n^T] * scale + mask      (scores of the n + 1 keys)
     P = softmax(s)
@@ -19,26 +19,38 @@ so the prefix enters only through products with an unbatched operand (one
 GEMM per batch of tangents). This is SDPA's own definition (the math
 backend's, up to round-off), for one query token, grouped-query heads, a
 boolean or additive mask and any ``scaling``; any other case (no stash, more
-than one query, dropout, a position bias, soft-capping) goes to the wrapped
-function with the keys concatenated, i.e. exactly as before.
+than one query, dropout, a position bias, soft-capping, attention sinks)
+goes to transformers' SDPA function with the keys concatenated, i.e. exactly
+as without the engine.
 
-A model whose attention does not go through the global SDPA entry (eager
-attention, a model-local override) never takes the stash: ``probe_split``
-finds out per block, before any Jacobian work, and such blocks keep the
-concatenating cache.
+The function is registered with transformers under a name of its own,
+``SPLIT_ATTENTION`` (``AttentionInterface``, and SDPA's mask builder under the
+same name in ``AttentionMaskInterface``, since transformers picks mask
+builders by attention name). ``engine_mode`` switches only the engine's
+model to it, for its duration: transformers' global ``"sdpa"`` entry, and any
+other model in the process, are never touched. A model whose attention does
+not look its function up by name (eager attention, a model with its own
+SDPA branch) never takes the stash: ``probe_split`` finds out per block,
+before any Jacobian work, and such blocks keep the concatenating cache.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["STASH", "PrefixStash", "sdpa_split_installed", "split_attention", "wrapped_sdpa"]
+from lm_coupling.errors import LmCouplingError
 
-Attention = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+__all__ = [
+    "SPLIT_ATTENTION",
+    "STASH",
+    "PrefixStash",
+    "StashMismatch",
+    "register_split_attention",
+    "split_attention",
+    "split_sdpa",
+]
 
 
 class PrefixStash(threading.local):
@@ -46,6 +58,8 @@ class PrefixStash(threading.local):
 
     def __init__(self) -> None:
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.calls = 0
+        """Calls of ``split_sdpa`` so far (``probe_split`` reads whether a block made one)."""
 
     def put(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Stash one layer's prefix ``[B, H_kv, n, d_head]`` for the next attention call."""
@@ -58,7 +72,7 @@ class PrefixStash(threading.local):
 
 
 STASH = PrefixStash()
-"""The one stash shared by ``FrozenPrefixCache`` and the wrapped attention."""
+"""The one stash shared by ``FrozenPrefixCache`` and ``split_sdpa``."""
 
 
 def _prefix_matmul(a: torch.Tensor, b: torch.Tensor, per_head: bool | None = None) -> torch.Tensor:
@@ -129,6 +143,20 @@ def split_attention(
     return out.reshape(B, H, 1, dh).transpose(1, 2)
 
 
+class StashMismatch(LmCouplingError):
+    """The stashed prefix is not keys/values of the attention that took it (``probe_split``)."""
+
+
+def _fits(prefix: torch.Tensor, new: torch.Tensor) -> bool:
+    """Whether a prefix ``[B', H_kv, n, d]`` can precede new rows ``[B, H_kv, 1, d]``."""
+    return (
+        prefix.dim() == new.dim() == 4
+        and prefix.shape[0] in (1, new.shape[0])
+        and prefix.shape[1] == new.shape[1]
+        and prefix.shape[3] == new.shape[3]
+    )
+
+
 def _split_ok(query, key, attention_mask, dropout, kwargs) -> bool:
     """Whether ``split_attention`` computes what the wrapped SDPA function would."""
     if query.shape[2] != 1 or key.shape[2] != 1 or dropout:
@@ -142,45 +170,53 @@ def _split_ok(query, key, attention_mask, dropout, kwargs) -> bool:
     return attention_mask is None or attention_mask.dim() == 4
 
 
-def wrapped_sdpa(original: Attention) -> Attention:
-    """``original`` (transformers' SDPA attention), taking a stashed frozen prefix if any."""
-
-    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kw):
-        pending = STASH.take()
-        if pending is None:
-            return original(module, query, key, value, attention_mask, dropout, scaling, **kw)
-        prefix_keys, prefix_values = pending
-        if not _split_ok(query, key, attention_mask, dropout, kw):
-            batch = key.shape[0]
-            key = torch.cat([prefix_keys.expand(batch, *prefix_keys.shape[1:]), key], dim=-2)
-            value = torch.cat([prefix_values.expand(batch, *prefix_values.shape[1:]), value], -2)
-            return original(module, query, key, value, attention_mask, dropout, scaling, **kw)
-        out = split_attention(
-            query, key, value, prefix_keys, prefix_values, attention_mask, scaling
-        )
-        return out.contiguous(), None
-
-    attention.__wrapped__ = original
-    return attention
+SPLIT_ATTENTION = "lm_coupling_split"
+"""The name ``split_sdpa`` is registered under in transformers' attention and mask interfaces."""
 
 
-@contextlib.contextmanager
-def sdpa_split_installed() -> Iterator[None]:
-    """Wrap transformers' global ``"sdpa"`` attention entry for the duration (restored after).
+def split_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Transformers' SDPA attention, taking a stashed frozen prefix if there is one.
 
-    Without a stashed prefix the wrapper calls the original function with the
-    same arguments, so every other SDPA call is unchanged.
+    Same signature and return value as ``transformers.integrations.sdpa_attention``'s
+    ``sdpa_attention_forward`` (looked up as the global ``"sdpa"`` entry at each
+    call); without a stashed prefix it is that function, with the same arguments.
     """
     from transformers.modeling_utils import AttentionInterface
 
-    mapping = AttentionInterface._global_mapping
-    original = mapping.get("sdpa")
-    if original is None or getattr(original, "__wrapped__", None) is not None:
-        yield  # no SDPA entry, or already wrapped by an enclosing engine_mode
-        return
-    mapping["sdpa"] = wrapped_sdpa(original)
-    try:
-        yield
-    finally:
-        mapping["sdpa"] = original
-        STASH.take()
+    STASH.calls += 1
+    sdpa = AttentionInterface._global_mapping["sdpa"]
+    pending = STASH.take()
+    if pending is None:
+        return sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    prefix_keys, prefix_values = pending
+    if not _fits(prefix_keys, key) or not _fits(prefix_values, value):
+        raise StashMismatch(
+            f"the cached prefix {tuple(prefix_keys.shape)}/{tuple(prefix_values.shape)} is not "
+            f"this attention's keys/values {tuple(key.shape)}/{tuple(value.shape)} (the cache "
+            "holds something the attention expands, such as DeepSeek's latents)"
+        )
+    if not _split_ok(query, key, attention_mask, dropout, kwargs):
+        batch = key.shape[0]
+        key = torch.cat([prefix_keys.expand(batch, *prefix_keys.shape[1:]), key], dim=-2)
+        value = torch.cat([prefix_values.expand(batch, *prefix_values.shape[1:]), value], -2)
+        return sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    out = split_attention(query, key, value, prefix_keys, prefix_values, attention_mask, scaling)
+    return out.contiguous(), None
+
+
+def register_split_attention() -> str:
+    """Register ``split_sdpa`` and SDPA's mask builder as ``SPLIT_ATTENTION`` (idempotent).
+
+    Adds one key to transformers' ``AttentionInterface`` and
+    ``AttentionMaskInterface``; existing entries (``"sdpa"`` among them) are
+    not changed, so no model that does not select the name is affected.
+
+    Returns:
+        ``SPLIT_ATTENTION``.
+    """
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(SPLIT_ATTENTION, split_sdpa)
+    AttentionMaskInterface.register(SPLIT_ATTENTION, sdpa_mask)
+    return SPLIT_ATTENTION

@@ -12,24 +12,32 @@ once with ``use_cache=True``; token n then runs with that cache, and each
 block's cache argument is replaced by a :class:`FrozenPrefixCache` whose
 ``update`` returns ``cat(prefix, new)`` without storing anything, so the block
 can be called any number of times, also under ``torch.func`` transforms.
-Where the model's attention goes through transformers' SDPA entry, the cache
+Where the model's attention runs as the engine's own SDPA function, the cache
 hands the prefix to that attention uncopied instead (``probe_split``,
 ``capture.frozen_attention``): a product then costs what the block costs on
 one token, whatever the prompt length.
+
+The prefix cache keeps every key/value row on every layer (a cache of full
+layers, whatever the model's own cache would keep): a layer's sliding window
+(Mistral, Gemma-2/3, Cohere2, ...) or attention chunk (Llama-4) is applied by
+the mask the model builds for that layer, exactly as in a whole-sequence pass.
+``engine_mode`` lives in ``capture.engine_mode``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
-from lm_coupling.capture.frozen_attention import STASH, sdpa_split_installed
-from lm_coupling.errors import LmCouplingError
+from lm_coupling.capture.engine_mode import FORWARD_AD_ATTENTION, engine_mode
+from lm_coupling.capture.frozen_attention import STASH, StashMismatch
+from lm_coupling.errors import EngineFallbackWarning, LmCouplingError, UnsupportedModelError
 
 __all__ = [
     "BlockCall",
@@ -49,68 +57,6 @@ def compute_dtype(parts: ModelParts) -> torch.dtype:
     """The engine's dtype: float64 for a float64 model (tests), else float32."""
     param = next((p for p in parts.blocks[0].parameters() if p.is_floating_point()), None)
     return torch.float32 if param is None else work_dtype(param)
-
-
-def _configs(model: nn.Module) -> list:
-    """Every distinct config object of the model, its modules and their sub-configs."""
-    found: dict[int, object] = {}
-    pending = [getattr(model, "config", None)]
-    pending += [getattr(m, "config", None) for m in model.modules()]
-    while pending:
-        config = pending.pop()
-        if config is None or id(config) in found or not hasattr(config, "sub_configs"):
-            continue
-        found[id(config)] = config
-        pending += [getattr(config, key, None) for key in config.sub_configs]
-    return list(found.values())
-
-
-FORWARD_AD_ATTENTION = ("eager", "sdpa")
-"""Attention implementations differentiated as they are (SDPA through its math backend)."""
-
-
-@contextlib.contextmanager
-def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Iterator[None]:
-    """The model's own attention with forward-mode AD, eval mode, no parameter graphs.
-
-    The engine must differentiate the function the benchmark ran. Eager and
-    SDPA attention are kept as they are; SDPA runs through its math backend
-    (``torch.nn.attention.sdpa_kernel``), the one SDPA backend that supports
-    forward-mode AD and ``vmap``, and computes the same function as the fused
-    kernels. Any other implementation (flash, flex, paged) is switched to
-    ``"sdpa"`` for the duration; the engine's run-time check (see
-    ``JacobianEngine``) then tells whether that changed the function. Dropout
-    is switched off (eval mode); transformers' SDPA entry takes a frozen
-    prefix without copying it (``capture.frozen_attention``; every other call
-    is passed through unchanged); ``torch.no_grad`` stops graphs through the
-    parameters (``torch.func`` transforms still differentiate with respect to
-    their inputs). Everything is restored in ``finally``.
-
-    Args:
-        model: the causal LM.
-        attn_implementation: force this implementation instead (tests and
-            diagnostics; e.g. ``"eager"``).
-    """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    configs = _configs(model)
-    saved = [c.__dict__.get("_attn_implementation_internal") for c in configs]
-    training = {m: m.training for m in model.modules()}
-    try:
-        for config in configs:
-            current = getattr(config, "_attn_implementation", None)
-            if attn_implementation is not None:
-                config._attn_implementation_internal = attn_implementation
-            elif isinstance(current, str) and current not in FORWARD_AD_ATTENTION:
-                config._attn_implementation_internal = "sdpa"
-        model.eval()
-        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), sdpa_split_installed():
-            yield
-    finally:
-        for config, value in zip(configs, saved, strict=True):
-            config._attn_implementation_internal = value
-        for module, flag in training.items():
-            module.training = flag
 
 
 class FrozenPrefixCache:
@@ -357,20 +303,48 @@ def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
     return _prefix_keys_values(cache, None)
 
 
-def _truncated_prefix(cache, length: int) -> dict[int, tuple] | None:
+def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]:
     """The first ``length - 1`` positions of a cache filled by a whole prompt of ``length``.
 
-    None when the cache is not one full key/value row per position on every
-    layer (sliding windows, an architecture-specific cache): then the prefix
-    must run alone.
+    Returns:
+        ``(prefix, "")``, or ``(None, why)`` when the cache is not one full
+        key/value row per position on every attention layer (an
+        architecture-specific cache): then the prefix must run alone.
     """
     try:
         keys_values = _prefix_keys_values(cache, None)
-    except LmCouplingError:
-        return None
-    if not keys_values or any(k.shape[-2] != length for k, _ in keys_values.values()):
-        return None
-    return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}
+    except LmCouplingError as error:
+        return None, str(error)
+    if not keys_values:
+        return None, f"{type(cache).__name__} holds no keys"
+    rows = {i: k.shape[-2] for i, (k, _) in keys_values.items() if k.shape[-2] != length}
+    if rows:
+        return None, f"layers {sorted(rows)} hold {sorted(set(rows.values()))} rows, not {length}"
+    return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}, ""
+
+
+STATE_ATTRIBUTES = ("conv_states", "recurrent_states", "ssm_states")
+"""Attributes of a cache layer that keeps a state instead of (or beside) keys and values."""
+
+
+def _refuse_state_layers(model: nn.Module) -> None:
+    """Raise when the model's own cache has layers with a recurrent or convolution state.
+
+    The engine freezes the prefix as keys and values; the state of a hybrid's
+    state-space or linear-attention layers (Falcon-H1, Qwen3-Next, LFM2) is not
+    reproduced, so its Jacobians would not be the model's.
+    """
+    from transformers import DynamicCache
+
+    layers = DynamicCache(config=model.config).layers
+    state = [i for i, lay in enumerate(layers) if any(hasattr(lay, a) for a in STATE_ATTRIBUTES)]
+    if state:
+        raise UnsupportedModelError(
+            f"the Jacobian engine cannot differentiate {type(model).__name__}: its cache "
+            f"layers {state} keep a state-space, linear-attention or convolution state, and "
+            "the engine freezes a prefix as keys and values only; the metrics that need no "
+            "Jacobians can still run on it"
+        )
 
 
 @dataclass
@@ -400,6 +374,7 @@ def run_prompts(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]
     """
     from transformers import DynamicCache
 
+    _refuse_state_layers(model)
     outputs: list[list[torch.Tensor]] = [[] for _ in parts.blocks]
     last = len(parts.blocks) - 1
 
@@ -414,24 +389,36 @@ def run_prompts(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]
     handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
     training = {m: m.training for m in model.modules()}
     prefixes: list[dict[int, tuple] | None] = []
+    alone: list[tuple[int, str]] = []
     try:
         model.eval()
         with torch.no_grad():
-            for prompt in prompts:
+            for index, prompt in enumerate(prompts):
                 length = prompt.shape[0]
-                cache = DynamicCache(config=model.config) if length > 1 else None
+                # A cache of full layers keeps every key/value row, also on layers with a
+                # sliding window (their mask, not the cache, limits what a query sees).
+                cache = DynamicCache() if length > 1 else None
                 with contextlib.suppress(_StopForward):
                     model(prompt[None], use_cache=length > 1, past_key_values=cache)
-                if length == 1:
-                    prefixes.append(None)
-                    continue
-                prefix = _truncated_prefix(cache, length)
-                prefixes.append(prefix if prefix is not None else _prefix_cache(model, prompt))
+                prefix, why = (None, "") if length == 1 else _truncated_prefix(cache, length)
+                prefixes.append(prefix)
+                if length > 1 and prefix is None:
+                    alone.append((index, why))
     finally:
         for handle in handles:
             handle.remove()
         for module, flag in training.items():
             module.training = flag
+    for index, why in alone:  # outside the recording hooks, which stop a pass at the last block
+        warnings.warn(
+            f"the Jacobian engine could not take prompt {index}'s prefix keys/values from the "
+            f"cache of its whole forward pass ({why}); running its prefix alone, one extra "
+            "forward pass",
+            EngineFallbackWarning,
+            stacklevel=2,
+        )
+        with torch.no_grad():
+            prefixes[index] = _prefix_cache(model, prompts[index])
     return PromptPass(prefixes, [torch.cat(rows) for rows in outputs])
 
 
@@ -469,7 +456,7 @@ def _batched_cache(model: nn.Module, padded: dict[int, tuple]):
     """A transformers ``DynamicCache`` holding the padded prefixes (for the recording run)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache()
     for layer in sorted(padded):
         cache.update(*padded[layer], layer)
     return cache
@@ -527,23 +514,24 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
     attention (``capture.frozen_attention``) on the recorded hidden states;
     the block's layers join ``cache.split`` only when the attention took the
     stashed prefix and the two outputs agree to ``sqrt(eps)`` (relative).
-    A block whose attention does not go through transformers' SDPA entry
-    (eager attention, a model-local override) keeps concatenating, whether
-    its split call fails (the eager attention gets a key of length 1) or
-    computes something else.
+    A block whose attention never called ``split_sdpa`` (eager attention, a
+    model with its own SDPA branch) is not tried and keeps concatenating; so
+    does one whose cache rows are not the attention's keys (``StashMismatch``:
+    DeepSeek's compressed latents) or whose split call computes something else.
     """
     enabled: set[int] = set()
     for call in calls:
         f, x = call.last_token_map()
         cache.split, cache.touched = set(enabled), set()
+        calls_before = STASH.calls
         reference = f(x)
         layers = set(cache.touched)
-        if not layers:
-            continue
+        if not layers or STASH.calls == calls_before:
+            continue  # no cached attention, or one that is not ``split_sdpa``: concatenate
         cache.split = enabled | layers
         try:
             out = f(x)
-        except Exception:  # noqa: BLE001 - the attention got the new key alone: no split here
+        except StashMismatch:  # the cache's rows are not the attention's keys: concatenate
             STASH.take()
             continue
         taken = STASH.take() is None

@@ -3,23 +3,30 @@
 Two moments, each one call from `CouplingHFLM`:
 
 - `check_model`, at model load (before any request): the model must be
-  causal (a token's states may not depend on later tokens) and, for the
-  Jacobian metrics, return a transformers key/value cache with ``.layers``.
-  A model that fails (a BERT loaded as ``BertLMHeadModel``, a Mamba) stops
-  the run with a message saying what was found and which metrics could run.
+  causal (a token's states may not depend on later tokens), its blocks must
+  pass one residual stream ``[B, T, d]`` (not Gemma-3n's AltUp streams) and,
+  for the Jacobian metrics, it must return a transformers key/value cache
+  with ``.layers`` holding keys and values only (no state-space or
+  convolution states: Falcon-H1, Qwen3-Next, LFM2). A model that fails (a
+  BERT loaded as ``BertLMHeadModel``, a Mamba, a hybrid) stops the run with
+  a message saying what was found and which metrics could run.
 - `check_first_batch`, on the first captured batch: the lens read-out of the
   last block's output, ``unembed(final_norm(x^L))``, must reproduce the
   model's own logits, and with a Jacobian metric selected the located blocks
   must compose to the model's output (block l+1 consumes what block l
   returned). Otherwise lm-coupling would report the geometry of a different
   function; the run stops naming the architecture and the override to add
-  (`lm_coupling.capture.architecture.register_override`).
+  (`lm_coupling.capture.architecture.register_override`). With a Jacobian
+  metric, ``torch.func`` must also go through every block (one JVP each):
+  a custom ``autograd.Function`` without a stand-in stops the run naming
+  its module, rather than failing on every document.
 
-Both probes are a few short forward passes without gradients.
+The probes are a few short forward passes (and one JVP per block).
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +35,14 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.capture.differentiable import untransformable_modules
+from lm_coupling.capture.jacobian_calls import (
+    STATE_ATTRIBUTES,
+    compute_dtype,
+    engine_mode,
+    record_last_token,
+    run_prompts,
+)
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
@@ -53,12 +68,18 @@ class ModelProbe:
             (``"None"`` when the output has none).
         cache_has_layers: the cache is a transformers ``Cache`` with ``.layers``.
         max_change: largest change of an earlier position's logits.
+        state_layers: cache layers that hold a recurrent or convolution state
+            (state-space and linear-attention layers of hybrid models).
+        hidden_shape: the shape of the first block's input hidden states
+            (``[1, T, d]`` for one residual stream).
     """
 
     causal: bool
     cache: str
     cache_has_layers: bool
     max_change: float
+    state_layers: tuple[int, ...] = ()
+    hidden_shape: tuple[int, ...] = ()
 
 
 def _tolerance(dtype: torch.dtype, scale: float) -> float:
@@ -73,18 +94,45 @@ def _causal_tolerance(dtype: torch.dtype, scale: float) -> float:
     return relative * scale + 1e-7
 
 
+def _accepts_use_cache(model: nn.Module) -> bool:
+    """Whether the model's ``forward`` takes a ``use_cache`` argument (or ``**kwargs``)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):  # no introspectable signature: try the argument
+        return True
+    return any(p.name == "use_cache" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _state_layers(cache) -> tuple[int, ...]:
+    """Indices of the cache layers holding a recurrent or convolution state."""
+    layers = getattr(cache, "layers", None) or []
+    return tuple(
+        i for i, layer in enumerate(layers) if any(hasattr(layer, a) for a in STATE_ATTRIBUTES)
+    )
+
+
 def probe_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
     """Run two short sequences that differ in their last token; inspect the outputs."""
     n = min(PROBE_TOKENS, parts.vocab_size - 1)
     ids = torch.arange(1, n + 1, device=parts.input_device)[None]
     changed = ids.clone()
     changed[0, -1] = 0
-    with torch.no_grad():
-        try:
-            out = model(ids, use_cache=True)
-        except TypeError:  # a model without a use_cache argument keeps no cache
-            out = model(ids)
-        other = model(changed)
+    shapes: list[tuple[int, ...]] = []
+
+    def first_input(module, args, kwargs):
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor) and not shapes:
+            shapes.append(tuple(hidden.shape))
+
+    handle = parts.blocks[0].register_forward_pre_hook(first_input, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            # A model whose forward has no use_cache argument keeps no cache; any error of
+            # a model that has one is the model's and propagates.
+            out = model(ids, use_cache=True) if _accepts_use_cache(model) else model(ids)
+            other = model(changed)
+    finally:
+        handle.remove()
     first, second = out.logits[0, :-1].float(), other.logits[0, :-1].float()
     max_change = float((first - second).abs().max()) if first.numel() else 0.0
     scale = float(first.abs().max()) if first.numel() else 1.0
@@ -95,6 +143,8 @@ def probe_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
         cache=type(cache).__name__,
         cache_has_layers=getattr(inner, "layers", None) is not None,
         max_change=max_change,
+        state_layers=_state_layers(inner),
+        hidden_shape=shapes[0] if shapes else (),
     )
 
 
@@ -107,10 +157,12 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
     """Stop before any request when the model cannot give the selected metrics.
 
     Raises:
-        UnsupportedModelError: the model is not causal (no metric is
-            defined), or a Jacobian metric is selected and the model returns
-            no key/value cache the engine can use. The message names the
-            model, what was found and the metrics that could still run.
+        UnsupportedModelError: the model is not causal or its blocks pass
+            more than one residual stream (no metric is defined), or a
+            Jacobian metric is selected and the model returns no key/value
+            cache the engine can use (none, or a hybrid's state layers). The
+            message names the model, what was found and the metrics that
+            could still run.
     """
     probe = probe_model(model, parts)
     name = f"{type(model).__name__} (model_type={parts.model_type!r})"
@@ -122,6 +174,13 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
             "lm-coupling measures the states at the last context token, which would then "
             "depend on the answer being scored: none of its metrics can run on this model"
         )
+    if probe.hidden_shape and len(probe.hidden_shape) != 3:
+        raise UnsupportedModelError(
+            f"{name} passes hidden states of shape {list(probe.hidden_shape)} between its "
+            "blocks, not one residual stream [B, T, d] (Gemma-3n carries several AltUp "
+            "streams and per-layer inputs): the trajectory, lens and coupling of lm-coupling "
+            "are defined on one stream x^l, so none of its metrics can run on this model"
+        )
     jacobian = [m for m in selection.metrics if selection.specs[m].needs & JACOBIAN_NEEDS]
     if jacobian and not probe.cache_has_layers:
         others = _runnable(JACOBIAN_NEEDS)
@@ -129,6 +188,15 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
             f"{name} returns no key/value cache the Jacobian engine can use (with "
             f"use_cache=True its past_key_values is {probe.cache}; the engine needs a "
             "transformers Cache with .layers, as attention decoders return), so "
+            f"{', '.join(jacobian)} cannot be measured on it. Metrics that do not need it "
+            f"and can still run: {', '.join(others)} (e.g. --metrics {','.join(others)})"
+        )
+    if jacobian and probe.state_layers:
+        others = _runnable(JACOBIAN_NEEDS)
+        raise UnsupportedModelError(
+            f"{name} is a hybrid: its cache layers {list(probe.state_layers)} keep a "
+            "state-space, linear-attention or convolution state, not keys and values. The "
+            "Jacobian engine freezes the prefix as keys and values only, so "
             f"{', '.join(jacobian)} cannot be measured on it. Metrics that do not need it "
             f"and can still run: {', '.join(others)} (e.g. --metrics {','.join(others)})"
         )
@@ -247,6 +315,37 @@ def check_readout(
     )
 
 
+def check_differentiable(
+    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, selection: Selection
+) -> None:
+    """Raise when a Jacobian metric is selected and ``torch.func`` cannot go through a block.
+
+    One JVP per block on the engine's recorded last-token calls of
+    ``input_ids`` (``capture.differentiable``); modules with an exact stand-in
+    (Bloom's GELU) are substituted first, as the engine does.
+
+    Raises:
+        UnsupportedModelError: names the modules, and the metrics that can still run.
+    """
+    if not selection.needs & JACOBIAN_NEEDS or input_ids.shape[0] < 1:
+        return
+    ids = input_ids.to(parts.input_device)
+    prefixes = run_prompts(model, parts, [ids]).prefixes
+    with engine_mode(model):
+        calls = record_last_token(model, parts, [ids], compute_dtype(parts), prefixes)
+        failing = untransformable_modules(calls)
+    if failing:
+        others = _runnable(JACOBIAN_NEEDS)
+        raise UnsupportedModelError(
+            f"{type(model).__name__} (model_type={parts.model_type!r}) runs a custom "
+            "torch.autograd.Function that torch.func (the Jacobian engine's jvp/vjp/vmap) "
+            f"cannot transform, in {'; '.join(failing)}, and lm-coupling has no exact "
+            "differentiable stand-in for it (lm_coupling.capture.differentiable.SUBSTITUTES: "
+            "add one computing the same forward). Metrics that do not need Jacobians and can "
+            f"still run: {', '.join(others)}"
+        )
+
+
 def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
     """Run `check_readout` once per run, on the first captured document's context.
 
@@ -264,3 +363,4 @@ def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
     if not tokens:
         tokens = list(range(1, min(PROBE_TOKENS, runner.parts.vocab_size - 1) + 1))
     check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)
+    check_differentiable(lm.model, runner.parts, torch.tensor(tokens), session.selection)

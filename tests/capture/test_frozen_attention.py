@@ -14,7 +14,7 @@ import transformers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.frozen_attention import split_attention
+from lm_coupling.capture.frozen_attention import SPLIT_ATTENTION, split_attention
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
 from lm_coupling.capture.jacobian_calls import engine_mode, record_last_token, run_prompts
 from lm_coupling.demo.tiny import tiny_config
@@ -149,10 +149,45 @@ def test_eager_models_keep_the_concatenating_cache():
     torch.testing.assert_close(J_eager, J_sdpa, rtol=0, atol=1e-10)
 
 
-def test_the_sdpa_entry_is_restored_after_the_engine():
+def test_the_engine_switches_only_its_own_model_and_leaves_sdpa_alone():
+    """A second model run while the engine works (from a hook) gives its outputs without engine."""
     from transformers.modeling_utils import AttentionInterface
 
-    before = AttentionInterface._global_mapping["sdpa"]
+    before = dict(AttentionInterface._global_mapping)
     model = _model("gpt2", "sdpa")
-    JacobianEngine(model, locate_model_parts(model), k_max=4).factors(IDS)
-    assert AttentionInterface._global_mapping["sdpa"] is before
+    other = _model("llama", "sdpa", num_key_value_heads=2)
+    with torch.no_grad():
+        alone = other(IDS[None]).logits
+    during, names = [], []
+
+    def use_other(module, args, output):
+        if len(during) < 3:
+            sdpa = AttentionInterface._global_mapping["sdpa"] is before["sdpa"]
+            pair = (model.config._attn_implementation, other.config._attn_implementation)
+            names.append((*pair, sdpa))
+            with torch.no_grad():
+                during.append(other(IDS[None]).logits)
+
+    parts = locate_model_parts(model)
+    handle = parts.blocks[-1].register_forward_hook(use_other)
+    try:
+        JacobianEngine(model, parts, k_max=4).factors(IDS)
+    finally:
+        handle.remove()
+    assert AttentionInterface._global_mapping["sdpa"] is before["sdpa"]
+    assert model.config._attn_implementation == "sdpa"
+    assert (SPLIT_ATTENTION, "sdpa", True) in names
+    assert len(during) == 3
+    for logits in during:
+        torch.testing.assert_close(logits, alone, rtol=0, atol=1e-12)
+
+
+def test_falcon_with_its_own_sdpa_branch_keeps_sdpa_inside_the_engine():
+    model = _model("falcon", "sdpa")
+    parts = locate_model_parts(model)
+    with engine_mode(model):
+        assert model.config._attn_implementation == "sdpa"
+    prefixes = run_prompts(model, parts, [IDS]).prefixes
+    with engine_mode(model):
+        calls = record_last_token(model, parts, [IDS], F64, prefixes)
+    assert not any(call.split_prefix for call in calls)

@@ -99,6 +99,24 @@ def test_mamba_without_key_value_cache_names_the_metrics_that_can_run(tokenizer)
     assert preflight.check_model(model, parts, TRAJECTORY).causal
 
 
+def test_a_type_error_inside_a_model_that_takes_use_cache_propagates(tiny_model):
+    """Only a forward without a use_cache argument means "keeps no cache"; a bug is raised."""
+    model = tiny_model("gpt2")
+    parts = locate_model_parts(model)
+
+    def broken(module, args, kwargs):
+        if kwargs.get("use_cache"):
+            raise TypeError("a bug inside the model")
+
+    handle = model.register_forward_pre_hook(broken, with_kwargs=True)
+    try:
+        with pytest.raises(TypeError, match="a bug inside the model"):
+            preflight.probe_model(model, parts)
+    finally:
+        handle.remove()
+    assert preflight.probe_model(model, parts).cache == "DynamicCache"
+
+
 def test_wrong_final_norm_override_is_caught(tiny_model, prompt_ids, restore_overrides):
     model = tiny_model("llama")
     register_override("llama", final_norm=())  # the real model applies model.norm

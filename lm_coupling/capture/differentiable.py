@@ -1,0 +1,128 @@
+"""Modules whose forward ``torch.func`` cannot transform, and exact stand-ins for the engine.
+
+The engine's products are ``torch.func`` transforms (``jvp``, ``vjp``, ``vmap``)
+of a block. A custom ``torch.autograd.Function`` without ``setup_context``
+(old-style, ``forward(ctx, ...)``) cannot be transformed: torch raises
+``RuntimeError("In order to use an autograd.Function with functorch
+transforms ...")``. Bloom's MLP runs its GELU through one (``BloomGelu`` ->
+``GeLUFunction``), with a hand-written backward for training.
+
+The engine differentiates the function a block computes, so a module whose
+forward is such a Function can be replaced, inside ``engine_mode`` only and on
+this model's instances only, by a plain differentiable function that computes
+the same forward (``SUBSTITUTES``). The engine's run-time check (the replay
+of every block against the model's own forward pass) verifies that the
+substitute computes the same output. Where no substitute exists,
+:func:`untransformable_modules` names the modules, so that a run can stop
+with that name instead of failing on every document.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["SUBSTITUTES", "differentiable_substitutes", "untransformable_modules"]
+
+
+def _bloom_gelu(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Bloom's tanh GELU, the forward of its ``GeLUFunction`` (Bloom's own function)."""
+    from transformers.models.bloom.modeling_bloom import bloom_gelu_forward
+
+    return bloom_gelu_forward
+
+
+SUBSTITUTES: dict[str, Callable[[nn.Module], Callable]] = {
+    "transformers.models.bloom.modeling_bloom.BloomGelu": _bloom_gelu,
+}
+"""Qualified class name -> factory of a differentiable forward with the same output.
+
+A substitute must compute exactly the module's forward (only its backward,
+the one ``torch.func`` cannot use, may differ); the engine's replay check
+compares every block's output with the model's own.
+"""
+
+TRANSFORM_ERROR = "autograd.Function with functorch transforms"
+"""Part of torch's message for a custom Function that ``torch.func`` cannot transform."""
+
+
+def _qualified(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@contextlib.contextmanager
+def differentiable_substitutes(model: nn.Module) -> Iterator[list[str]]:
+    """Replace the forward of this model's modules listed in ``SUBSTITUTES`` for the duration.
+
+    Only instance attributes of ``model``'s own modules are set (removed in
+    ``finally``); classes and other models are not touched.
+
+    Yields:
+        The names of the substituted modules.
+    """
+    replaced: list[nn.Module] = []
+    names: list[str] = []
+    try:
+        for name, module in model.named_modules():
+            factory = SUBSTITUTES.get(_qualified(module))
+            if factory is None or "forward" in module.__dict__:
+                continue
+            module.forward = factory(module)
+            replaced.append(module)
+            names.append(name)
+        yield names
+    finally:
+        for module in replaced:
+            del module.forward
+
+
+def _innermost_failing(block: nn.Module, run: Callable[[], object]) -> str | None:
+    """Run ``run`` with hooks on ``block``'s modules; the innermost one running when it raised."""
+    stack: list[str] = []
+    failed: list[str] = []
+    names = {id(m): name for name, m in block.named_modules()}
+
+    def pre(module, args):
+        stack.append(names.get(id(module), type(module).__name__))
+
+    def post(module, args, output):
+        stack.pop()
+
+    handles = []
+    for module in block.modules():
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
+    try:
+        run()
+    except RuntimeError as error:
+        if TRANSFORM_ERROR not in str(error):
+            raise
+        failed.append(stack[-1] if stack else "")
+    finally:
+        for handle in handles:
+            handle.remove()
+    return failed[0] if failed else None
+
+
+def untransformable_modules(calls) -> list[str]:
+    """Modules of the recorded blocks whose forward ``torch.func.jvp`` cannot go through.
+
+    One JVP of one tangent per block on its recorded call (``BlockCall``,
+    inside ``engine_mode``, after ``differentiable_substitutes``).
+
+    Returns:
+        ``"block i: <module path> (<class>)"`` per failing block (empty when
+        every block can be differentiated).
+    """
+    found = []
+    for index, call in enumerate(calls):
+        f, x = call.last_token_map()
+        name = _innermost_failing(call.block, lambda f=f, x=x: torch.func.jvp(f, (x,), (x,)))
+        if name is not None:
+            module = call.block.get_submodule(name) if name else call.block
+            found.append(f"block {index}: {name or '<block>'} ({_qualified(module)})")
+    return found

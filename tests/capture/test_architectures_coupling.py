@@ -1,0 +1,458 @@
+"""Coupling on every causal architecture, against an independent whole-sequence Jacobian.
+
+``TABLE`` is the list of architectures the suite checks and what it checks on
+each; ``docs/architectures.md`` is its rendering (a test compares them; write
+the page with ``LM_COUPLING_WRITE_DOCS=1 pytest tests/capture/test_architectures_coupling.py``).
+
+Per coupled architecture (tiny: 4 blocks, d = 64, float64 where the model
+allows it), with each attention implementation it supports:
+
+- the lens read-out ``unembed(final_norm(x^L))`` reproduces the model's logits
+  and the located blocks compose to the model (``readout_problems``);
+- per document, the engine's top singular values and coupling (``K = 4``,
+  batches of 4 prompts and of 1, every prompt longer than any sliding
+  window) equal those of the reference: ``J^l`` by reverse-mode autograd
+  (``torch.autograd.functional.jacobian``, d backward passes) through the
+  block called on the whole sequence recorded from the model's own forward
+  pass without cache, the model's own attention and modules, no engine.
+
+Architectures the engine cannot measure are refused at load, naming the
+metrics that can still run (``preflight.check_model``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from lm_coupling.capture.architecture import block_output_hidden, locate_model_parts
+from lm_coupling.capture.jacobian import JacobianEngine
+from lm_coupling.capture.jacobian_calls import _truncated_prefix
+from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.harness import preflight
+from lm_coupling.harness.preflight import readout_problems
+from lm_coupling.metrics.coupling import coupling_matrices_dense, coupling_score, miscoupling
+from lm_coupling.selection import make_selection
+
+F64, F32 = torch.float64, torch.float32
+K = 4
+WINDOW = 6
+LOCAL_GLOBAL = ["sliding_attention", "full_attention"] * 2
+DOCS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
+
+_SIZES = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
+    max_position_embeddings=256, vocab_size=512, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+)  # fmt: skip
+_GQA = dict(num_key_value_heads=2, head_dim=16)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One row of the table: how to build the tiny model and what the suite verifies."""
+
+    model_type: str
+    config: dict = field(default_factory=dict)
+    attention: tuple[str, ...] = ("eager", "sdpa")
+    dtype: torch.dtype = F64
+    experts: str | None = None
+    refused: str = ""
+    """Empty: coupling is verified. Else a phrase of the refusal at load."""
+    note: str = ""
+
+
+TABLE: dict[str, Arch] = {
+    "mistral": Arch("mistral", {**_GQA, "sliding_window": WINDOW}, note="sliding window"),
+    "ministral": Arch(
+        "ministral",
+        {**_GQA, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL},
+        note="local and global layers",
+    ),
+    "gemma2": Arch(
+        "gemma2",
+        {**_GQA, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL},
+        attention=("eager",),
+        note="local and global layers; soft-capped attention (no SDPA in transformers)",
+    ),
+    "gemma3_text": Arch(
+        "gemma3_text",
+        {**_GQA, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL},
+        note="local and global layers",
+    ),
+    "cohere2": Arch(
+        "cohere2",
+        {**_GQA, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL},
+        note="local and global layers, logit scale",
+    ),
+    "starcoder2": Arch("starcoder2", {**_GQA, "sliding_window": WINDOW}, note="sliding window"),
+    "olmo3": Arch(
+        "olmo3",
+        {**_GQA, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL},
+        note="local and global layers",
+    ),
+    "gpt_oss": Arch(
+        "gpt_oss",
+        {**_GQA, "sliding_window": WINDOW, "layer_types": LOCAL_GLOBAL}
+        | {"num_local_experts": 4, "num_experts_per_tok": 2},
+        attention=("eager",),
+        experts="eager",
+        note="local and global layers, attention sinks, mixture of experts",
+    ),
+    "bloom": Arch(
+        "bloom",
+        {"n_embed": 64, "n_layer": 4, "n_head": 4},
+        attention=("eager",),
+        note="ALiBi; its GELU is a custom autograd.Function, replaced inside the engine",
+    ),
+    "falcon-alibi": Arch(
+        "falcon",
+        {"alibi": True, "new_decoder_architecture": False, "multi_query": False},
+        note="ALiBi: transformers' eager and SDPA paths compute different functions",
+    ),
+    "llama4_text": Arch(
+        "llama4_text",
+        {**_GQA, "num_local_experts": 2, "num_experts_per_tok": 1}
+        | {"intermediate_size_mlp": 128, "attention_chunk_size": 4, "no_rope_layers": [1, 0] * 2},
+        experts="eager",
+        note="chunked attention, mixture of experts; decoder under `model`",
+    ),
+    "biogpt": Arch("biogpt", note="final norm `layer_norm`, scaled embedding"),
+    "xglm": Arch(
+        "xglm",
+        {"d_model": 64, "num_layers": 4, "attention_heads": 4, "ffn_dim": 128},
+        attention=("eager",),
+        dtype=F32,
+        note="final norm `layer_norm`; float32 (its eager attention fails in float64)",
+    ),
+    "mixtral": Arch(
+        "mixtral",
+        {**_GQA, "num_local_experts": 4, "num_experts_per_tok": 2},
+        experts="eager",
+        note="mixture of experts",
+    ),
+    "qwen3_moe": Arch(
+        "qwen3_moe",
+        {**_GQA, **_MOE, "decoder_sparse_step": 1},
+        experts="eager",
+        note="mixture of experts",
+    ),  # fmt: skip
+    "olmoe": Arch(
+        "olmoe",
+        {**_GQA, "num_experts": 4, "num_experts_per_tok": 2},
+        experts="eager",
+        note="mixture of experts",
+    ),
+    "deepseek_v3": Arch(
+        "deepseek_v3",
+        {"num_key_value_heads": 4, "n_routed_experts": 4, "num_experts_per_tok": 2}
+        | {"moe_intermediate_size": 32, "first_k_dense_replace": 1, "n_group": 1}
+        | {"topk_group": 1, "kv_lora_rank": 16, "q_lora_rank": 16, "v_head_dim": 16}
+        | {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8},
+        experts="eager",
+        note="multi-head latent attention (its cache holds latents: concatenating path), "
+        "mixture of experts",
+    ),
+    "falcon_h1": Arch(
+        "falcon_h1",
+        {**_GQA, "mamba_d_ssm": 64, "mamba_n_heads": 4, "mamba_d_head": 16}
+        | {"mamba_d_state": 8, "mamba_n_groups": 1, "mamba_chunk_size": 4},
+        dtype=F32,
+        refused="is a hybrid",
+        note="attention and Mamba-2 state in every layer",
+    ),
+    "qwen3_next": Arch(
+        "qwen3_next",
+        {**_GQA, **_MOE, "layer_types": ["linear_attention", "full_attention"] * 2}
+        | {"linear_num_value_heads": 4, "linear_num_key_heads": 2}
+        | {"linear_key_head_dim": 16, "linear_value_head_dim": 16},
+        dtype=F32,
+        experts="eager",
+        refused="is a hybrid",
+        note="gated delta-rule (linear attention) layers",
+    ),
+    "lfm2": Arch(
+        "lfm2",
+        {**_GQA, "layer_types": ["conv", "full_attention"] * 2},
+        dtype=F32,
+        refused="is a hybrid",
+        note="short-convolution layers; final norm `embedding_norm`",
+    ),
+    "recurrent_gemma": Arch(
+        "recurrent_gemma",
+        {**_GQA, "attention_window_size": WINDOW, "block_types": ["recurrent", "attention"]}
+        | {"lru_width": 64},
+        dtype=F32,
+        refused="returns no key/value cache",
+        note="RG-LRU recurrence, no transformers cache; final norm `final_norm`",
+    ),
+    "gemma3n_text": Arch(
+        "gemma3n_text",
+        {**_GQA, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 16}
+        | {"vocab_size_per_layer_input": 512, "laurel_rank": 8, "altup_num_inputs": 2}
+        | {"intermediate_size": [128] * 4, "activation_sparsity_pattern": [0.0] * 4}
+        | {"layer_types": LOCAL_GLOBAL, "sliding_window": WINDOW},
+        dtype=F32,
+        refused="not one residual stream",
+        note="AltUp streams and per-layer inputs between blocks",
+    ),
+}
+"""Architectures the suite checks (model_type must exist in the installed transformers)."""
+
+COUPLED = [name for name, arch in TABLE.items() if not arch.refused]
+CASES = [(name, attn) for name in COUPLED for attn in TABLE[name].attention]
+PROMPTS = [
+    torch.tensor([5, 17, 42, 99, 3, 250, 77, 310]),
+    torch.tensor([11, 12, 400, 33, 8, 19, 240, 101, 7, 64, 2]),
+    torch.tensor([301, 4, 87, 150, 22, 9, 480, 36, 71, 13, 255, 6, 90]),
+    torch.tensor([44, 1, 310, 27, 199, 58, 3, 412, 81, 16, 230, 77, 5, 141, 62, 19]),
+]
+"""Four prompts of 8 to 16 tokens, all longer than the sliding windows (6) and chunks (4)."""
+
+
+def build(name: str, attn: str, **config) -> transformers.PreTrainedModel:
+    """The tiny model of a table row (seeded, eval mode, in the row's dtype)."""
+    arch = TABLE[name]
+    sizes = {**_SIZES, **arch.config, **config}
+    cfg = transformers.AutoConfig.for_model(arch.model_type, **sizes)
+    extra = {} if arch.experts is None else {"experts_implementation": arch.experts}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, **extra)
+    return model.to(arch.dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    """Cached tiny models by (row, attention)."""
+    cache = {}
+
+    def get(name: str, attn: str = "eager"):
+        if (name, attn) not in cache:
+            cache[name, attn] = build(name, attn)
+        return cache[name, attn]
+
+    return get
+
+
+def reference_jacobians(model, parts, ids: torch.Tensor) -> torch.Tensor:
+    """``[L, d, d]`` J^l at the last position by autograd through the whole sequence.
+
+    Independent of the engine: each block's call is recorded by a pre-hook on
+    the model's own forward pass (no cache), then the block is called on the
+    sequence with its last row replaced, outside any engine context.
+    """
+    records = {}
+
+    def hook(index):
+        def pre(module, args, kwargs):
+            records[index] = (args, dict(kwargs))
+
+        return pre
+
+    handles = [
+        b.register_forward_pre_hook(hook(i), with_kwargs=True) for i, b in enumerate(parts.blocks)
+    ]
+    try:
+        with torch.no_grad():
+            model(ids[None], use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    jacobians = []
+    for index, block in enumerate(parts.blocks):
+        args, kwargs = records[index]
+        X = (args[0] if args else kwargs["hidden_states"]).detach()
+
+        def f(x, X=X, args=args, kwargs=kwargs, block=block):
+            rows = torch.cat([X[:, :-1], x[None, None]], dim=1)
+            if args:
+                out = block(rows, *args[1:], **kwargs)
+            else:
+                out = block(**{**kwargs, "hidden_states": rows})
+            return block_output_hidden(out)[0, -1] - x
+
+        jacobians.append(torch.autograd.functional.jacobian(f, X[0, -1]))
+    return torch.stack(jacobians)
+
+
+def coupling_of(A: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """Mean coupling c_K over ordered pairs l != l' (the default coupling metric)."""
+    return coupling_score(miscoupling(A[..., :K, :K], S[:, :K]))
+
+
+def reference_coupling(J: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S [L, K+1], c_K)`` of the reference Jacobians (full SVD, the dense formula)."""
+    U, S, Vh = torch.linalg.svd(J)
+    A = coupling_matrices_dense(J, U[..., :K], Vh.transpose(-1, -2)[..., :K])
+    return S[:, : K + 1], coupling_of(A, S)
+
+
+@pytest.mark.parametrize(("name", "attn"), CASES, ids=[f"{n}-{a}" for n, a in CASES])
+def test_coupling_equals_the_whole_sequence_jacobian(name, attn, models, one_thread):
+    model = models(name, attn)
+    parts = locate_model_parts(model)
+    assert (parts.n_layers, parts.d_model) == (4, 64)
+    assert readout_problems(model, parts, PROMPTS[-1]) == []
+    engine = JacobianEngine(model, parts, k_max=K, method="dense")
+    batched = engine.factors_batch(PROMPTS)
+    (alone,) = engine.factors_batch(PROMPTS[:1])
+    # Norms upcast to float32 inside several models (RMSNorm): float32 round-off remains.
+    tol = 1e-6 if TABLE[name].dtype == F64 else 2e-4
+    for ids, factors in zip(PROMPTS, batched, strict=True):
+        S, c = reference_coupling(reference_jacobians(model, parts, ids))
+        torch.testing.assert_close(factors.S, S, rtol=tol, atol=tol * float(S.max()))
+        torch.testing.assert_close(coupling_of(factors.A, factors.S), c, rtol=0, atol=tol * 10)
+    torch.testing.assert_close(alone.A, batched[0].A, rtol=0, atol=tol * 10)
+
+
+@pytest.mark.parametrize("window", [2, 6, 64])
+def test_sliding_window_jacobians_follow_the_window(window, one_thread):
+    """Windows 2 and 6 are shorter than the prompt, 64 longer; each is the model's own J."""
+    model = build("mistral", "sdpa", sliding_window=window)
+    parts = locate_model_parts(model)
+    ids = PROMPTS[-1]
+    J = JacobianEngine(model, parts, k_max=K).dense_jacobians(ids)
+    reference = reference_jacobians(model, parts, ids)
+    torch.testing.assert_close(J, reference, rtol=0, atol=1e-10 * float(reference.abs().max()))
+    if window < ids.shape[0]:  # the window changes the function: a test that could fail
+        full = build("mistral", "sdpa", sliding_window=64)
+        other = reference_jacobians(full, locate_model_parts(full), ids)
+        assert float((other - reference).abs().max()) > 1e-3
+
+
+def test_a_sliding_cache_is_not_taken_for_a_whole_prefix():
+    """transformers' own sliding cache keeps window - 1 rows: the engine says so, never pads it."""
+    model = build("mistral", "sdpa")
+    ids = PROMPTS[-1]
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[None], use_cache=True, past_key_values=cache)
+    prefix, why = _truncated_prefix(cache, ids.shape[0])
+    assert prefix is None
+    assert why == f"layers [0, 1, 2, 3] hold [{WINDOW - 1}] rows, not {ids.shape[0]}"
+    full = transformers.DynamicCache()
+    with torch.no_grad():
+        model(ids[None], use_cache=True, past_key_values=full)
+    prefix, why = _truncated_prefix(full, ids.shape[0])
+    assert why == "" and prefix[0][0].shape[-2] == ids.shape[0] - 1
+
+
+def _experts(model, ids: torch.Tensor) -> list[list[frozenset[int]]]:
+    """Per layer, per position, the set of experts the router picks."""
+    arch = TABLE[model.config.model_type]
+    top = model.config.num_experts_per_tok
+    with torch.no_grad():
+        logits = model(ids[None], output_router_logits=True).router_logits
+    assert len(logits) == 4, arch
+    return [[frozenset(row.topk(top).indices.tolist()) for row in layer] for layer in logits]
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_mixture_of_experts_with_a_last_token_routed_elsewhere(name, models, one_thread):
+    model = models(name)
+    parts = locate_model_parts(model)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(50):
+        ids = torch.randint(1, 500, (10,), generator=generator)
+        routes = _experts(model, ids)
+        if any(layer[-1] != layer[-2] for layer in routes):
+            break
+    else:
+        pytest.fail("no prompt of 50 routes its last token differently from its neighbour")
+    J = JacobianEngine(model, parts, k_max=K).dense_jacobians(ids)
+    reference = reference_jacobians(model, parts, ids)
+    torch.testing.assert_close(J, reference, rtol=0, atol=1e-10 * float(reference.abs().max()))
+
+
+def test_fused_experts_of_a_default_load_go_through_forward_mode(one_thread):
+    """transformers loads Mixtral with grouped_mm experts (no forward-mode AD); JVP routes work."""
+    config = transformers.AutoConfig.for_model("mixtral", **{**_SIZES, **TABLE["mixtral"].config})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model = model.eval()
+    assert model.config._experts_implementation == "grouped_mm"
+    parts = locate_model_parts(model)
+    ids = PROMPTS[-1]
+    factors = JacobianEngine(model, parts, k_max=K, method="krylov").factors(ids)
+    assert model.config._experts_implementation == "grouped_mm"
+    S = torch.linalg.svdvals(reference_jacobians(model, parts, ids))[:, : K + 1]
+    torch.testing.assert_close(factors.S, S, rtol=1e-4, atol=1e-4 * float(S.max()))
+
+
+REFUSED = [name for name, arch in TABLE.items() if arch.refused]
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_refused_at_load_naming_what_can_run(name, models, one_thread):
+    model = models(name)
+    parts = locate_model_parts(model)
+    with pytest.raises(UnsupportedModelError, match=TABLE[name].refused) as info:
+        preflight.check_model(model, parts, make_selection("all"))
+    if TABLE[name].refused != "not one residual stream":
+        assert "can still run: lss," in str(info.value)
+        assert preflight.check_model(model, parts, make_selection("lss,logit_lens_entropy"))
+        assert readout_problems(model, parts, PROMPTS[-1], composition=False) == []
+    if TABLE[name].refused == "is a hybrid":  # the engine itself refuses too, by name
+        with pytest.raises(UnsupportedModelError, match="keep a state-space"):
+            JacobianEngine(model, parts, k_max=K).factors(PROMPTS[0])
+
+
+def test_every_model_type_exists_in_transformers():
+    from transformers import CONFIG_MAPPING
+
+    assert [a.model_type for a in TABLE.values() if a.model_type not in CONFIG_MAPPING] == []
+
+
+def render_table() -> str:
+    """``docs/architectures.md``: the table as Markdown."""
+    lines = [
+        "# Architectures tested",
+        "",
+        "Generated from `TABLE` in `tests/capture/test_architectures_coupling.py` (a test",
+        "checks that this page is its rendering; regenerate with",
+        "`LM_COUPLING_WRITE_DOCS=1 pytest tests/capture/test_architectures_coupling.py`).",
+        f"Tiny random models: 4 blocks, d = 64, window {WINDOW}, prompts of 8 to 16 tokens.",
+        "",
+        "Verified on each coupled architecture, with each attention listed: the lens",
+        "read-out reproduces the model's logits and the located blocks compose to the model",
+        "(trajectory and lens); per document, in batches of 4 and of 1, the engine's top",
+        f"singular values and coupling (K = {K}) equal those of an independent Jacobian",
+        "of the model's own block on the whole sequence (autograd, no engine). Refused",
+        "architectures stop at model load, naming the metrics that can still run.",
+        'Rows marked "experts eager" load their experts with',
+        '`experts_implementation="eager"`; a default load (fused `grouped_mm` kernels,',
+        "which have no forward-mode AD) is checked on Mixtral through the Krylov route: the",
+        "engine runs the experts one by one for the duration.",
+        "",
+        "| model_type | attention | dtype | coupling | notes |",
+        "|---|---|---|---|---|",
+    ]
+    for name, arch in TABLE.items():
+        label = arch.model_type if name == arch.model_type else f"{arch.model_type} ({name})"
+        coupling = "verified" if not arch.refused else f"refused at load: {arch.refused}"
+        dtype = str(arch.dtype).removeprefix("torch.")
+        experts = "; experts eager" if arch.experts else ""
+        attention = ", ".join(arch.attention)
+        lines.append(f"| {label} | {attention} | {dtype} | {coupling} | {arch.note}{experts} |")
+    lines += [
+        "",
+        "Falcon with ALiBi: transformers' eager and SDPA paths compute different functions",
+        "(eager scales the ALiBi bias by 1/sqrt(d_head) together with the scores, SDPA adds",
+        "it unscaled to the mask); lm-coupling measures the one lm-eval ran, i.e.",
+        "the model's own attention implementation, and its run-time check refuses a replay",
+        "that differs from it.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def test_docs_page_is_the_rendered_table():
+    page = render_table()
+    if os.environ.get("LM_COUPLING_WRITE_DOCS") == "1":
+        DOCS_PAGE.write_text(page)
+    assert DOCS_PAGE.read_text() == page
