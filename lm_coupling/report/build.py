@@ -21,9 +21,13 @@ from lm_coupling.report.leaderboard import (
     join_external,
     primary_target,
     read_scores_csv,
+    settings_messages,
     target_columns,
+    warn_settings,
 )
-from lm_coupling.report.loading import IDENTITY, load_results, newest_values
+from lm_coupling.report.loading import IDENTITY, load_results
+from lm_coupling.report.newest import newest_values
+from lm_coupling.report.row_settings import setting_notes
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
 from lm_coupling.report.tasksets import TaskSets
@@ -203,8 +207,10 @@ def build_report(
         ids = selected[IDENTITY].drop_duplicates()
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
     board, sets = build_leaderboard(
-        selected, loaded.shapes, sources, loaded.geometry, loaded.by_results
+        selected, loaded.shapes, sources, loaded.geometry, loaded.by_results, loaded.runs
     )
+    warned = settings_messages(board, provenance)
+    warn_settings(warned)
     result = ReportResult(
         out,
         board,
@@ -214,7 +220,9 @@ def build_report(
         notes=[f"skipped {s}" for s in loaded.skipped],
     )
     metrics, targets = geometry_columns(board), target_columns(board)
+    result.notes = [f"WARNING: {m}" for m in warned] + result.notes
     result.notes = task_set_notes(board, sets, targets) + result.notes
+    result.notes += setting_notes(board, selected)
     result.notes += _score_notes(sources, scores_csv)
     result.primary_metric = resolve_primary(metrics, primary)
     result.primary_target = primary_target(board, targets)
