@@ -31,6 +31,7 @@ from lm_coupling.report.row_settings import setting_notes
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
 from lm_coupling.report.tasksets import TaskSets
+from lm_coupling.report.timings import coupling_docs_of, timings_markdown, timings_table
 from lm_coupling.report.tokenwise import tokenwise_figure, with_tokenwise
 from lm_coupling.report.within_model import within_model
 
@@ -50,6 +51,7 @@ class ReportResult:
     correlations: pd.DataFrame | None = None
     controls: pd.DataFrame | None = None
     within_model: pd.DataFrame | None = None
+    timings: pd.DataFrame | None = None
     primary_metric: str | None = None
     primary_target: str | None = None
     figures: list[Path] = field(default_factory=list)
@@ -209,7 +211,7 @@ def build_report(
     board, sets = build_leaderboard(
         selected, loaded.shapes, sources, loaded.geometry, loaded.by_results, loaded.runs
     )
-    warned = settings_messages(board, provenance)
+    warned = settings_messages(board, provenance, selected)
     warn_settings(warned)
     result = ReportResult(
         out,
@@ -240,6 +242,8 @@ def build_report(
         result.controls = controls_table(board, metrics, result.primary_target, seed)
     wm = within_model(loaded.runs)
     result.within_model = wm if len(wm) else None
+    timed = timings_table(loaded.geometry)
+    result.timings = timed if len(timed) else None
     tables = {
         "leaderboard": board,
         "geometry_long": result.geometry_long,
@@ -248,6 +252,7 @@ def build_report(
         "correlations": result.correlations,
         "controls": result.controls,
         "within_model": result.within_model,
+        "timings": result.timings,
     }
     for name, table in tables.items():
         if table is not None:
@@ -262,6 +267,11 @@ def build_report(
         out,
     )
     result.summary = write_summary(
-        out, result.primary_metric, result.figures, result.notes, result.primary_target
+        out,
+        result.primary_metric,
+        result.figures,
+        result.notes,
+        result.primary_target,
+        timings_markdown(timed, coupling_docs_of(loaded.geometry)),
     )
     return result

@@ -53,7 +53,12 @@ from lm_coupling.report.loading import (
     load_results,
 )
 from lm_coupling.report.newest import newest_values, setting_conflicts
-from lm_coupling.report.row_settings import ROW_SETTING_COLUMNS, mixed_messages, row_settings
+from lm_coupling.report.row_settings import (
+    ROW_SETTING_COLUMNS,
+    cross_row_messages,
+    mixed_messages,
+    row_settings,
+)
 from lm_coupling.report.tasksets import (
     TaskSets,
     documents_measured,
@@ -420,16 +425,24 @@ def write_leaderboard(results_dir: str | Path) -> Path:
         loaded.by_results,
         loaded.runs,
     )
-    warn_settings(settings_messages(board, provenance))
+    warn_settings(settings_messages(board, provenance, selected))
     path = Path(results_dir) / "leaderboard.csv"
     board.to_csv(path, index=False)
     return path
 
 
-def settings_messages(board: pd.DataFrame, provenance: pd.DataFrame) -> list[str]:
-    """Tasks run in different settings (`setting_conflicts`), then rows that combine options."""
+def settings_messages(
+    board: pd.DataFrame, provenance: pd.DataFrame, selected: pd.DataFrame
+) -> list[str]:
+    """Everything the leaderboard combines across settings, one message each.
+
+    Tasks of one row run in different settings (`setting_conflicts`: the
+    other settings' values are left out), rows that combine metric options
+    (`mixed_messages`), and tasks measured in different settings on
+    different rows (`cross_row_messages`).
+    """
     table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
-    return setting_conflicts(provenance) + mixed_messages(table)
+    return setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)
 
 
 def warn_settings(messages: list[str]) -> None:

@@ -3,7 +3,7 @@
 Columns added to ``leaderboard.csv`` (one value per row):
 
 - ``settings``: the setting of each task (unit) of the row, grouped by
-  setting: ``25-shot: arc_challenge | 5-shot, limit 4: gsm8k``;
+  setting: ``25-shot: arc_challenge; 5-shot, limit 4: gsm8k``;
 - ``limited``: the units whose values rest on a ``--limit`` subset
   (``;``-separated, empty when none);
 - ``metric_options``: the geometry options of the row's runs
@@ -47,7 +47,7 @@ def _settings_text(rows: pd.DataFrame, groups: set[str]) -> tuple[str, str]:
         units.setdefault(label, []).append(unit)
         if pd.notna(limit) and unit not in limited:
             limited.append(unit)
-    text = " | ".join(f"{label}: {', '.join(sorted(u))}" for label, u in sorted(units.items()))
+    text = "; ".join(f"{label}: {', '.join(sorted(u))}" for label, u in sorted(units.items()))
     return text, ";".join(sorted(limited))
 
 
@@ -161,3 +161,24 @@ def setting_notes(board: pd.DataFrame, selected: pd.DataFrame) -> list[str]:
                 f"(K is capped at d_model - 1; see {column})."
             )
     return notes
+
+
+def cross_row_messages(selected: pd.DataFrame) -> list[str]:
+    """One message per task measured in different settings on different rows.
+
+    Each row is consistent in itself, but a column that holds such a task
+    (its score, or a geometry mean over it) compares values measured
+    differently across models.
+    """
+    messages = []
+    per_row = selected.drop_duplicates([*IDENTITY, "task"])
+    for task, rows in per_row.groupby("task", sort=True):
+        counts = rows["setting"].value_counts()
+        if len(counts) > 1:
+            seen = ", ".join(f"{label} ({n} row(s))" for label, n in sorted(counts.items()))
+            messages.append(
+                f"task {task} was measured in different settings on different rows: {seen}; "
+                "its score column and the geometry means over it compare models measured "
+                "differently (see the 'settings' column)."
+            )
+    return messages

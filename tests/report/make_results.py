@@ -18,7 +18,7 @@ SETTINGS ARE DECLARED, NOT RUN: `write_row` writes lm-eval's ``n-shot`` and
 tasks (ARC 25-shot, HellaSwag 10-shot: the tiny task has 24 documents, too
 few to draw 25 examples from), so that the rows fill the benchmark columns.
 The settings tests run real ``--num_fewshot``/``--limit`` runs instead
-(`run_settings_pair`).
+(`run_settings_runs`).
 
 Extra rows (revisions ``step1000``, ``checkpoint-2000``, ``step_3000`` of
 the first model and three larger shapes) are clones of the real files with
@@ -351,3 +351,52 @@ def make_results_dir(dest: Path, runs: list[Path], n_models: int = 9, **kwargs) 
     for i, row in enumerate(model_rows(runs, n_models)):
         write_row(dest, row["run"], row, f"2025-01-{i + 1:02d}T10-00-00.000000", **kwargs)
     return dest
+
+
+def _lm_coupling_run(root: Path, model: Path, out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable, "-m", "lm_coupling", "run",
+        "--model", "hf",
+        "--model_args", f"pretrained={model},dtype=float32",
+        "--tasks", TASK,
+        "--include_path", str(root / "task"),
+        "--output_path", str(out),
+        "--device", "cpu",
+        *extra,
+    ]  # fmt: skip
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def run_settings_runs(root: Path, real_root: Path) -> Path:
+    """Real runs in different settings into ``root/runs`` (the models of `run_lm_eval`).
+
+    - tiny-a, 0-shot, all documents, ``--metrics lss,coupling`` with ``k=100``;
+    - tiny-a again, started after it: 2-shot, ``--limit 4``, no ``--metrics``
+      (the rerun of the issue: newer score, other setting);
+    - tiny-b (``d_model`` 48), 0-shot, ``--metrics lss,coupling`` with
+      ``k=100``: the model runs at K = 47.
+    """
+    write_task(root / "task")
+    models = real_root / "models"
+    out = root / "runs"
+    metrics = ("--metrics", "lss,coupling", "--metric_args", "k=100,coupling_docs=2")
+    first = [
+        _lm_coupling_run(root, models / "tiny-a", out, "--num_fewshot", "0", *metrics),
+        _lm_coupling_run(root, models / "tiny-b", out, "--num_fewshot", "0", *metrics),
+    ]
+    outputs = [proc.communicate(timeout=900)[0] for proc in first]
+    later = _lm_coupling_run(root, models / "tiny-a", out, "--num_fewshot", "2", "--limit", "4")
+    outputs.append(later.communicate(timeout=900)[0])
+    for proc, text in zip([*first, later], outputs, strict=True):
+        if proc.returncode:
+            raise RuntimeError(f"lm-coupling run failed:\n{text[-3000:]}")
+    return out
