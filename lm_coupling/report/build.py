@@ -27,6 +27,7 @@ from lm_coupling.report.leaderboard import (
 )
 from lm_coupling.report.loading import IDENTITY, load_results
 from lm_coupling.report.newest import newest_values
+from lm_coupling.report.overlay import profiles_overlay
 from lm_coupling.report.row_settings import setting_notes
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
@@ -111,6 +112,22 @@ def _per_model_figures(geometry: list[dict[str, Any]], out_dir: Path) -> list[Pa
     return paths
 
 
+def _overlay_figure(geometry: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Every model's profiles on one axis per quantity, for the figure task."""
+    task = _figure_task(geometry)
+    entries = [
+        dict(
+            identity=tuple(g["identity"]),
+            n_layers=int((g.get("model") or {}).get("n_layers") or 0),
+            profiles=g.get("profiles") or {},
+        )
+        for g in geometry
+        if str(g.get("task")) == task and g.get("profiles")
+    ]
+    figure = profiles_overlay(entries, str(task)) if len(entries) >= 2 else None
+    return _save(figure, out_dir, "profiles_overlay") if figure is not None else []
+
+
 def _figures(board, corr, primary, target, sets, geometry, out_dir: Path) -> list[Path]:
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     paths = []
@@ -123,6 +140,7 @@ def _figures(board, corr, primary, target, sets, geometry, out_dir: Path) -> lis
             ax = fig.metric_vs_score(board, row["metric"], target, fit=row, tasks=tasks)
             paths += _save(ax, out_dir, f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}")
     paths += _per_model_figures(geometry, out_dir)
+    paths += _overlay_figure(geometry, out_dir)
     for identity, geo in with_tokenwise(geometry).items():
         axes = tokenwise_figure(geo, f"{identity[0]} {identity[1]} ({geo.get('task')})")
         paths += _save(axes, out_dir, f"tokenwise_{_slug(*identity)}")
