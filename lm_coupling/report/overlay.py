@@ -132,9 +132,10 @@ def profiles_overlay(entries: list[dict[str, Any]], task: str) -> Figure | None:
         title_fontsize=7,
     )
     note = ""
-    if "windowed_lss" not in names and any(
-        "windowed_lss" in (e.get("profiles") or {}) for e in entries
-    ):
+    measured = any("windowed_lss" in (e.get("profiles") or {}) for e in entries)
+    if "windowed_lss" not in names and measured:
         note = f"\nwindowed LSS omitted: fewer than two models have L >= {LSS_WINDOW} blocks"
+    elif "windowed_lss" in names and any(e["n_layers"] < LSS_WINDOW for e in entries):
+        note = f"\nwindowed LSS: only the models with L >= {LSS_WINDOW} blocks (its window)"
     figure.suptitle(f"per-layer profiles of {len(entries)} models, task {task}{note}", fontsize=9)
     return figure

@@ -256,6 +256,8 @@ def add_geometry(
             ),
             failures=[],
         )
+        if row.get("timings") is not None:
+            geo["timings"] = row["timings"]
         (folder / f"geometry_{task}_{stamp}.json").write_text(json.dumps(geo))
 
 
