@@ -1,20 +1,32 @@
 """Report step: lm-eval results folders -> leaderboard CSVs, statistics, figures, summary.
 
 Never imports torch. Entry point: `build_report`; command line: `lm_coupling.report.cli`.
-`write_leaderboard` (the refresh after each run) needs pandas only: `build_report`
-and its statistics (statsmodels, scipy, matplotlib) are imported on first use.
+Names are imported on first use (PEP 562), so that building the command-line
+parser (`lm-coupling --help`) loads neither pandas nor statsmodels;
+`write_leaderboard` (the refresh after each run) needs pandas only, and
+`build_report` brings in the statistics and plots.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from lm_coupling.report.benchmarks import SCHEMA_VERSION
-from lm_coupling.report.leaderboard import write_leaderboard
-from lm_coupling.report.loading import ReportInputError, ReportWarning, SettingsWarning
 
 if TYPE_CHECKING:
     from lm_coupling.report.build import ReportResult, build_report
+    from lm_coupling.report.leaderboard import write_leaderboard
+    from lm_coupling.report.loading import ReportInputError, ReportWarning, SettingsWarning
+
+_HOMES = {
+    "ReportInputError": "lm_coupling.report.loading",
+    "ReportWarning": "lm_coupling.report.loading",
+    "SettingsWarning": "lm_coupling.report.loading",
+    "write_leaderboard": "lm_coupling.report.leaderboard",
+    "build_report": "lm_coupling.report.build",
+    "ReportResult": "lm_coupling.report.build",
+}
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -28,9 +40,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``build_report`` and ``ReportResult``, imported on first use (PEP 562)."""
-    if name in ("build_report", "ReportResult"):
-        from lm_coupling.report import build
-
-        return getattr(build, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    """The public names of `_HOMES`, imported from their module on first use."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
