@@ -118,7 +118,8 @@ def mixed_messages(table: pd.DataFrame) -> list[str]:
 
 
 def _outside_open_llm(selected: pd.DataFrame) -> list[str]:
-    notes = []
+    """One note listing the benchmark tasks run with other shots than the Open LLM v1's."""
+    parts = []
     scores = selected[(selected["kind"] == "score") & selected["primary_score"].astype(bool)]
     for task, rows in scores.groupby("task", sort=True):
         bench = benchmark_of(task)
@@ -127,13 +128,19 @@ def _outside_open_llm(selected: pd.DataFrame) -> list[str]:
         shots = rows.drop_duplicates(IDENTITY)["shots"]
         other = shots[shots.isna() | (shots != bench.shots)]
         if len(other):
-            seen = ", ".join(sorted({"unknown" if pd.isna(s) else f"{int(s)}" for s in other}))
-            notes.append(
-                f"{task} was run with {seen} shot(s) on {len(other)} row(s), not the Open LLM "
-                f"v1 setting ({bench.shots}-shot): those scores are in a score:{task}:... "
-                f"column, not in '{bench.column}' or the average."
+            seen = "/".join(sorted({"unknown" if pd.isna(s) else f"{int(s)}" for s in other}))
+            parts.append(
+                f"{task} {seen}-shot on {len(other)} row(s) (v1: {bench.shots}-shot, "
+                f"column '{bench.column}')"
             )
-    return notes
+    if not parts:
+        return []
+    return [
+        "Benchmark tasks run outside the Open LLM v1 setting: "
+        + "; ".join(parts)
+        + ". Their scores are in score:<task>:<metric> columns, not in the benchmark "
+        "columns or the average."
+    ]
 
 
 def setting_notes(board: pd.DataFrame, selected: pd.DataFrame) -> list[str]:
