@@ -26,7 +26,7 @@ from lm_coupling.report.leaderboard import (
     warn_settings,
 )
 from lm_coupling.report.loading import IDENTITY, load_results
-from lm_coupling.report.newest import newest_values
+from lm_coupling.report.newest import OTHER_SETTING, newest_values
 from lm_coupling.report.overlay import profiles_overlay
 from lm_coupling.report.row_settings import setting_notes
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
@@ -202,7 +202,7 @@ def build_report(
     primary: str = "coupling",
     seed: int = 0,
 ) -> ReportResult:
-    """Read a results folder and write the report (see DESIGN.md section 7).
+    """Read a results folder and write the report (docs/report.md describes every output).
 
     Args:
         results_dir: folder holding lm-eval runs (searched recursively).
@@ -258,7 +258,8 @@ def build_report(
             board, metrics, targets, primary, seed, result.primary_target, sets.used
         )
         result.controls = controls_table(board, metrics, result.primary_target, seed)
-    wm = within_model(loaded.runs)
+    used = provenance[provenance["status"] != OTHER_SETTING]
+    wm = within_model(loaded.runs, set(zip(used["file"], used["task"], strict=True)))
     result.within_model = wm if len(wm) else None
     timed = timings_table(loaded.geometry)
     result.timings = timed if len(timed) else None

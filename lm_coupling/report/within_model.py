@@ -161,11 +161,19 @@ def fit_logit(x: np.ndarray, y: np.ndarray) -> dict:
     return out
 
 
-def within_model(runs: list[RunFile]) -> pd.DataFrame:
-    """Rows of ``within_model.csv`` from the newest run with geometry samples per (model, task)."""
+def within_model(runs: list[RunFile], used: set[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """Rows of ``within_model.csv`` from the newest run with geometry samples per (model, task).
+
+    Args:
+        runs: the parsed results files.
+        used: (results file, task) pairs the leaderboard uses (`newest_values`):
+            when given, a run in another setting of the task is never chosen.
+    """
     chosen: dict[tuple, tuple[RunFile, pd.DataFrame, str]] = {}
     for run in sorted(runs, key=lambda r: r.timestamp):
         for task in run.samples:
+            if used is not None and (str(run.path), task) not in used:
+                continue
             table, correct = sample_table(run, task)
             if correct is not None and len(table.columns) > 1:
                 chosen[(run.identity, task)] = (run, table, correct)
