@@ -202,7 +202,7 @@ def build_report(
     primary: str = "coupling",
     seed: int = 0,
 ) -> ReportResult:
-    """Read a results folder and write the report (docs/report.md describes every output).
+    """Read a results folder and write the report (see docs/report.md).
 
     Args:
         results_dir: folder holding lm-eval runs (searched recursively).

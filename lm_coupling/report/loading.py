@@ -3,7 +3,7 @@
 A run writes, under ``<output_path>/<model_name_sanitized>/``, lm-eval's
 ``results_<timestamp>.json``, ``samples_<task>_<timestamp>.jsonl`` (with
 ``--log_samples``) and lm-coupling's ``geometry_<task>_<timestamp>.json``
-(see docs/CONTRACTS.md). A row of the report is one model identity
+(see docs/outputs.md). A row of the report is one model identity
 ``(model, revision, dtype)``:
 
 - model: ``config.model_args["pretrained"]`` (else ``model_name``); a local

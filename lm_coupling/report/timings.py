@@ -7,16 +7,19 @@ A geometry file may hold a top-level ``timings`` section::
                               "factorisation": s, "metrics": s},
      "per_layer": {"jacobian_products": [L floats], "factorisation": [L floats]}}
 
-(means over the documents measured; any key may be missing). ``timings.csv``
-has one row per (model, revision, dtype, task, group) with columns
-`TIMING_COLUMNS`; files without the section give no row. The per-layer
-lists stay in the geometry files.
+(means over the documents measured; any key may be missing). Other groups
+are kept too (``jacobian``: a document's whole share of the batched
+Jacobian engine; ``jacobian_forward``), and ``n_documents_per_part``, when
+present, gives each group's own document count (the Jacobian groups run on
+the sampled documents only). ``timings.csv`` has one row per (model,
+revision, dtype, task, group) with columns `TIMING_COLUMNS`; files without
+the section give no row. The per-layer lists stay in the geometry files.
 
 The summary gives, per model, the seconds per document of each group (the
 mean over tasks, weighted by their documents) and what the Jacobian work
-(``jacobian_products`` + ``factorisation``, paid once per sampled document)
-costs per task at the run's ``coupling_docs``, so a user can decide whether
-to lower it.
+(``jacobian`` when recorded, else ``jacobian_products`` +
+``factorisation``; paid once per sampled document) costs per task at the
+run's ``coupling_docs``, so a user can decide whether to lower it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,14 @@ import pandas as pd
 from lm_coupling.report.loading import IDENTITY
 
 TIMING_COLUMNS = [*IDENTITY, "task", "group", "seconds_per_document", "n_documents"]
-GROUPS = ("forward_capture", "jacobian_products", "factorisation", "metrics")
+GROUPS = (
+    "forward_capture",
+    "jacobian",
+    "jacobian_forward",
+    "jacobian_products",
+    "factorisation",
+    "metrics",
+)
 JACOBIAN_GROUPS = ("jacobian_products", "factorisation")
 
 
@@ -48,6 +58,7 @@ def timings_table(geometry: list[dict[str, Any]]) -> pd.DataFrame:
             continue
         per_doc = timings.get("seconds_per_document") or {}
         n_docs = _number(timings.get("n_documents"))
+        per_part = timings.get("n_documents_per_part") or {}
         known = [g for g in GROUPS if g in per_doc]
         others = sorted(g for g in per_doc if g not in GROUPS)
         for group in known + others:
@@ -59,7 +70,7 @@ def timings_table(geometry: list[dict[str, Any]]) -> pd.DataFrame:
                         task=str(geo.get("task", "")),
                         group=group,
                         seconds_per_document=seconds,
-                        n_documents=n_docs,
+                        n_documents=_number(per_part.get(group, n_docs)),
                     )
                 )
     table = pd.DataFrame(rows, columns=TIMING_COLUMNS)
@@ -89,6 +100,16 @@ def coupling_docs_of(geometry: list[dict[str, Any]]) -> dict[tuple, float]:
     return found
 
 
+def jacobian_seconds(row: pd.Series) -> float:
+    """Jacobian work per sampled document: ``jacobian``, else products + factorisation."""
+    whole = row.get("jacobian")
+    if whole is not None and pd.notna(whole):
+        return float(whole)
+    parts = [row.get(g) for g in JACOBIAN_GROUPS]
+    parts = [float(v) for v in parts if v is not None and pd.notna(v)]
+    return sum(parts) if parts else math.nan
+
+
 def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> str:
     """The summary section (empty string when no file had timings)."""
     if table.empty:
@@ -96,8 +117,8 @@ def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> 
     wide = _per_model(table)
     lines = [
         "Seconds per document, by metric group (means over the documents measured, "
-        "weighted over tasks; every row in `timings.csv`). The Jacobian work "
-        "(`jacobian_products` + `factorisation`) is paid once per *sampled* document, so "
+        "weighted over tasks; every row in `timings.csv`). The Jacobian work (`jacobian`, "
+        "else `jacobian_products` + `factorisation`) is paid once per *sampled* document, so "
         "a task costs about `coupling_docs` times it: lower `coupling_docs` in "
         "`--metric_args` when that column dominates.",
         "",
@@ -105,13 +126,10 @@ def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> 
         "|" + "---|" * (4 + len(wide.columns)),
     ]
     for identity, row in wide.iterrows():
-        jac = sum(row.get(g, 0.0) for g in JACOBIAN_GROUPS if pd.notna(row.get(g)))
+        jac = jacobian_seconds(row)
         docs = coupling_docs.get(tuple(identity))
-        per_task = (
-            f"{jac * docs:.3g} s at coupling_docs={docs:g}"
-            if docs is not None and any(g in row.index for g in JACOBIAN_GROUPS)
-            else ""
-        )
+        per_task = f"{jac * docs:.3g} s at coupling_docs={docs:g}"
+        per_task = per_task if docs is not None and math.isfinite(jac) else ""
         cells = ["" if pd.isna(v) else f"{v:.3g}" for v in row]
         lines.append("| " + " | ".join([*map(str, identity), *cells, per_task]) + " |")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ GEOMETRY IS ADDED HERE, NOT MEASURED: when these tests were written the
 lm-eval integration (``--metrics``) was not yet available, so `add_geometry`
 writes the geometry entries a ``--metrics`` run would write (metric values in
 the results JSON and the samples JSONL, ``config["lm_coupling"]``, and
-``geometry_<task>_<timestamp>.json`` following docs/CONTRACTS.md), computed
+``geometry_<task>_<timestamp>.json`` following docs/outputs.md), computed
 deterministically from each row's shape and scores with a seeded generator.
 Once ``--metrics`` works, switch `run_lm_eval` to pass ``--metrics all`` and
 drop `add_geometry`.

@@ -16,6 +16,7 @@ from lm_coupling.report.cli import add_report_arguments, run_report
 # The session fixtures run the real lm_eval / lm-coupling command lines.
 pytestmark = pytest.mark.slow
 SCORE = f"score:{TASK}:acc_norm"
+STAMP = "2024-03-01T00-00-00.000000"
 
 
 def _results(folder, model):
@@ -177,6 +178,21 @@ def test_timings_table_and_summary(real_runs, tmp_path):
     section = summary.split("## Time spent on geometry")[1]
     line = next(x for x in section.splitlines() if x.startswith("| models/tiny-a"))
     assert "| 0.01 | 0.5 | 0.25 | 0.002 |" in line
+
+
+def test_timings_jacobian_total_and_counts_per_part(real_runs, tmp_path):
+    row = model_rows(real_runs, 1)[0]
+    timing = dict(
+        n_documents=24,
+        n_documents_per_part=dict(forward_capture=24, jacobian=4),
+        seconds_per_document=dict(forward_capture=0.01, jacobian=3.0),
+    )
+    options = {"k": 4, "coupling_docs": 4}
+    write_row(tmp_path, row["run"], dict(row, timings=timing, options=options), STAMP)
+    result = build_report(tmp_path)
+    counts = result.timings.set_index("group")["n_documents"].to_dict()
+    assert counts == {"forward_capture": 24, "jacobian": 4}
+    assert "12 s at coupling_docs=4" in result.summary.read_text()  # 3.0 s x 4 documents
 
 
 def test_timings_per_task_cost_uses_coupling_docs(real_runs, tmp_path):
