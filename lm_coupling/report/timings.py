@@ -128,8 +128,9 @@ def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> 
     for identity, row in wide.iterrows():
         jac = jacobian_seconds(row)
         docs = coupling_docs.get(tuple(identity))
-        per_task = f"{jac * docs:.3g} s at coupling_docs={docs:g}"
-        per_task = per_task if docs is not None and math.isfinite(jac) else ""
+        per_task = ""
+        if docs is not None and math.isfinite(jac):
+            per_task = f"{jac * docs:.3g} s at coupling_docs={docs:g}"
         cells = ["" if pd.isna(v) else f"{v:.3g}" for v in row]
         lines.append("| " + " | ".join([*map(str, identity), *cells, per_task]) + " |")
     return "\n".join(lines)
