@@ -117,25 +117,35 @@ def profiles_overlay(entries: list[dict[str, Any]], task: str) -> Figure | None:
         ax.set_xlabel("relative depth l / L")
         ax.set_title(f"{PROFILE_LABELS.get(name, name)}\n({len(shown)} models)", fontsize=9)
     figure = axes[0].figure
+    _legend(figure, handles, legend_title)
+    note = _lss_note(names, entries)
+    figure.suptitle(f"per-layer profiles of {len(entries)} models, task {task}{note}", fontsize=9)
+    return figure
+
+
+def _legend(figure: Figure, handles: dict[str, Any], title: str) -> None:
+    """One legend below the panels; past `MAX_LEGEND` entries, the first and last half."""
     labels = list(handles)
     if len(labels) > MAX_LEGEND:  # keep the first and last: the colour order says the rest
         keep = labels[: MAX_LEGEND // 2] + labels[-MAX_LEGEND // 2 :]
         handles = {k: handles[k] for k in keep}
-        legend_title += f"; {len(labels) - len(keep)} more not listed"
+        title += f"; {len(labels) - len(keep)} more not listed"
     figure.legend(
         list(handles.values()),
         list(handles),
         loc="outside lower center",
         ncol=min(4, len(handles)),
         fontsize=7,
-        title=legend_title,
+        title=title,
         title_fontsize=7,
     )
-    note = ""
+
+
+def _lss_note(names: list[str], entries: list[dict[str, Any]]) -> str:
+    """A title line when windowed LSS is left out, or drawn for only the deep models."""
     measured = any("windowed_lss" in (e.get("profiles") or {}) for e in entries)
     if "windowed_lss" not in names and measured:
-        note = f"\nwindowed LSS omitted: fewer than two models have L >= {LSS_WINDOW} blocks"
-    elif "windowed_lss" in names and any(e["n_layers"] < LSS_WINDOW for e in entries):
-        note = f"\nwindowed LSS: only the models with L >= {LSS_WINDOW} blocks (its window)"
-    figure.suptitle(f"per-layer profiles of {len(entries)} models, task {task}{note}", fontsize=9)
-    return figure
+        return f"\nwindowed LSS omitted: fewer than two models have L >= {LSS_WINDOW} blocks"
+    if "windowed_lss" in names and any(e["n_layers"] < LSS_WINDOW for e in entries):
+        return f"\nwindowed LSS: only the models with L >= {LSS_WINDOW} blocks (its window)"
+    return ""
