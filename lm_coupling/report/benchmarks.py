@@ -22,6 +22,17 @@ are never renamed without a new version listed here):
   ``within_model.csv`` gains ``score_type``, ``p_holm``, ``correction``;
   ``geometry_long.csv``: ``n`` of a sampled metric is the documents measured,
   ``windowed_lss`` layers are numbered 1..L.
+- ``lm_coupling.report/3``: the six benchmark columns and ``average`` are
+  filled only from runs in the Open LLM v1 setting (shots per task:
+  `Benchmark.shots`); a benchmark task run with other shots gets a
+  ``score:<task>:<metric>`` column. A K column is named after the K asked
+  for (``options_requested``), ``<metric>__k_used`` gives the K used (also
+  for ``alignment_ratio``). ``leaderboard.csv`` gains ``settings``,
+  ``limited``, ``metric_options``, ``mixed_settings``; its counts
+  (``n_params``, ``n_layers``, ``d_model``, ``n_benchmarks``,
+  ``<metric>__n``) are integers; ``provenance.csv`` gains ``setting`` and
+  the status "other setting"; ``score_sources.csv`` gains ``setting``;
+  ``geometry_long.csv``'s ``n`` is an integer; new ``timings.csv``.
 """
 
 from __future__ import annotations
@@ -29,26 +40,33 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-SCHEMA_VERSION = "lm_coupling.report/2"
+SCHEMA_VERSION = "lm_coupling.report/3"
 
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One leaderboard column: the lm-eval task and the metric it reports."""
+    """One leaderboard column: the lm-eval task, the metric it reports, its Open LLM v1 shots.
+
+    A run fills the column only in the Open LLM Leaderboard v1 setting, that is
+    with ``shots`` few-shot examples (lm-eval's ``n-shot`` for the task); a
+    run of the task with other shots is reported in a ``score:<task>:<metric>``
+    column of its own.
+    """
 
     column: str
     task: str
     metric: str
+    shots: int
     filters: tuple[str, ...] = ("none",)
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
-    Benchmark("arc", "arc_challenge", "acc_norm"),
-    Benchmark("hellaswag", "hellaswag", "acc_norm"),
-    Benchmark("mmlu", "mmlu", "acc"),
-    Benchmark("truthfulqa", "truthfulqa_mc2", "acc"),
-    Benchmark("winogrande", "winogrande", "acc"),
-    Benchmark("gsm8k", "gsm8k", "exact_match", ("strict-match", "flexible-extract")),
+    Benchmark("arc", "arc_challenge", "acc_norm", 25),
+    Benchmark("hellaswag", "hellaswag", "acc_norm", 10),
+    Benchmark("mmlu", "mmlu", "acc", 5),
+    Benchmark("truthfulqa", "truthfulqa_mc2", "acc", 0),
+    Benchmark("winogrande", "winogrande", "acc", 5),
+    Benchmark("gsm8k", "gsm8k", "exact_match", 5, ("strict-match", "flexible-extract")),
 )
 BENCHMARK_COLUMNS = tuple(b.column for b in BENCHMARKS)
 AVERAGE = "average"

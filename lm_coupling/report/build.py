@@ -21,12 +21,18 @@ from lm_coupling.report.leaderboard import (
     join_external,
     primary_target,
     read_scores_csv,
+    settings_messages,
     target_columns,
+    warn_settings,
 )
-from lm_coupling.report.loading import IDENTITY, load_results, newest_values
+from lm_coupling.report.loading import IDENTITY, load_results
+from lm_coupling.report.newest import OTHER_SETTING, newest_values
+from lm_coupling.report.overlay import profiles_overlay
+from lm_coupling.report.row_settings import setting_notes
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
 from lm_coupling.report.tasksets import TaskSets
+from lm_coupling.report.timings import coupling_docs_of, timings_markdown, timings_table
 from lm_coupling.report.tokenwise import tokenwise_figure, with_tokenwise
 from lm_coupling.report.within_model import within_model
 
@@ -46,6 +52,7 @@ class ReportResult:
     correlations: pd.DataFrame | None = None
     controls: pd.DataFrame | None = None
     within_model: pd.DataFrame | None = None
+    timings: pd.DataFrame | None = None
     primary_metric: str | None = None
     primary_target: str | None = None
     figures: list[Path] = field(default_factory=list)
@@ -105,6 +112,22 @@ def _per_model_figures(geometry: list[dict[str, Any]], out_dir: Path) -> list[Pa
     return paths
 
 
+def _overlay_figure(geometry: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Every model's profiles on one axis per quantity, for the figure task."""
+    task = _figure_task(geometry)
+    entries = [
+        dict(
+            identity=tuple(g["identity"]),
+            n_layers=int((g.get("model") or {}).get("n_layers") or 0),
+            profiles=g.get("profiles") or {},
+        )
+        for g in geometry
+        if str(g.get("task")) == task and g.get("profiles")
+    ]
+    figure = profiles_overlay(entries, str(task)) if len(entries) >= 2 else None
+    return _save(figure, out_dir, "profiles_overlay") if figure is not None else []
+
+
 def _figures(board, corr, primary, target, sets, geometry, out_dir: Path) -> list[Path]:
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     paths = []
@@ -117,6 +140,7 @@ def _figures(board, corr, primary, target, sets, geometry, out_dir: Path) -> lis
             ax = fig.metric_vs_score(board, row["metric"], target, fit=row, tasks=tasks)
             paths += _save(ax, out_dir, f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}")
     paths += _per_model_figures(geometry, out_dir)
+    paths += _overlay_figure(geometry, out_dir)
     for identity, geo in with_tokenwise(geometry).items():
         axes = tokenwise_figure(geo, f"{identity[0]} {identity[1]} ({geo.get('task')})")
         paths += _save(axes, out_dir, f"tokenwise_{_slug(*identity)}")
@@ -203,8 +227,10 @@ def build_report(
         ids = selected[IDENTITY].drop_duplicates()
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
     board, sets = build_leaderboard(
-        selected, loaded.shapes, sources, loaded.geometry, loaded.by_results
+        selected, loaded.shapes, sources, loaded.geometry, loaded.by_results, loaded.runs
     )
+    warned = settings_messages(board, provenance, selected)
+    warn_settings(warned)
     result = ReportResult(
         out,
         board,
@@ -214,7 +240,9 @@ def build_report(
         notes=[f"skipped {s}" for s in loaded.skipped],
     )
     metrics, targets = geometry_columns(board), target_columns(board)
+    result.notes = [f"WARNING: {m}" for m in warned] + result.notes
     result.notes = task_set_notes(board, sets, targets) + result.notes
+    result.notes += setting_notes(board, selected)
     result.notes += _score_notes(sources, scores_csv)
     result.primary_metric = resolve_primary(metrics, primary)
     result.primary_target = primary_target(board, targets)
@@ -230,8 +258,11 @@ def build_report(
             board, metrics, targets, primary, seed, result.primary_target, sets.used
         )
         result.controls = controls_table(board, metrics, result.primary_target, seed)
-    wm = within_model(loaded.runs)
+    used = provenance[provenance["status"] != OTHER_SETTING]
+    wm = within_model(loaded.runs, set(zip(used["file"], used["task"], strict=True)))
     result.within_model = wm if len(wm) else None
+    timed = timings_table(loaded.geometry)
+    result.timings = timed if len(timed) else None
     tables = {
         "leaderboard": board,
         "geometry_long": result.geometry_long,
@@ -240,6 +271,7 @@ def build_report(
         "correlations": result.correlations,
         "controls": result.controls,
         "within_model": result.within_model,
+        "timings": result.timings,
     }
     for name, table in tables.items():
         if table is not None:
@@ -254,6 +286,11 @@ def build_report(
         out,
     )
     result.summary = write_summary(
-        out, result.primary_metric, result.figures, result.notes, result.primary_target
+        out,
+        result.primary_metric,
+        result.figures,
+        result.notes,
+        result.primary_target,
+        timings_markdown(timed, coupling_docs_of(loaded.geometry)),
     )
     return result

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
+from typing import TYPE_CHECKING
 
-from lm_coupling.report.build import ReportResult, build_report
+if TYPE_CHECKING:  # the parser is built for `lm-coupling --help`: no statsmodels there
+    from lm_coupling.report.build import ReportResult
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -54,13 +58,29 @@ def format_result(result: ReportResult) -> str:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """Run the report for parsed arguments; print a short summary; return the exit code 0."""
-    result = build_report(
-        args.results_dir,
-        out_dir=args.out,
-        scores_csv=args.scores,
-        primary=args.primary,
-        seed=getattr(args, "seed", 0),
-    )
+    """Run the report for parsed arguments; print a short summary; return the exit code 0.
+
+    Each `ReportWarning` (a skipped file, settings that differ) is printed once
+    to stderr as ``lm-coupling report: warning: ...``; other warnings pass on.
+    """
+    from lm_coupling.report.build import build_report
+    from lm_coupling.report.loading import ReportWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ReportWarning)
+        result = build_report(
+            args.results_dir,
+            out_dir=args.out,
+            scores_csv=args.scores,
+            primary=args.primary,
+            seed=getattr(args, "seed", 0),
+        )
+    for item in caught:
+        if any(str(item.message) in note for note in result.notes):
+            continue  # printed with the notes below
+        if issubclass(item.category, ReportWarning):
+            print(f"lm-coupling report: warning: {item.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(item.message, item.category, item.filename, item.lineno)
     print(format_result(result))
     return 0

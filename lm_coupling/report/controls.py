@@ -32,7 +32,6 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 from scipy import stats
 
 from lm_coupling.report.benchmarks import AVERAGE, SCHEMA_VERSION
@@ -101,6 +100,8 @@ def _controls_reason(data: pd.DataFrame, kept: list[str]) -> str:
         return "no size control varies across these models"
     if n <= k + 2:
         return f"too few models for {k} controls (n={n}, need n > {k + 2})"
+    import statsmodels.api as sm  # here, not at import: `lm-coupling --help` stays light
+
     design = sm.add_constant(data[[*kept, "_x"]].to_numpy(), has_constant="add")
     if np.linalg.matrix_rank(design) < design.shape[1]:
         return "controls and metric are collinear (rank-deficient design)"
@@ -116,6 +117,8 @@ def partial_and_nested(board: pd.DataFrame, metric: str, target: str = AVERAGE) 
     nested = dict(common, analysis="nested", estimator="OLS-F", reason=reason)
     if reason:
         return [partial, nested]
+    import statsmodels.api as sm  # here, not at import: `lm-coupling --help` stays light
+
     z = sm.add_constant(data[kept].to_numpy(), has_constant="add")
     x, y = data["_x"].to_numpy(), data["_y"].to_numpy()
     rx = x - z @ np.linalg.lstsq(z, x, rcond=None)[0]
@@ -156,6 +159,8 @@ def exponential_fit(board: pd.DataFrame, metric: str, target: str = AVERAGE) -> 
     )
     if row["reason"]:
         return row
+    import statsmodels.api as sm  # here, not at import: `lm-coupling --help` stays light
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         log_fit = sm.OLS(np.log(y), sm.add_constant(x, has_constant="add")).fit()

@@ -9,6 +9,14 @@ Layer numbering is the same everywhere: blocks are 1..L (heatmap rows and
 columns, graph nodes, windowed LSS), and a per-state profile runs over
 l = 0..L, where state l is the output of block l and 0 the embeddings. Layer
 axes carry integer ticks only.
+
+Scale honesty: a quantity bounded in [0, 1] (normalised entropy, TV to
+target, coupling, fixation depth, scores) is drawn on the fixed [0, 1] axis
+in a profile, with its range printed when it varies by less than
+`FLAT_SPAN` (so a flat profile looks flat, not like a steep decline); where
+a panel must zoom to show differences (scatter plots, the coupling
+heatmap's colours), its axis label says so and by how much
+(`zoom_note`).
 """
 
 from __future__ import annotations
@@ -18,17 +26,21 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, MaxNLocator
 
-from lm_coupling.report.benchmarks import parse_step
+from lm_coupling.report.benchmarks import AVERAGE, BENCHMARK_COLUMNS, parse_step
 from lm_coupling.report.boundary import boundary_layer, boundary_profile
 from lm_coupling.report.labels import place_labels
 from lm_coupling.report.stats import spans_decades
 
 FIGSIZE = (6.0, 4.5)
+FLAT_SPAN = 0.05
+UNIT_PROFILES = ("logit_lens_entropy", "tv_to_target")
+UNIT_METRICS = ("coupling", "logit_lens_entropy", "tv_to_target", "fixation_depth")
 DPI = 100
 LSS_WINDOW = 11
 PROFILE_LABELS = {
@@ -51,6 +63,51 @@ def new_grid(nrows: int, ncols: int, cell: tuple[float, float] = (4.0, 3.4)) -> 
     fig = Figure(figsize=(cell[0] * ncols, cell[1] * nrows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return np.asarray(fig.subplots(nrows, ncols, squeeze=False))
+
+
+def is_unit_quantity(name: str) -> bool:
+    """Whether a column or profile is bounded in [0, 1] (see the module docstring)."""
+    base = name.split("_k", 1)[0] if name.startswith("coupling_k") else name
+    return (
+        base in UNIT_METRICS
+        or name in (*BENCHMARK_COLUMNS, AVERAGE, "thought_fixation_boundary")
+        or name.startswith("score:")
+        and name.split(":")[2].split(",")[0] in _UNIT_SCORES
+    )
+
+
+_UNIT_SCORES = ("acc", "acc_norm", "exact_match", "mc1", "mc2")
+
+
+def zoom_note(low: float, high: float) -> str:
+    """``zoomed: 0.41-0.46, 5% of [0, 1]`` for an axis of a [0, 1] quantity shown zoomed in."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+    share = 100 * (high - low)
+    return f"zoomed: {low:.3g}-{high:.3g}, {share:.2g}% of [0, 1]"
+
+
+def unit_axis(ax: Axes, values: np.ndarray, axis: str = "y") -> None:
+    """Fix a [0, 1] quantity's axis to [0, 1]; print its range on the panel when nearly flat."""
+    finite = values[np.isfinite(values)]
+    pad = 0.02
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(-pad, 1 + pad)
+    if len(finite) and np.ptp(finite) < FLAT_SPAN:
+        ax.text(
+            0.98, 0.04 if finite.mean() > 0.5 else 0.92,
+            f"flat: {finite.min():.5g}-{finite.max():.5g}",
+            transform=ax.transAxes, ha="right", va="bottom", fontsize=7, color="dimgrey",
+        )  # fmt: skip
+
+
+def _label_zoom(ax: Axes, name: str, axis: str) -> str:
+    """The axis label of ``name``, with `zoom_note` when it is a [0, 1] quantity."""
+    if not is_unit_quantity(name):
+        return ""
+    low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    if low <= 0.0 and high >= 1.0:
+        return ""
+    return f" ({zoom_note(max(low, 0.0), min(high, 1.0))})"
 
 
 def _short(model: str) -> str:
@@ -151,8 +208,8 @@ def metric_vs_score(
     if not log_x:
         ax.ticklabel_format(axis="x", useOffset=False)
     ax.ticklabel_format(axis="y", useOffset=False)
-    ax.set_xlabel(metric + (" (log scale)" if log_x else ""))
-    ax.set_ylabel(target)
+    ax.set_xlabel(metric + (" (log scale)" if log_x else _label_zoom(ax, metric, "x")))
+    ax.set_ylabel(target + _label_zoom(ax, target, "y"))
     place_labels(ax, data[metric].to_numpy(float), data[target].to_numpy(float), labels)
     return ax
 
@@ -200,6 +257,8 @@ def layer_profile(
         ax.legend(fontsize=7)
     integer_layer_axis(ax, first, first + len(y) - 1)
     ax.ticklabel_format(axis="y", useOffset=False)
+    if name in UNIT_PROFILES:
+        unit_axis(ax, y)
     ax.set_xlabel("block l" if first else "state l (0 = embeddings)")
     ax.set_title(PROFILE_LABELS.get(name, name), fontsize=9)
     return ax
@@ -243,7 +302,7 @@ def profiles_figure(profiles: Mapping[str, Mapping], n_layers: int, title: str) 
 def coupling_figure(matrix: Sequence[Sequence[float]], k: int | None, title: str) -> Figure:
     """One model's coupling heatmap and graph, with ``title`` (model and task) above."""
     axes = new_axes(2, figsize=(9.0, 4.4))
-    coupling_heatmap(matrix, ax=axes[0], title=f"coupling c_K(l, l'), K = {k}")
+    coupling_heatmap(matrix, ax=axes[0], title=f"coupling c_K(l, l'), K = {k} (directed)")
     coupling_graph(matrix, ax=axes[1])
     axes[0].figure.suptitle(title, fontsize=9)
     return axes[0].figure
@@ -255,7 +314,9 @@ def coupling_heatmap(
     """The L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
 
     The diagonal (a block with itself, not part of the coupling score) is
-    masked grey, and the colour scale spans the off-diagonal values only.
+    masked grey, and the colour scale spans the off-diagonal values only:
+    the colour bar's label says how far that zooms into [0, 1]
+    (`zoom_note`).
     """
     ax = ax if ax is not None else new_axes()[0]
     data = np.asarray(matrix, dtype=float)
@@ -266,12 +327,11 @@ def coupling_heatmap(
     if vmin == vmax:
         vmin, vmax = vmin - 0.5e-3, vmax + 0.5e-3
     extent = (0.5, n + 0.5, n + 0.5, 0.5)
-    image = ax.imshow(
-        np.ma.masked_invalid(off), cmap="viridis", vmin=vmin, vmax=vmax, extent=extent
-    )
-    image.cmap.set_bad("lightgrey")
+    cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
+    image = ax.imshow(np.ma.masked_invalid(off), cmap=cmap, vmin=vmin, vmax=vmax, extent=extent)
     bar = ax.figure.colorbar(image, ax=ax, shrink=0.85)
-    bar.set_label("c_K (off-diagonal; diagonal grey)", fontsize=8)
+    zoom = zoom_note(vmin, vmax) if 0.0 <= vmin and vmax <= 1.0 else "outside [0, 1]"
+    bar.set_label(f"c_K off-diagonal ({zoom})\ndiagonal grey", fontsize=8)
     integer_layer_axis(ax, 1, n, "x")
     integer_layer_axis(ax, 1, n, "y")
     ax.set_xlabel("block l'")
@@ -285,7 +345,10 @@ def coupling_graph(
 ) -> Axes:
     """Blocks 1..L on a circle, joined where coupling is above the ``quantile`` of off-diagonals.
 
-    Edge width and opacity grow with the symmetric coupling ``(A + A^T) / 2``.
+    Edge width and opacity grow with the symmetric coupling
+    ``(c(l, l') + c(l', l)) / 2``: the graph is undirected, and its title says
+    so (a pair with one strong direction and one weak one draws as average;
+    the heatmap beside it shows both directions).
     """
     ax = ax if ax is not None else new_axes()[0]
     data = np.asarray(matrix, dtype=float)
@@ -314,7 +377,11 @@ def coupling_graph(
     ax.set_ylim(-1.25, 1.25)
     ax.set_aspect("equal")
     ax.set_axis_off()
-    ax.set_title(f"blocks 1..{n}: pairs above the median coupling", fontsize=9)
+    ax.set_title(
+        f"blocks 1..{n}, undirected: edges where (c(l, l') + c(l', l)) / 2\n"
+        "is above its median; width grows with it",
+        fontsize=8,
+    )
     return ax
 
 
@@ -344,6 +411,7 @@ def training_dynamics(board: pd.DataFrame, metrics: Sequence[str], target: str) 
         if spans_decades(data[column].to_numpy(float)):
             ax.set_yscale("log")
         ax.set_xlabel("training step")
+        ax.set_ylabel(_label_zoom(ax, column, "y").strip(" ()"), fontsize=7)
         ax.set_title(f"{column} over training", fontsize=9)
     handles, names = axes[0][0].get_legend_handles_labels()
     legend_ax = axes[1][0]
@@ -360,7 +428,7 @@ def training_dynamics(board: pd.DataFrame, metrics: Sequence[str], target: str) 
             )  # fmt: skip
         if spans_decades(data[column].to_numpy(float)):
             ax.set_xscale("log")
-        ax.set_xlabel(column)
-        ax.set_ylabel(target)
+        ax.set_xlabel(column + _label_zoom(ax, column, "x"), fontsize=8)
+        ax.set_ylabel(target + _label_zoom(ax, target, "y"), fontsize=8)
         ax.set_title(f"{target} vs {column}\n(ring: last step)", fontsize=9)
     return axes

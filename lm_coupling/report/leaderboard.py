@@ -1,29 +1,36 @@
 """Build the leaderboard table (one row per model identity) and the long geometry table.
 
-Columns of ``leaderboard.csv`` (schema ``lm_coupling.report/2``, see
-`lm_coupling.report.benchmarks` for the changes from /1):
+Columns of ``leaderboard.csv`` (schema `SCHEMA_VERSION`, see
+`lm_coupling.report.benchmarks` for the changes between versions):
 
-- ``model, revision, dtype, step, n_params, n_layers, d_model``;
+- ``model, revision, dtype, step, n_params, n_layers, d_model`` (integers,
+  empty where unknown);
 - one column per leaderboard benchmark present (``arc, hellaswag, mmlu,
   truthfulqa, winogrande, gsm8k``: scores in [0, 1], the metric of
-  `BENCHMARKS`), ``n_benchmarks`` (how many of the six this row has) and
+  `BENCHMARKS`), filled only from runs in the Open LLM v1 setting (the
+  shots of `Benchmark.shots`; a ``--limit`` run fills it and is named in
+  ``limited``), ``n_benchmarks`` (how many of the six this row has) and
   ``average``: the mean of the six, only when all six are present (NaN
   otherwise: a mean over a different subset per model compares nothing);
-- ``score:<task>:<metric>`` for every other task that was run: its primary
-  metric (`lm_coupling.report.loading.primary_score_metric`; ``,<filter>``
-  is appended when the filter is not ``none``). Subtasks of a scored group
+- ``score:<task>:<metric>`` for every other task that was run, and for a
+  benchmark task run with other shots: its primary metric
+  (`lm_coupling.report.loading.primary_score_metric`; ``,<filter>`` is
+  appended when the filter is not ``none``). Subtasks of a scored group
   (MMLU's subjects) are represented by the group;
 - per geometry metric ``<metric>`` (a metric with a K option is named after
-  the setting: ``coupling_k10``, ``coupling_k0.1``), ``<metric>__tasks``,
-  ``<metric>__n`` and, for coupling, ``<metric>__k_used`` (the K after the
-  d_model - 1 cap, per model); then ``thought_fixation_boundary`` with the
-  same companions. Which tasks a value is averaged over: see
-  `lm_coupling.report.tasksets`.
+  the K asked for: ``coupling_k10``, ``coupling_k0.1``), ``<metric>__tasks``,
+  ``<metric>__n`` and, for a metric with a K, ``<metric>__k_used`` (the K
+  after the d_model - 1 cap, per model); then ``thought_fixation_boundary``
+  with the same companions. Which tasks a value is averaged over: see
+  `lm_coupling.report.tasksets`;
+- ``settings, limited, metric_options, mixed_settings``: what the row was
+  measured with (`lm_coupling.report.row_settings`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +45,20 @@ from lm_coupling.report.benchmarks import (
     parse_step,
 )
 from lm_coupling.report.boundary import boundary_depth, boundary_profile
-from lm_coupling.report.loading import IDENTITY, ReportInputError, load_results, newest_values
+from lm_coupling.report.loading import (
+    IDENTITY,
+    ReportInputError,
+    RunFile,
+    SettingsWarning,
+    load_results,
+)
+from lm_coupling.report.newest import newest_values, setting_conflicts
+from lm_coupling.report.row_settings import (
+    ROW_SETTING_COLUMNS,
+    cross_row_messages,
+    mixed_messages,
+    row_settings,
+)
 from lm_coupling.report.tasksets import (
     TaskSets,
     documents_measured,
@@ -48,7 +68,9 @@ from lm_coupling.report.tasksets import (
 )
 
 LONG_COLUMNS = [*IDENTITY, "task", "metric", "layer", "value", "stderr", "n"]
-SOURCE_COLUMNS = [*IDENTITY, "benchmark", "task", "metric", "filter", "value", "source"]
+SOURCE_COLUMNS = [*IDENTITY, "benchmark", "task", "metric", "filter", "setting", "value", "source"]
+# Counts: nullable integers in the CSV (``4``, not ``4.0``).
+INTEGER_COLUMNS = ("step", "n_params", "n_layers", "d_model", "n_benchmarks")
 PROFILE_NAMES = ("norm", "windowed_lss", "logit_lens_entropy", "tv_to_target")
 # Profiles over blocks 1..L (the others are over states 0..L, 0 = embeddings).
 PROFILES_FROM_ONE = ("windowed_lss", "singular_values", "spectral_gap")
@@ -63,13 +85,24 @@ def _first_filter(rows: pd.DataFrame, filters: tuple[str, ...] | None) -> pd.Dat
     return rows.drop_duplicates([*IDENTITY, "task", "metric"], keep="first")
 
 
+def in_open_llm_setting(task: str, shots: Any) -> bool:
+    """Whether a run of ``task`` with ``shots`` few-shot examples is in the Open LLM v1 setting."""
+    bench = benchmark_of(task)
+    return bench is not None and pd.notna(shots) and int(shots) == bench.shots
+
+
 def benchmark_scores(selected: pd.DataFrame) -> pd.DataFrame:
-    """The leaderboard score of every (identity, benchmark), columns ``SOURCE_COLUMNS``."""
+    """The leaderboard score of every (identity, benchmark), columns ``SOURCE_COLUMNS``.
+
+    Only runs in the Open LLM v1 setting (`in_open_llm_setting`) count.
+    """
     scores = selected[selected["kind"] == "score"]
     parts = []
     for bench in BENCHMARKS:
         tasks = [t for t in scores["task"].unique() if benchmark_of(t) == bench]
         rows = scores[scores["task"].isin(tasks) & (scores["metric"] == bench.metric)]
+        keep = [in_open_llm_setting(t, s) for t, s in zip(rows["task"], rows["shots"], strict=True)]
+        rows = rows[pd.Series(keep, index=rows.index, dtype=bool)]
         rows = _first_filter(rows, bench.filters).drop_duplicates(IDENTITY, keep="first")
         parts.append(rows.assign(benchmark=bench.column, source=rows["file"]))
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
@@ -131,6 +164,7 @@ def join_external(
                         task="",
                         metric="",
                         filter="",
+                        setting="",
                         value=float(value),
                         source=str(path),
                     )
@@ -141,6 +175,11 @@ def join_external(
     keep = scores.merge(ext[[*IDENTITY, "benchmark"]], how="left", indicator=True)
     keep = keep[keep["_merge"] == "left_only"].drop(columns="_merge")
     return pd.concat([keep, ext], ignore_index=True)
+
+
+def _filters(task: str) -> tuple[str, ...] | None:
+    bench = benchmark_of(task)
+    return bench.filters if bench is not None else None
 
 
 SCORE_PREFIX = "score:"
@@ -154,21 +193,21 @@ def task_score_column(task: str, metric: str, filt: str) -> str:
 
 
 def task_scores(selected: pd.DataFrame) -> pd.DataFrame:
-    """Primary scores of the tasks that are not leaderboard benchmarks, one column each."""
+    """Primary scores of the tasks outside the Open LLM v1 columns, one column each.
+
+    These are the tasks that are not leaderboard benchmarks, and benchmark
+    tasks run with other shots than the Open LLM v1 setting (GSM8K 2-shot);
+    a benchmark's filters are taken in `Benchmark.filters` order.
+    """
     groups = scored_groups(selected)
     rows = selected[(selected["kind"] == "score") & selected["primary_score"].astype(bool)]
-    keep = (
-        rows.apply(
-            lambda r: (
-                benchmark_of(r["task"]) is None
-                and task_unit(r["task"], r["group"], groups) == r["task"]
-            ),
-            axis=1,
-        )
-        if len(rows)
-        else pd.Series(dtype=bool)
-    )
-    rows = rows[keep.astype(bool)] if len(rows) else rows
+    keep = [
+        not in_open_llm_setting(task, shots) and task_unit(task, group, groups) == task
+        for task, group, shots in zip(rows["task"], rows["group"], rows["shots"], strict=True)
+    ]
+    rows = rows[pd.Series(keep, index=rows.index, dtype=bool)]
+    ranked = [_first_filter(part, _filters(task)) for task, part in rows.groupby("task")]
+    rows = pd.concat(ranked) if ranked else rows
     rows = rows.drop_duplicates([*IDENTITY, "task"], keep="first")
     if rows.empty:
         return pd.DataFrame(index=pd.MultiIndex.from_tuples([], names=IDENTITY))
@@ -203,6 +242,7 @@ def geometry_rows(
         doc = by_results.get((str(r["file"]), r["task"])) or lookup.get((ident, r["task"]))
         coupling = (doc or {}).get("coupling") or {}
         k_used = coupling.get("k") if r["base_metric"] == "coupling" else None
+        k_used = k_used if k_used is not None else r["k_used"]
         rows.append(
             dict(
                 zip(IDENTITY, ident, strict=True),
@@ -212,6 +252,7 @@ def geometry_rows(
                 value=r["value"],
                 n=documents_measured(doc, r["base_metric"], r["n"]),
                 k_used=math.nan if k_used is None else float(k_used),
+                file=r["file"],
             )
         )
     keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
@@ -231,9 +272,10 @@ def geometry_rows(
                 value=boundary_depth(profile),
                 n=float(doc.get("n_documents") or math.nan),
                 k_used=math.nan,
+                file=str(doc.get("results_file", "")),
             )
         )
-    columns = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used"]
+    columns = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used", "file"]
     return pd.DataFrame(rows, columns=columns).astype({"value": float, "n": float})
 
 
@@ -243,6 +285,7 @@ def build_leaderboard(
     scores: pd.DataFrame,
     geometry: list[dict[str, Any]],
     by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
+    runs: list[RunFile] | None = None,
 ) -> tuple[pd.DataFrame, TaskSets]:
     """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
 
@@ -252,6 +295,7 @@ def build_leaderboard(
         scores: benchmark scores (`benchmark_scores`, `join_external`).
         geometry: the newest geometry file per model and task.
         by_results: every geometry file by (results file, task) (`LoadedResults.by_results`).
+        runs: the parsed results files, for the settings columns (`row_settings`).
     """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
@@ -272,8 +316,26 @@ def build_leaderboard(
     wide, sets = geometry_table(geometry_rows(selected, geometry, by_results))
     if len(wide.columns):
         board = board.merge(wide.reset_index(), on=IDENTITY, how="left")
+    settings = row_settings(selected, runs or [])
+    board = board.merge(settings.reset_index(), on=IDENTITY, how="left")
     board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
-    return board, sets
+    return integer_columns(board), sets
+
+
+def whole_numbers(values: pd.Series) -> bool:
+    """Whether every non-missing value is a whole number (so the column can be Int64)."""
+    finite = values.dropna().astype(float)
+    return bool(np.isfinite(finite).all() and (finite % 1 == 0).all())
+
+
+def integer_columns(board: pd.DataFrame) -> pd.DataFrame:
+    """Counts as nullable integers (`INTEGER_COLUMNS` and every ``<metric>__n``)."""
+    counts = [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]
+    for column in counts:
+        values = pd.to_numeric(board[column], errors="coerce")
+        if whole_numbers(values):
+            board[column] = values.round().astype("Int64")
+    return board
 
 
 def geometry_long(
@@ -314,6 +376,9 @@ def geometry_long(
     parts = [p for p in parts if len(p)]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=LONG_COLUMNS)
     out["layer"] = out["layer"].astype("Int64")
+    counts = pd.to_numeric(out["n"], errors="coerce")
+    if whole_numbers(counts):
+        out["n"] = counts.round().astype("Int64")
     return out.sort_values(
         [*IDENTITY, "task", "metric", "layer"], kind="stable", na_position="first"
     ).reset_index(drop=True)
@@ -322,7 +387,7 @@ def geometry_long(
 def geometry_columns(board: pd.DataFrame) -> list[str]:
     """The geometry metric columns of a leaderboard, in table order (no companions)."""
     fixed = {*IDENTITY, "step", "n_params", "n_layers", "d_model", "n_benchmarks", AVERAGE}
-    fixed |= {b.column for b in BENCHMARKS}
+    fixed |= {b.column for b in BENCHMARKS} | set(ROW_SETTING_COLUMNS)
     return [
         c
         for c in board.columns
@@ -351,10 +416,36 @@ def write_leaderboard(results_dir: str | Path) -> Path:
     statistics and figures: the run command refreshes it after every run.
     """
     loaded = load_results(results_dir)
-    selected, _ = newest_values(loaded.values, loaded.paths)
+    selected, provenance = newest_values(loaded.values, loaded.paths)
     board, _ = build_leaderboard(
-        selected, loaded.shapes, benchmark_scores(selected), loaded.geometry, loaded.by_results
+        selected,
+        loaded.shapes,
+        benchmark_scores(selected),
+        loaded.geometry,
+        loaded.by_results,
+        loaded.runs,
     )
+    warn_settings(settings_messages(board, provenance, selected))
     path = Path(results_dir) / "leaderboard.csv"
     board.to_csv(path, index=False)
     return path
+
+
+def settings_messages(
+    board: pd.DataFrame, provenance: pd.DataFrame, selected: pd.DataFrame
+) -> list[str]:
+    """Everything the leaderboard combines across settings, one message each.
+
+    Tasks of one row run in different settings (`setting_conflicts`: the
+    other settings' values are left out), rows that combine metric options
+    (`mixed_messages`), and tasks measured in different settings on
+    different rows (`cross_row_messages`).
+    """
+    table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
+    return setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)
+
+
+def warn_settings(messages: list[str]) -> None:
+    """One `SettingsWarning` per message (the command lines print them)."""
+    for message in messages:
+        warnings.warn(message, SettingsWarning, stacklevel=3)

@@ -22,9 +22,11 @@ A run writes, under ``<output_path>/<model_name_sanitized>/``, lm-eval's
 - dtype: ``config.model_dtype``, else ``dtype=`` in the model arguments,
   else ``"auto"``; a ``torch.`` prefix is dropped.
 
-When several runs give the same (row, task, metric, filter), the newest run
-wins: the timestamp in the file name, else the results ``date``, else the
-file's modification time. Broken or partial files are skipped with a
+Each value carries the setting of its task in its run (shots, limit:
+`lm_coupling.report.settings`); which of several runs' values the report
+uses is decided by `lm_coupling.report.newest.newest_values`. A run's time is
+the timestamp in the file name, else the results ``date``, else the file's
+modification time. Broken or partial files are skipped with a
 `ReportWarning` naming them.
 """
 
@@ -43,17 +45,18 @@ import pandas as pd
 
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.report.benchmarks import benchmark_of, is_geometry_metric, parse_step
+from lm_coupling.report.settings import TaskSetting, metric_options, task_settings
 
 IDENTITY = ["model", "revision", "dtype"]
 VALUE_COLUMNS = [*IDENTITY, "task", "metric", "filter", "value", "stderr", "n", "kind"]
-VALUE_COLUMNS += ["file", "timestamp", "base_metric", "primary_score", "group"]
+VALUE_COLUMNS += ["file", "timestamp", "base_metric", "primary_score", "group", "setting"]
+VALUE_COLUMNS += ["shots", "limit", "k_used"]
 # Geometry metrics whose value depends on a K option: the report names their
 # column after the setting (``coupling_k10``, ``coupling_k0.1``), so runs at
 # different K never overwrite each other (MetricSpec.k_option of the built-ins).
 K_OPTIONS = {"coupling": "k", "alignment_ratio": "alignment_k"}
 _CHECKPOINT = re.compile(r"^(?:global_)?(?:step|checkpoint|ckpt|iter)[-_]?\d+$", re.IGNORECASE)
 _TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)")
-PROVENANCE_COLUMNS = [*IDENTITY, "model_path", "task", "file", "date", "status", "metrics"]
 _SKIP_KEYS = {"alias", "name", "sample_len", " ", ""}
 
 
@@ -63,6 +66,10 @@ class ReportInputError(LmCouplingError, ValueError):
 
 class ReportWarning(UserWarning):
     """A file under the results folder was skipped or only partly used."""
+
+
+class SettingsWarning(ReportWarning):
+    """Runs of one model measured a task in different settings, or a row combines settings."""
 
 
 @dataclass
@@ -79,6 +86,8 @@ class RunFile:
     higher_is_better: dict[str, dict[str, Any]] = field(default_factory=dict)
     parents: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    options_requested: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, TaskSetting] = field(default_factory=dict)
 
 
 @dataclass
@@ -252,20 +261,28 @@ def parse_results_file(path: Path) -> RunFile:
     for group, subtasks in (data.get("group_subtasks") or {}).items():
         for task in subtasks if isinstance(subtasks, list) else []:
             run.parents[str(task)] = str(group)
-    run.options = dict(lmc.get("options") or {})
+    run.options, run.options_requested = metric_options(data)
+    run.settings = task_settings(data, list(results))
     return run
 
 
-def k_setting_name(metric: str, options: dict[str, Any]) -> str:
+def k_setting_name(
+    metric: str, options: dict[str, Any], requested: dict[str, Any] | None = None
+) -> str:
     """``coupling`` run with option k = 10 -> ``coupling_k10`` (0.1 -> ``coupling_k0.1``).
 
-    A metric without a K option, or a run that did not record the option,
-    keeps its name.
+    The name carries the K that was asked for: ``requested`` (the results'
+    ``options_requested``, present where the model changed the K) wins over
+    ``options`` (the K used), so ``k=100`` on a model of width 48 is in
+    column ``coupling_k100`` (its ``__k_used`` says 47) and ``k=0.1`` is
+    ``coupling_k0.1`` on every model. A metric without a K option, or a run
+    that did not record the option, keeps its name.
     """
     option = K_OPTIONS.get(metric)
-    if option is None or options.get(option) is None:
+    value = (requested or {}).get(option) if option is not None else None
+    value = value if value is not None else options.get(option) if option is not None else None
+    if value is None:
         return metric
-    value = options[option]
     text = f"{value:g}" if isinstance(value, float) else str(value)
     return f"{metric}_k{text}"
 
@@ -297,6 +314,13 @@ def primary_score_metric(run: RunFile, task: str) -> str | None:
     )
 
 
+def _k_used(value: Any) -> float:
+    """An integer K as recorded in the options used; NaN for none or a fraction (old files)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value) if float(value).is_integer() and value >= 1 else math.nan
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -314,7 +338,10 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
                 continue
             kind = "geometry" if is_geometry_metric(metric, run.declared) else "score"
             stderr = _as_float(entry.get(f"{metric}_stderr,{filt}"))
-            name = k_setting_name(metric, run.options) if kind == "geometry" else metric
+            name = metric
+            if kind == "geometry":
+                name = k_setting_name(metric, run.options, run.options_requested)
+            setting = run.settings.get(task) or TaskSetting(None, None)
             rows.append(
                 dict(
                     zip(IDENTITY, run.identity, strict=True),
@@ -330,6 +357,10 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
                     kind=kind,
                     file=str(run.path),
                     timestamp=run.timestamp,
+                    setting=setting.label(),
+                    shots=setting.shots,
+                    limit=setting.limit,
+                    k_used=_k_used(run.options.get(K_OPTIONS.get(metric, ""))),
                 )
             )
     return rows
@@ -440,43 +471,3 @@ def load_results(results_dir: str | Path) -> LoadedResults:
     paths = {short: full for full, short in names.items()}
     shapes = _shapes(runs, geometry)
     return LoadedResults(values, shapes, runs, geometry, skipped, paths, by_results)
-
-
-def newest_values(
-    values: pd.DataFrame, paths: dict[str, str] | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Keep the newest value per (identity, task, metric, filter).
-
-    Args:
-        values: `LoadedResults.values`.
-        paths: display name -> full model path (``model_path`` column).
-
-    Returns:
-        ``(selected, provenance)``: the winning rows, and one provenance row
-        per (identity, task, file) with the metrics it supplied and
-        ``status`` "used" or "superseded".
-    """
-    keys = [*IDENTITY, "task", "metric", "filter"]
-    ordered = values.sort_values("timestamp", kind="stable")
-    selected = ordered.drop_duplicates(keys, keep="last").reset_index(drop=True)
-    used = set(selected["file"] + "\0" + selected["task"])
-    groups = ordered.groupby([*IDENTITY, "task", "file", "timestamp"], sort=False)
-    prov = []
-    for (model, rev, dtype, task, file, ts), group in groups:
-        status = "used" if f"{file}\0{task}" in used else "superseded"
-        win = selected[(selected["file"] == file) & (selected["task"] == task)]
-        names = sorted(set(win["metric"] if status == "used" else group["metric"]))
-        prov.append(
-            dict(
-                model=model,
-                revision=rev,
-                dtype=dtype,
-                model_path=(paths or {}).get(model, model),
-                task=task,
-                file=file,
-                date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
-                status=status,
-                metrics=";".join(names),
-            )
-        )
-    return selected, pd.DataFrame(prov, columns=PROVENANCE_COLUMNS)

@@ -35,9 +35,7 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 from scipy import stats
-from statsmodels.stats.multitest import multipletests
 
 from lm_coupling.report.benchmarks import SCHEMA_VERSION
 
@@ -110,6 +108,8 @@ def cooks_distance(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     computes it. A point of leverage 1 (it alone fixes the slope) gets
     ``inf``; a perfect fit (s = 0) gives 0 everywhere.
     """
+    import statsmodels.api as sm  # here, not at import: `lm-coupling --help` stays light
+
     design = sm.add_constant(x, has_constant="add")
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
@@ -157,6 +157,8 @@ def ols_hc3(x: np.ndarray, y: np.ndarray):
     """``statsmodels`` OLS of y on [1, x] with HC3 errors."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        import statsmodels.api as sm  # here, not at import (see cooks_distance)
+
         return sm.OLS(y, sm.add_constant(x, has_constant="add")).fit(cov_type="HC3")
 
 
@@ -230,6 +232,8 @@ def holm(p_values: pd.Series) -> pd.Series:
     out = pd.Series(np.nan, index=p_values.index)
     finite = p_values.notna() & np.isfinite(p_values.astype(float))
     if finite.any():
+        from statsmodels.stats.multitest import multipletests
+
         out[finite] = multipletests(p_values[finite].astype(float), method="holm")[1]
     return out
 

@@ -12,13 +12,15 @@ from pathlib import Path
 import pandas as pd
 
 from lm_coupling.report.benchmarks import AVERAGE, SCHEMA_VERSION
+from lm_coupling.report.row_settings import ROW_SETTING_COLUMNS
 from lm_coupling.report.stats import MIN_MODELS
 
 
 def _fmt(value) -> str:
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.4g}"
-    return "" if value is None or value is pd.NA else str(value)
+    text = "" if value is None or value is pd.NA else str(value)
+    return text.replace("|", "\\|")  # a pipe in a cell would end it
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -54,17 +56,43 @@ def primary_sentence(correlations: pd.DataFrame) -> str:
     )
 
 
+def settings_markdown(board: pd.DataFrame) -> str:
+    """What each row was measured with: shots and limit per task, metric options, mixing."""
+    columns = [c for c in ("model", "revision", "dtype", *ROW_SETTING_COLUMNS) if c in board]
+    if len(columns) <= 3:
+        return ""
+    table = board[columns].astype(object).where(board[columns].notna(), "")
+    table = table.rename(
+        columns=dict(
+            settings="shots and limit per task",
+            limited="--limit tasks",
+            metric_options="metric options",
+            mixed_settings="combines",
+        )
+    )
+    return (
+        "Each row's values come from runs in one setting per task (the newest run's "
+        "shots and `--limit`); the Open LLM v1 columns and `average` only from runs in "
+        "that setting (ARC 25-shot, HellaSwag 10, MMLU 5, TruthfulQA 0, WinoGrande 5, "
+        "GSM8K 5). `combines` names what a row mixes (also printed as a warning).\n\n"
+        + markdown_table(table)
+    )
+
+
 def write_summary(
     out_dir: Path,
     primary_metric: str | None,
     figures: list[Path],
     notes: list[str],
     primary_target: str | None = AVERAGE,
+    timings: str = "",
 ) -> Path:
     """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path.
 
-    Notes that start with ``WARNING`` (models measured on different task sets)
-    come first, under their own heading.
+    Notes that start with ``WARNING`` (settings that differ, models measured
+    on different task sets) come first, under their own heading; then the
+    headline table, the settings of each row, the primary test, the timings
+    section (``timings``, see `lm_coupling.report.timings`) and the rest.
     """
     board = pd.read_csv(out_dir / "leaderboard.csv")
     wanted = ("model", "revision", "dtype", primary_target, primary_metric)
@@ -78,12 +106,17 @@ def write_summary(
     if warned:
         parts.append("## Warnings\n\n" + "\n".join(f"- {n}" for n in warned))
     parts.append("## Leaderboard (headline)\n\n" + markdown_table(board[cols]))
+    settings = settings_markdown(board)
+    if settings:
+        parts.append("## What each row was measured with\n\n" + settings)
     corr_path = out_dir / "correlations.csv"
     if corr_path.exists():
         parts.append(
             "## Primary test\n\n"
             + primary_sentence(pd.read_csv(corr_path, keep_default_na=True).fillna({"reason": ""}))
         )
+    if timings:
+        parts.append("## Time spent on geometry\n\n" + timings)
     others = [n for n in notes if not n.startswith("WARNING")]
     if others:
         parts.append("## Notes\n\n" + "\n".join(f"- {n}" for n in others))

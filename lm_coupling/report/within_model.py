@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import statsmodels.api as sm
 
 from lm_coupling.report.benchmarks import SCHEMA_VERSION, benchmark_of, is_geometry_metric
 from lm_coupling.report.loading import IDENTITY, ReportWarning, RunFile, k_setting_name
@@ -148,6 +147,8 @@ def fit_logit(x: np.ndarray, y: np.ndarray) -> dict:
         out["reason"] = "metric is constant across documents"
     if out["reason"]:
         return out
+    import statsmodels.api as sm  # here, not at import: `lm-coupling --help` stays light
+
     z = (x - x.mean()) / x.std()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -160,11 +161,19 @@ def fit_logit(x: np.ndarray, y: np.ndarray) -> dict:
     return out
 
 
-def within_model(runs: list[RunFile]) -> pd.DataFrame:
-    """Rows of ``within_model.csv`` from the newest run with geometry samples per (model, task)."""
+def within_model(runs: list[RunFile], used: set[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """Rows of ``within_model.csv`` from the newest run with geometry samples per (model, task).
+
+    Args:
+        runs: the parsed results files.
+        used: (results file, task) pairs the leaderboard uses (`newest_values`):
+            when given, a run in another setting of the task is never chosen.
+    """
     chosen: dict[tuple, tuple[RunFile, pd.DataFrame, str]] = {}
     for run in sorted(runs, key=lambda r: r.timestamp):
         for task in run.samples:
+            if used is not None and (str(run.path), task) not in used:
+                continue
             table, correct = sample_table(run, task)
             if correct is not None and len(table.columns) > 1:
                 chosen[(run.identity, task)] = (run, table, correct)
@@ -178,7 +187,7 @@ def within_model(runs: list[RunFile]) -> pd.DataFrame:
                 dict(
                     zip(IDENTITY, identity, strict=True),
                     task=task,
-                    metric=k_setting_name(metric, run.options),
+                    metric=k_setting_name(metric, run.options, run.options_requested),
                     correct_metric=correct,
                     score_type="binary" if binary else "continuous",
                     file=str(run.samples[task]),

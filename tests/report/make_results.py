@@ -13,6 +13,13 @@ deterministically from each row's shape and scores with a seeded generator.
 Once ``--metrics`` works, switch `run_lm_eval` to pass ``--metrics all`` and
 drop `add_geometry`.
 
+SETTINGS ARE DECLARED, NOT RUN: `write_row` writes lm-eval's ``n-shot`` and
+``configs[task].num_fewshot`` of the Open LLM v1 setting for the benchmark
+tasks (ARC 25-shot, HellaSwag 10-shot: the tiny task has 24 documents, too
+few to draw 25 examples from), so that the rows fill the benchmark columns.
+The settings tests run real ``--num_fewshot``/``--limit`` runs instead
+(`run_settings_runs`).
+
 Extra rows (revisions ``step1000``, ``checkpoint-2000``, ``step_3000`` of
 the first model and three larger shapes) are clones of the real files with
 their identity, shape and scores replaced, so that the across-model statistics
@@ -36,6 +43,7 @@ from lm_coupling.demo.tiny import save_tiny_model
 
 TASK = "lmc_arc_challenge_offline"
 EXTRA_TASK = "lmc_hellaswag_offline"
+OPEN_LLM_SHOTS = {TASK: 25, EXTRA_TASK: 10}
 N_DOCS = 24
 GEOMETRY = [
     "coupling",
@@ -197,9 +205,15 @@ def add_geometry(
         vocab_size=512,
         model_type="gpt2",
     )
-    options = dict(row.get("options") or {"k": 4})
+    asked = dict(row.get("options") or {"k": 4})
+    options = dict(asked, k=_k_used(asked.get("k", 4), row["d_model"]))
+    requested = {k: v for k, v in asked.items() if options[k] != v}
     results["config"]["lm_coupling"] = dict(
-        version="0.1.0", metrics=metrics, options=options, model_shape=shape
+        version="0.1.0",
+        metrics=metrics,
+        options=options,
+        options_requested=requested,
+        model_shape=shape,
     )
     for task, entry in results["results"].items():
         for metric, value in values.items():
@@ -231,7 +245,7 @@ def add_geometry(
             profiles=_profiles(rng, L, row["q"]),
             matrices=dict(coupling=dict(mean=coupling.tolist(), n=4)),
             coupling=dict(
-                k=_k_used(options.get("k", 4), row["d_model"]),
+                k=options["k"],
                 norm="l1",
                 elementwise_abs=False,
                 pairs="offdiag",
@@ -242,6 +256,8 @@ def add_geometry(
             ),
             failures=[],
         )
+        if row.get("timings") is not None:
+            geo["timings"] = row["timings"]
         (folder / f"geometry_{task}_{stamp}.json").write_text(json.dumps(geo))
 
 
@@ -276,6 +292,11 @@ def write_row(
             **{"acc_norm,none": row["acc_norm"] * 0.8 + 0.1},
         )
         results["higher_is_better"][EXTRA_TASK] = dict(results["higher_is_better"][TASK])
+    for task, shots in (row.get("shots") or OPEN_LLM_SHOTS).items():
+        if task in results["results"]:
+            results["n-shot"][task] = shots
+            results["configs"].setdefault(task, dict(results["configs"][TASK], task=task))
+            results["configs"][task]["num_fewshot"] = shots
     folder = dest / f"{Path(row['model']).name}__{row['revision']}"
     folder.mkdir(parents=True, exist_ok=True)
     if geometry:
@@ -332,3 +353,52 @@ def make_results_dir(dest: Path, runs: list[Path], n_models: int = 9, **kwargs) 
     for i, row in enumerate(model_rows(runs, n_models)):
         write_row(dest, row["run"], row, f"2025-01-{i + 1:02d}T10-00-00.000000", **kwargs)
     return dest
+
+
+def _lm_coupling_run(root: Path, model: Path, out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable, "-m", "lm_coupling", "run",
+        "--model", "hf",
+        "--model_args", f"pretrained={model},dtype=float32",
+        "--tasks", TASK,
+        "--include_path", str(root / "task"),
+        "--output_path", str(out),
+        "--device", "cpu",
+        *extra,
+    ]  # fmt: skip
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+    )
+    return subprocess.Popen(
+        cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def run_settings_runs(root: Path, real_root: Path) -> Path:
+    """Real runs in different settings into ``root/runs`` (the models of `run_lm_eval`).
+
+    - tiny-a, 0-shot, all documents, ``--metrics lss,coupling`` with ``k=100``;
+    - tiny-a again, started after it: 2-shot, ``--limit 4``, no ``--metrics``
+      (the rerun of the issue: newer score, other setting);
+    - tiny-b (``d_model`` 48), 0-shot, ``--metrics lss,coupling`` with
+      ``k=100``: the model runs at K = 47.
+    """
+    write_task(root / "task")
+    models = real_root / "models"
+    out = root / "runs"
+    metrics = ("--metrics", "lss,coupling", "--metric_args", "k=100,coupling_docs=2")
+    first = [
+        _lm_coupling_run(root, models / "tiny-a", out, "--num_fewshot", "0", *metrics),
+        _lm_coupling_run(root, models / "tiny-b", out, "--num_fewshot", "0", *metrics),
+    ]
+    outputs = [proc.communicate(timeout=900)[0] for proc in first]
+    later = _lm_coupling_run(root, models / "tiny-a", out, "--num_fewshot", "2", "--limit", "4")
+    outputs.append(later.communicate(timeout=900)[0])
+    for proc, text in zip([*first, later], outputs, strict=True):
+        if proc.returncode:
+            raise RuntimeError(f"lm-coupling run failed:\n{text[-3000:]}")
+    return out

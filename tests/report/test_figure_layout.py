@@ -132,3 +132,51 @@ def test_training_dynamics_has_no_empty_panel():
     assert layout_problems(figure) == []
     for ax in axes.ravel():
         assert ax.lines or ax.get_legend() is not None
+
+
+def test_bounded_profiles_use_the_unit_axis_and_say_when_flat():
+    profiles = _profiles(4)
+    flat = [0.9986, 0.99859, 0.99858, 0.99855, 0.99853]  # a random model's entropy
+    profiles["logit_lens_entropy"] = dict(mean=flat, stderr=[1e-6] * 5)
+    figure = fig.profiles_figure(profiles, 4, "random model, task t")
+    figure.canvas.draw()
+    assert layout_problems(figure) == []
+    axes = {ax.get_title(): ax for ax in figure.axes}
+    entropy, tv = axes["logit-lens entropy H/ln V"], axes["TV to target"]
+    for ax in (entropy, tv):
+        low, high = ax.get_ylim()
+        assert low <= 0.0 and high >= 1.0 and high - low < 1.1
+    notes = [t.get_text() for t in entropy.texts]
+    assert notes == ["flat: 0.99853-0.9986"]
+    assert not [t for t in tv.texts if t.get_text().startswith("flat")]  # spans 0.45-0.95
+    norm = axes["norm ||x^l||"]
+    assert norm.get_ylim()[0] > 2.0  # the norm (e to e^2) keeps its own scale
+
+
+def test_coupling_figure_says_what_it_averages_and_how_far_it_zooms():
+    matrix = _matrix(4)
+    figure = fig.coupling_figure(matrix.tolist(), 10, "m, task t")
+    heat, _bar_or_graph = figure.axes[0], figure.axes[1]
+    graph = next(ax for ax in figure.axes if not ax.axison)
+    assert "(c(l, l') + c(l', l)) / 2" in graph.get_title()
+    assert "directed" in heat.get_title()
+    bar = next(ax for ax in figure.axes if ax not in (heat, graph))
+    off = matrix[~np.eye(4, dtype=bool)]
+    share = f"{100 * (off.max() - off.min()):.2g}% of [0, 1]"
+    assert "zoomed" in bar.get_ylabel() and share in bar.get_ylabel()
+
+
+def test_metric_vs_score_labels_zoomed_unit_axes():
+    board = pd.DataFrame(
+        dict(
+            model=[f"m{i}" for i in range(6)],
+            revision=["main"] * 6,
+            coupling_k10=np.linspace(0.6, 0.7, 6),
+            lss=np.linspace(1.5, 2.5, 6),
+            average=np.linspace(0.3, 0.5, 6),
+        )
+    )
+    ax = fig.metric_vs_score(board, "coupling_k10", "average")
+    assert "zoomed" in ax.get_xlabel() and "zoomed" in ax.get_ylabel()
+    ax = fig.metric_vs_score(board, "lss", "average")
+    assert "zoomed" not in ax.get_xlabel()  # LSS is not a [0, 1] quantity

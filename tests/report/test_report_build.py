@@ -53,6 +53,10 @@ LEADERBOARD_COLS = [
     "n_benchmarks",
     "average",
     *[c for m in GEOMETRY_COLS for c in _with_companions(m)],
+    "settings",
+    "limited",
+    "metric_options",
+    "mixed_settings",
 ]
 
 
@@ -88,6 +92,15 @@ def test_csv_schemas(report):
     assert (board["coupling_k4__n"] == 4).all() and (board["lss__n"] == 24).all()
     assert (board["coupling_k4__k_used"].astype(str) == "4").all()
     assert report.primary_target == "arc"
+    # Declared in the Open LLM v1 setting (make_results): ARC 25-shot, HellaSwag 10-shot.
+    assert board.loc[0, "settings"].startswith("10-shot: lmc_hellaswag_offline; 25-shot: ")
+    assert board["limited"].isna().all() and board["mixed_settings"].isna().all()
+    assert set(board["metric_options"]) == {"k=4"}
+    text = (out / "leaderboard.csv").read_text().splitlines()
+    header, first = text[0].split(","), text[1].split(",")
+    for column in ("n_params", "n_layers", "d_model", "n_benchmarks", "lss__n", "step"):
+        value = first[header.index(column)]
+        assert value == "" or value.isdigit(), (column, value)  # 4, never 4.0
     long = pd.read_csv(out / "geometry_long.csv")
     scalars = long[long["layer"].isna()].set_index("metric")
     assert (scalars.loc["coupling_k4", "n"] == 4).all() and (scalars.loc["lss", "n"] == 24).all()
@@ -187,7 +200,7 @@ def _png_size(path):
 
 def test_figures_are_valid_images(report):
     names = {p.name for p in report.figures}
-    for stem in ("fig1a_coupling_k4_vs_arc", "emergence"):
+    for stem in ("fig1a_coupling_k4_vs_arc", "emergence", "profiles_overlay"):
         assert {f"{stem}.png", f"{stem}.svg"} <= names
     assert any(n.startswith("profiles_") for n in names)
     assert any(n.startswith("coupling_") for n in names)

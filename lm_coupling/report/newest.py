@@ -1,0 +1,119 @@
+"""Which of several runs' values the report uses: one setting per task, then the newest run.
+
+Two runs of one model may measure a task in different settings (shots,
+``--limit``: `lm_coupling.report.settings`). Their values are not
+comparable, so a row never takes one metric of a task from one setting and
+another from the other (the score of a 2-shot, 4-document rerun beside the
+geometry of the full 0-shot run). The rule, per (model, revision, dtype,
+task):
+
+1. the setting of the newest run that has the task is the task's setting;
+2. among the runs in that setting, the newest run wins per (metric, filter),
+   so a rerun without ``--metrics`` keeps the geometry of an earlier run of
+   the same setting;
+3. the values of runs in other settings are left out: ``provenance.csv``
+   says ``status`` "other setting", and `setting_conflicts` says which
+   values were dropped (the report and the leaderboard refresh turn each into
+   a `SettingsWarning`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pandas as pd
+
+from lm_coupling.report.loading import IDENTITY
+
+PROVENANCE_COLUMNS = [
+    *IDENTITY,
+    "model_path",
+    "task",
+    "file",
+    "date",
+    "setting",
+    "status",
+    "metrics",
+]
+OTHER_SETTING = "other setting"
+
+
+def newest_values(
+    values: pd.DataFrame, paths: dict[str, str] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Keep, per task, the newest setting's values; per (metric, filter), the newest run's.
+
+    Args:
+        values: `LoadedResults.values`.
+        paths: display name -> full model path (``model_path`` column).
+
+    Returns:
+        ``(selected, provenance)``: the winning rows, and one provenance row
+        per (identity, task, file) with its setting, the metrics it supplied
+        and ``status`` "used", "superseded" (a newer run of the same setting
+        gave every value) or "other setting" (see the module docstring).
+    """
+    task_keys = [*IDENTITY, "task"]
+    keys = [*task_keys, "metric", "filter"]
+    ordered = values.sort_values("timestamp", kind="stable")
+    newest = ordered.drop_duplicates(task_keys, keep="last")[[*task_keys, "setting"]]
+    ordered = ordered.merge(newest.rename(columns={"setting": "_task_setting"}), on=task_keys)
+    same = ordered["setting"] == ordered["_task_setting"]
+    selected = ordered[same].drop_duplicates(keys, keep="last")
+    selected = selected.drop(columns="_task_setting").reset_index(drop=True)
+    used = set(selected["file"] + "\0" + selected["task"])
+    groups = ordered.groupby([*task_keys, "file", "timestamp"], sort=False)
+    prov = []
+    for (model, rev, dtype, task, file, ts), group in groups:
+        if f"{file}\0{task}" in used:
+            status = "used"
+        elif (group["setting"] != group["_task_setting"]).any():
+            status = OTHER_SETTING
+        else:
+            status = "superseded"
+        win = selected[(selected["file"] == file) & (selected["task"] == task)]
+        names = sorted(set(win["metric"] if status == "used" else group["metric"]))
+        prov.append(
+            dict(
+                model=model,
+                revision=rev,
+                dtype=dtype,
+                model_path=(paths or {}).get(model, model),
+                task=task,
+                file=file,
+                date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
+                setting=str(group["setting"].iloc[0]),
+                status=status,
+                metrics=";".join(names),
+            )
+        )
+    return selected, pd.DataFrame(prov, columns=PROVENANCE_COLUMNS)
+
+
+def setting_conflicts(provenance: pd.DataFrame) -> list[str]:
+    """One message per (identity, task) whose runs were in different settings.
+
+    Each names the setting used (and its file), and each left-out setting with
+    its file and the metrics it had, so a user sees which values a rerun in a
+    new setting dropped.
+    """
+    messages = []
+    other = provenance[provenance["status"] == OTHER_SETTING]
+    for (model, rev, dtype, task), dropped in other.groupby([*IDENTITY, "task"], sort=True):
+        rows = provenance[
+            (provenance["model"] == model)
+            & (provenance["revision"] == rev)
+            & (provenance["dtype"] == dtype)
+            & (provenance["task"] == task)
+            & (provenance["status"] == "used")
+        ]
+        kept = "; ".join(f"{r.setting} ({r.file})" for r in rows.itertuples())
+        left = "; ".join(f"{r.setting} ({r.file}: {r.metrics})" for r in dropped.itertuples())
+        name = model if rev == "main" else f"{model}@{rev}"
+        messages.append(
+            f"{name} ({dtype}): task {task} was run in different settings; the leaderboard "
+            f"uses the newest setting, {kept}, and leaves out the values of {left}. Rerun "
+            "the left-out metrics in the newest setting, or move the other runs to their "
+            "own results folder, to compare them."
+        )
+    return messages

@@ -1,0 +1,139 @@
+"""The setting each value of the report was measured with, read from lm-eval's results JSON.
+
+A run measures a task in a setting:
+
+- **shots**: ``n-shot[task]`` of the results JSON, else
+  ``configs[task].num_fewshot`` (a group without either takes the shots of
+  its subtasks when they agree);
+- **limit**: the documents evaluated when ``--limit`` cut the task short,
+  ``n-samples[task].effective`` when it is below ``original`` (a ``--limit``
+  above the task's size changes nothing and is no limit), else
+  ``config.limit`` when that is set; None for a complete task. A group is
+  limited when any of its subtasks is;
+- **metric options**: ``config.lm_coupling.options`` (each K as used on the
+  model) and ``options_requested`` (the K that was asked for, present only
+  where the model changed it: ``k=100`` on ``d_model`` 48 runs at 47).
+
+Two values of one task are comparable only in one setting; the rule that
+enforces it is `lm_coupling.report.loading.newest_values`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# Options that change how many documents or which numerical route measured a
+# value, not what is measured: they never make two runs' values incomparable.
+SAMPLE_OPTIONS = ("coupling_docs",)
+ROUTE_OPTION_PREFIX = "jacobian_"
+
+
+@dataclass(frozen=True)
+class TaskSetting:
+    """Shots and limit of one task in one run (see the module docstring)."""
+
+    shots: int | None
+    limit: float | None = None
+
+    def label(self) -> str:
+        """``25-shot``, ``5-shot, limit 4``, or ``shots unknown`` for old files."""
+        text = "shots unknown" if self.shots is None else f"{self.shots}-shot"
+        if self.limit is not None:
+            text += f", limit {self.limit:g}"
+        return text
+
+
+def _as_int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _limit(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def task_settings(data: dict[str, Any], tasks: list[str]) -> dict[str, TaskSetting]:
+    """The `TaskSetting` of every task (and group) in ``tasks`` of one results JSON."""
+    n_shot = data.get("n-shot") or {}
+    configs = data.get("configs") or {}
+    samples = data.get("n-samples") or {}
+    limit = _limit((data.get("config") or {}).get("limit"))
+    children: dict[str, list[str]] = {}
+    for group, subtasks in (data.get("group_subtasks") or {}).items():
+        children[str(group)] = [str(t) for t in subtasks] if isinstance(subtasks, list) else []
+
+    def own(task: str) -> TaskSetting | None:
+        shots = _as_int(n_shot.get(task))
+        if shots is None:
+            shots = _as_int((configs.get(task) or {}).get("num_fewshot"))
+        count = samples.get(task) or {}
+        original, effective = _limit(count.get("original")), _limit(count.get("effective"))
+        if original is not None and effective is not None:
+            cut = effective if effective < original else None
+        elif task in configs or task in n_shot:
+            cut = limit
+        else:
+            return None if shots is None else TaskSetting(shots, None)
+        return TaskSetting(shots, cut)
+
+    def setting(task: str, seen: frozenset[str] = frozenset()) -> TaskSetting:
+        found = own(task)
+        if task not in children or task in seen:
+            return found or TaskSetting(None, None)
+        parts = [setting(t, seen | {task}) for t in children[task]]
+        shots = {p.shots for p in parts}
+        limits = [p.limit for p in parts if p.limit is not None]
+        group_shots = found.shots if found and found.shots is not None else None
+        if group_shots is None and len(shots) == 1:
+            group_shots = next(iter(shots))
+        return TaskSetting(group_shots, min(limits) if limits else None)
+
+    return {task: setting(task) for task in tasks}
+
+
+def metric_options(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(options used, options requested where changed)`` of a run's geometry metrics."""
+    lmc = (data.get("config") or {}).get("lm_coupling") or {}
+    used = lmc.get("options")
+    asked = lmc.get("options_requested")
+    return (dict(used) if isinstance(used, dict) else {}), (
+        dict(asked) if isinstance(asked, dict) else {}
+    )
+
+
+def compared_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that change what a metric measures (`SAMPLE_OPTIONS` and routes left out)."""
+    return {
+        k: v
+        for k, v in options.items()
+        if k not in SAMPLE_OPTIONS and not str(k).startswith(ROUTE_OPTION_PREFIX)
+    }
+
+
+def options_text(options: dict[str, Any], requested: dict[str, Any] | None = None) -> str:
+    """``k=47 (asked 100), norm=l1, ...``: options in key order, each changed K with its ask."""
+    requested = requested or {}
+    parts = []
+    for key in sorted(options):
+        text = f"{key}={options[key]}"
+        if key in requested and requested[key] != options[key]:
+            text += f" (asked {requested[key]})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def differing_options(runs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Option keys present in several of ``runs`` with different values -> the values seen."""
+    seen: dict[str, list[Any]] = {}
+    for options in runs:
+        for key, value in compared_options(options).items():
+            values = seen.setdefault(key, [])
+            if value not in values:
+                values.append(value)
+    return {k: v for k, v in sorted(seen.items()) if len(v) > 1}

@@ -1,0 +1,136 @@
+"""Where a run's geometry time went: ``timings.csv`` and the timings section of ``summary.md``.
+
+A geometry file may hold a top-level ``timings`` section::
+
+    {"n_documents": int,
+     "seconds_per_document": {"forward_capture": s, "jacobian_products": s,
+                              "factorisation": s, "metrics": s},
+     "per_layer": {"jacobian_products": [L floats], "factorisation": [L floats]}}
+
+(means over the documents measured; any key may be missing). Other groups
+are kept too (``jacobian``: a document's whole share of the batched
+Jacobian engine; ``jacobian_forward``), and ``n_documents_per_part``, when
+present, gives each group's own document count (the Jacobian groups run on
+the sampled documents only). ``timings.csv`` has one row per (model,
+revision, dtype, task, group) with columns `TIMING_COLUMNS`; files without
+the section give no row. The per-layer lists stay in the geometry files.
+
+The summary gives, per model, the seconds per document of each group (the
+mean over tasks, weighted by their documents) and what the Jacobian work
+(``jacobian`` when recorded, else ``jacobian_products`` +
+``factorisation``; paid once per sampled document) costs per task at the
+run's ``coupling_docs``, so a user can decide whether to lower it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from lm_coupling.report.loading import IDENTITY
+
+TIMING_COLUMNS = [*IDENTITY, "task", "group", "seconds_per_document", "n_documents"]
+GROUPS = (
+    "forward_capture",
+    "jacobian",
+    "jacobian_forward",
+    "jacobian_products",
+    "factorisation",
+    "metrics",
+)
+JACOBIAN_GROUPS = ("jacobian_products", "factorisation")
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    return float(value)
+
+
+def timings_table(geometry: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per (identity, task, group) of the geometry files with a ``timings`` section."""
+    rows = []
+    for geo in geometry:
+        timings = geo.get("timings")
+        if not isinstance(timings, dict):
+            continue
+        per_doc = timings.get("seconds_per_document") or {}
+        n_docs = _number(timings.get("n_documents"))
+        per_part = timings.get("n_documents_per_part") or {}
+        known = [g for g in GROUPS if g in per_doc]
+        others = sorted(g for g in per_doc if g not in GROUPS)
+        for group in known + others:
+            seconds = _number(per_doc[group])
+            if math.isfinite(seconds):
+                rows.append(
+                    dict(
+                        zip(IDENTITY, geo["identity"], strict=True),
+                        task=str(geo.get("task", "")),
+                        group=group,
+                        seconds_per_document=seconds,
+                        n_documents=_number(per_part.get(group, n_docs)),
+                    )
+                )
+    table = pd.DataFrame(rows, columns=TIMING_COLUMNS)
+    table["n_documents"] = pd.to_numeric(table["n_documents"]).round().astype("Int64")
+    return table.sort_values([*IDENTITY, "task"], kind="stable").reset_index(drop=True)
+
+
+def _per_model(table: pd.DataFrame) -> pd.DataFrame:
+    """Seconds per document per group and model: the mean over tasks weighted by documents."""
+    weights = table["n_documents"].astype(float).fillna(1.0).clip(lower=1.0)
+    frame = table.assign(_w=weights, _ws=table["seconds_per_document"] * weights)
+    pooled = frame.groupby([*IDENTITY, "group"], sort=False)[["_ws", "_w"]].sum()
+    pooled["seconds"] = pooled["_ws"] / pooled["_w"]
+    wide = pooled["seconds"].unstack("group")
+    order = [g for g in GROUPS if g in wide.columns]
+    return wide[order + sorted(c for c in wide.columns if c not in GROUPS)]
+
+
+def coupling_docs_of(geometry: list[dict[str, Any]]) -> dict[tuple, float]:
+    """The ``coupling_docs`` option of each identity's runs (the largest, when they differ)."""
+    found: dict[tuple, float] = {}
+    for geo in geometry:
+        value = _number((geo.get("options") or {}).get("coupling_docs"))
+        key = tuple(geo["identity"])
+        if math.isfinite(value):
+            found[key] = max(found.get(key, value), value)
+    return found
+
+
+def jacobian_seconds(row: pd.Series) -> float:
+    """Jacobian work per sampled document: ``jacobian``, else products + factorisation."""
+    whole = row.get("jacobian")
+    if whole is not None and pd.notna(whole):
+        return float(whole)
+    parts = [row.get(g) for g in JACOBIAN_GROUPS]
+    parts = [float(v) for v in parts if v is not None and pd.notna(v)]
+    return sum(parts) if parts else math.nan
+
+
+def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> str:
+    """The summary section (empty string when no file had timings)."""
+    if table.empty:
+        return ""
+    wide = _per_model(table)
+    lines = [
+        "Seconds per document, by metric group (means over the documents measured, "
+        "weighted over tasks; every row in `timings.csv`). The Jacobian work (`jacobian`, "
+        "else `jacobian_products` + `factorisation`) is paid once per *sampled* document, so "
+        "a task costs about `coupling_docs` times it: lower `coupling_docs` in "
+        "`--metric_args` when that column dominates.",
+        "",
+        "| model | revision | dtype | " + " | ".join(wide.columns) + " | Jacobian work per task |",
+        "|" + "---|" * (4 + len(wide.columns)),
+    ]
+    for identity, row in wide.iterrows():
+        jac = jacobian_seconds(row)
+        docs = coupling_docs.get(tuple(identity))
+        per_task = ""
+        if docs is not None and math.isfinite(jac):
+            per_task = f"{jac * docs:.3g} s at coupling_docs={docs:g}"
+        cells = ["" if pd.isna(v) else f"{v:.3g}" for v in row]
+        lines.append("| " + " | ".join([*map(str, identity), *cells, per_task]) + " |")
+    return "\n".join(lines)
