@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Under pytest-xdist every worker, and every lm_eval process it launches, gets its share
+# of the cores: torch's default of one thread per core in each of them oversubscribes
+# the machine. Set before torch is imported (it reads OMP_NUM_THREADS once).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from fixtures.shared import shared_value  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -46,3 +54,22 @@ def tiny_model(tokenizer):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def trained_family(tmp_path_factory):
+    """A folder holding ``fam/``: a reduced family trained 2 steps (checkpoints step0, step2).
+
+    Trained once per test run (`shared_value`), read by the family demo and the sweep;
+    tests write their outputs beside ``fam/`` under names of their own.
+    """
+    from lm_coupling.demo.train import train_family
+
+    def train(root):
+        train_family(
+            root / "fam", sizes=("tiny",), steps=2, reduced=True, batch_size=2, seq_len=32,
+            n_checkpoints=2,
+        )  # fmt: skip
+        return root
+
+    return shared_value(tmp_path_factory, "trained_family", train)
