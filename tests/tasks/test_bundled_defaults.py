@@ -24,7 +24,8 @@ from lm_coupling.demo.assets import bundled_model_path
 pytestmark = pytest.mark.slow
 
 TASKS_DIR = Path(__file__).resolve().parents[2] / "lm_coupling" / "tasks"
-BUNDLED = TASKS_DIR.parent / "demo" / "sample_tasks"
+BUNDLED = TASKS_DIR.parent / "demo" / "sample_tasks"  # the tasks' default data
+DEMO_DATA = TASKS_DIR.parent / "demo" / "assets" / "tasks_data"  # `lm-coupling demo`'s data
 LIMIT = 2
 
 
@@ -92,13 +93,14 @@ def test_every_task_runs_at_its_default_shots_with_a_finite_accuracy(defaults_ru
         assert results["n-samples"][task]["effective"] == LIMIT, task
 
 
-def test_every_few_shot_split_holds_the_default_shots():
+@pytest.mark.parametrize("data", [BUNDLED, DEMO_DATA], ids=["samples", "demo_data"])
+def test_every_few_shot_split_holds_the_default_shots(data):
     for task, cfg in offline_task_configs().items():
         shots = cfg.get("num_fewshot", 0)
         if not shots:
             continue
         split = cfg.get("fewshot_split") or cfg["training_split"]
-        path = BUNDLED / cfg["dataset_kwargs"]["benchmark"] / f"{split}.jsonl"
+        path = data / cfg["dataset_kwargs"]["benchmark"] / f"{split}.jsonl"
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
         subject = cfg["dataset_kwargs"].get("subject")
         rows = [row for row in rows if subject is None or row["subject"] == subject]
