@@ -2,8 +2,9 @@
 
 Every CLI run here is a subprocess of the console scripts beside
 ``sys.executable`` (``lm_eval``, ``lm-coupling``) or of ``python -m
-lm_coupling``; runs are session-scoped and shared between tests, so the whole
-folder costs about ten runs. The items are five real ones per benchmark from
+lm_coupling``; runs are session-scoped and shared between tests, also between
+pytest-xdist workers (`shared_value`: each is launched once per test run), so the
+whole folder costs about ten runs. The items are five real ones per benchmark from
 ``../shared/benchmarks`` when that folder is beside the checkout, else the
 samples bundled with lm-coupling (a user's clone): the tests run in both.
 """
