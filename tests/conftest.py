@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-import pytest
-import torch
+# Under pytest-xdist every worker, and every lm_eval process it launches, gets its share
+# of the cores: torch's default of one thread per core in each of them oversubscribes
+# the machine. Set before torch is imported (it reads OMP_NUM_THREADS once).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from fixtures.shared import shared_value  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -13,9 +22,41 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer  # noqa: E402
 
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+# The longest files, longest first, as `--durations` measured them (whole file, fixtures
+# included). Only an ordering hint: a file missing here runs with the other slow files.
+LONGEST_FILES = (
+    "report/test_report_build.py",
+    "harness/test_harness_errors.py",
+    "harness/test_harness_runs.py",
+    "sweep/test_sweep_end_to_end.py",
+    "harness/test_harness_cache.py",
+    "demo/test_bundled_demo.py",
+    "bench/test_bench_gpu.py",
+    "harness/test_harness_data_parallel.py",
+    "demo/test_family_demo.py",
+)
+
+
+def _file_rank(path, slow_files) -> int:
+    """0, 1, ... for `LONGEST_FILES`; then other files with slow tests; then the rest."""
+    name = path.relative_to(TESTS_DIR).as_posix()
+    if name in LONGEST_FILES:
+        return LONGEST_FILES.index(name)
+    return len(LONGEST_FILES) + (path not in slow_files)
+
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `gpu` tests cleanly where CUDA is absent."""
+    """Run the longest files first; skip `gpu` tests cleanly where CUDA is absent.
+
+    Longest first: pytest-xdist hands out whole files (``--dist loadfile``) in this
+    order, so the long ones start at once and the short ones fill the gaps at the end
+    instead of one long file running alone last. Order within a file is kept.
+    """
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: _file_rank(item.path, slow_files))  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
@@ -46,3 +87,22 @@ def tiny_model(tokenizer):
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def trained_family(tmp_path_factory):
+    """A folder holding ``fam/``: a reduced family trained 2 steps (checkpoints step0, step2).
+
+    Trained once per test run (`shared_value`), read by the family demo and the sweep;
+    tests write their outputs beside ``fam/`` under names of their own.
+    """
+    from lm_coupling.demo.train import train_family
+
+    def train(root):
+        train_family(
+            root / "fam", sizes=("tiny",), steps=2, reduced=True, batch_size=2, seq_len=32,
+            n_checkpoints=2,
+        )  # fmt: skip
+        return root
+
+    return shared_value(tmp_path_factory, "trained_family", train)

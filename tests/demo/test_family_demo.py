@@ -10,33 +10,23 @@ import sys
 import pandas as pd
 import pytest
 
-from lm_coupling.demo.train import train_family
-
 pytestmark = pytest.mark.slow
 
 GEOMETRY = ("coupling_k10", "lss", "expodistance")  # coupling is named after its K
 
 
 @pytest.fixture(scope="module")
-def family_report(tmp_path_factory):
+def family_report(trained_family, tmp_path_factory):
     root = tmp_path_factory.mktemp("family")
-    train_family(
-        root / "fam",
-        sizes=("tiny",),
-        steps=2,
-        reduced=True,
-        batch_size=2,
-        seq_len=32,
-        n_checkpoints=2,
-    )
+    family = trained_family / "fam"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.pop("LM_COUPLING_DATA_DIR", None)
-    command = [sys.executable, "-m", "lm_coupling", "demo", "--family", str(root / "fam")]
+    command = [sys.executable, "-m", "lm_coupling", "demo", "--family", str(family)]
     command += ["--limit", "2"]  # results go to <family>/results by default
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=root)
     assert done.returncode == 0, done.stderr[-4000:]
     assert not (root / "results").exists()
-    return root / "fam" / "results" / "report", done.stdout
+    return family / "results" / "report", done.stdout
 
 
 def test_every_checkpoint_is_a_leaderboard_row_with_its_step(family_report):

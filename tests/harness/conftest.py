@@ -2,8 +2,9 @@
 
 Every CLI run here is a subprocess of the console scripts beside
 ``sys.executable`` (``lm_eval``, ``lm-coupling``) or of ``python -m
-lm_coupling``; runs are session-scoped and shared between tests, so the whole
-folder costs about ten runs. The items are five real ones per benchmark from
+lm_coupling``; runs are session-scoped and shared between tests, also between
+pytest-xdist workers (`shared_value`: each is launched once per test run), so the
+whole folder costs about ten runs. The items are five real ones per benchmark from
 ``../shared/benchmarks`` when that folder is beside the checkout, else the
 samples bundled with lm-coupling (a user's clone): the tests run in both.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 from fixtures.benchmarks import write_benchmark_items
+from fixtures.shared import shared_value
 from harness_cli import (
     LLAMA_METRIC_ARGS,
     MAX_LEN,
@@ -36,9 +38,12 @@ def harness_setup(tmp_path_factory) -> HarnessSetup:
     the shared folder, and the two `lmc_mmlu_sample` subjects missing from the
     real MMLU rows come from the bundled samples); else the bundled samples.
     """
+    return shared_value(tmp_path_factory, "harness", _build_setup)
+
+
+def _build_setup(root: Path) -> HarnessSetup:
     from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
 
-    root = tmp_path_factory.mktemp("harness")
     tokenizer = train_tokenizer()
     models = {
         name: save_tiny_model(
@@ -53,36 +58,39 @@ def harness_setup(tmp_path_factory) -> HarnessSetup:
 
 
 @pytest.fixture(scope="session")
-def stock_run(harness_setup) -> RunOutput:
+def stock_run(harness_setup, tmp_path_factory) -> RunOutput:
     """Stock ``lm_eval`` without ``--metrics``: gpt2, batch 4, all six benchmarks."""
-    cwd = harness_setup.root / "run_stock"
-    return check_ok(run_cli("lm_eval", harness_setup.args("gpt2", 4), cwd))
+    args = harness_setup.args("gpt2", 4)
+    return shared_value(tmp_path_factory, "run_stock", _launch("lm_eval", args))
 
 
 @pytest.fixture(scope="session")
-def metrics_run(harness_setup) -> RunOutput:
+def metrics_run(harness_setup, tmp_path_factory) -> RunOutput:
     """The literal ``lm_eval ... --metrics all``: gpt2, batch 4."""
     require_startup_hook()
-    cwd = harness_setup.root / "run_metrics_bs4"
-    return check_ok(run_cli("lm_eval", [*harness_setup.args("gpt2", 4), "--metrics", "all"], cwd))
+    args = [*harness_setup.args("gpt2", 4), "--metrics", "all"]
+    return shared_value(tmp_path_factory, "run_metrics_bs4", _launch("lm_eval", args))
 
 
 @pytest.fixture(scope="session")
-def metrics_run_bs1(harness_setup) -> RunOutput:
+def metrics_run_bs1(harness_setup, tmp_path_factory) -> RunOutput:
     """``lm-coupling run ... --metrics all``: gpt2, batch 1."""
-    cwd = harness_setup.root / "run_metrics_bs1"
     args = [*harness_setup.args("gpt2", 1), "--metrics", "all"]
-    return check_ok(run_cli("lm-coupling", args, cwd))
+    return shared_value(tmp_path_factory, "run_metrics_bs1", _launch("lm-coupling", args))
 
 
 @pytest.fixture(scope="session")
-def llama_run(harness_setup) -> RunOutput:
+def llama_run(harness_setup, tmp_path_factory) -> RunOutput:
     """``python -m lm_coupling run --metrics all``: llama, batch auto, coupling on 2
     documents with a K (1000) the 32-wide model cannot hold."""
-    cwd = harness_setup.root / "run_llama"
     args = [*harness_setup.args("llama", "auto"), "--metrics", "all"]
     args += ["--metric_args", LLAMA_METRIC_ARGS]
-    return check_ok(run_cli("python -m lm_coupling", args, cwd))
+    return shared_value(tmp_path_factory, "run_llama", _launch("python -m lm_coupling", args))
+
+
+def _launch(program: str, args: list[str]):
+    """A `shared_value` build: run ``program`` in the folder it is given; fail on error."""
+    return lambda cwd: check_ok(run_cli(program, args, cwd))
 
 
 @pytest.fixture(scope="session")

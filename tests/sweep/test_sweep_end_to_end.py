@@ -14,18 +14,12 @@ import sys
 import pandas as pd
 import pytest
 
-from lm_coupling.demo.train import train_family
-
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def family(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep")
-    train_family(
-        root / "fam", sizes=("tiny",), steps=2, reduced=True, batch_size=2, seq_len=32,
-        n_checkpoints=2,
-    )  # fmt: skip
+def family(trained_family):
+    root = trained_family  # holds fam/, trained once per test run (tests/conftest.py)
     (root / "broken").mkdir()
     (root / "broken" / "config.json").write_text("{this is not json")
     return root

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,11 @@ def test_bundled_samples_are_announced_once_per_benchmark(our_tasks, monkeypatch
     from lm_coupling.tasks import offline_data
 
     monkeypatch.delenv("LM_COUPLING_DATA_DIR", raising=False)
-    # Announcements are once per process: forget those of earlier tests in this one.
-    monkeypatch.setattr(offline_data, "_ANNOUNCED", set())
+    # Announcements are once per process: forget those of earlier tests in this one, also
+    # in the copy lm-eval imports by path (sys.modules key: the file's path).
+    for module in list(sys.modules.values()):
+        if getattr(module, "__file__", None) == offline_data.__file__:
+            monkeypatch.setattr(module, "_ANNOUNCED", set())
     with caplog.at_level(logging.WARNING, logger="lm_coupling.tasks"):
         loaded = our_tasks.load(["lmc_arc_easy_offline", "lmc_mmlu_sample"])
     assert loaded["tasks"]

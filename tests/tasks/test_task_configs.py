@@ -134,7 +134,8 @@ def assert_same_prompts(ours: ConfigurableTask, stock: ConfigurableTask, shots: 
 def test_offline_task_reproduces_stock_prompts(name, manager_and_subjects):
     manager, _ = manager_and_subjects
     ours = manager.load(name)["tasks"][name]
-    assert ours.config.metadata["version"] == 1.0
+    version = load_yaml(TASKS_DIR / f"{name}.yaml", resolve_func=False)["metadata"]["version"]
+    assert ours.config.metadata["version"] == version
     shots = 0 if "truthfulqa" in name else 2
     stock = stock_twin(ours, STOCK_DIR / STOCK_OF[name])
     assert_same_prompts(ours, stock, shots)
