@@ -28,7 +28,10 @@ TESTS_DIR = Path(__file__).resolve().parent
 # The longest files, longest first, as `--durations` measured them (whole file, fixtures
 # included). Only an ordering hint: a file missing here runs with the other slow files.
 LONGEST_FILES = (
+    "harness/test_lm_eval_options.py",
+    "harness/test_library_core.py",
     "report/test_report_build.py",
+    "harness/test_resume.py",
     "harness/test_harness_errors.py",
     "harness/test_harness_runs.py",
     "sweep/test_sweep_end_to_end.py",
