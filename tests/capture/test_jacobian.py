@@ -136,7 +136,7 @@ def _coupling(factors):
         ("subspace", {}, "subspace"),
         ("krylov", {}, "krylov"),
         ("randomized", {"oversample": 10}, "randomized"),
-        ("auto", {}, "dense"),
+        ("auto", {}, "gram"),
         ("auto", {"dense_max_d": 0, "max_iters": 50}, "krylov"),
     ],
 )
