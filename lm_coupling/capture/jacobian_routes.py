@@ -30,6 +30,7 @@ from lm_coupling.capture.jacobian_linalg import (
     subspace_svd,
     svd_top,
 )
+from lm_coupling.metrics.coupling import coupling_matrices
 
 __all__ = [
     "FACTORISATION",
@@ -210,9 +211,12 @@ def _gather(tops: list[LayerTop], name: str, k: int, device) -> torch.Tensor:
 
 
 def _pair_block(call, J, left, right, chunk: int, group: int) -> torch.Tensor:
-    """``[B, L, K, K]`` with ``[b, m] = left_m^T J^l right_m`` (J given, or by JVP in groups)."""
+    """``[B, L, K, K]`` with ``[b, m] = left_m^T J^l right_m`` (J given, or by JVP in groups).
+
+    The product itself is ``metrics.coupling.coupling_matrices`` (one layer l).
+    """
     if J is not None:
-        return torch.einsum("bmdi,bmdj->bmij", left, torch.einsum("bde,bmej->bmdj", J, right))
+        return coupling_matrices(left, (J[:, None] @ right)[:, None])[:, 0]
     f, x = call.last_token_map()
     B, L, d, k = right.shape
     out = []
@@ -221,7 +225,7 @@ def _pair_block(call, J, left, right, chunk: int, group: int) -> torch.Tensor:
         g = part.shape[1]
         tangents = part.permute(0, 2, 1, 3).reshape(B, d, g * k)
         W = jvp_columns(f, x, tangents, chunk).reshape(B, d, g, k).permute(0, 2, 1, 3)
-        out.append(torch.einsum("bmdi,bmdj->bmij", left[:, start : start + g], W))
+        out.append(coupling_matrices(left[:, start : start + g], W[:, None])[:, 0])
     return torch.cat(out, dim=1)
 
 
