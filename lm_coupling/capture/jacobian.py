@@ -62,8 +62,13 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts
-from lm_coupling.capture.jacobian_calls import (
+from lm_coupling.capture.jacobian_calls import (  # the _ helpers: see _record_rows
     BlockCall,
+    FrozenPrefixCache,
+    _batched_cache,
+    _block_call,
+    _padded_prefixes,
+    _record,
     compute_dtype,
     engine_mode,
     record_full_sequence,
@@ -408,8 +413,13 @@ class JacobianEngine:
         """The Jacobian between positions, ``J^l_{t_in t_out} = d block_l(X)_{t_out} / d x_{t_in}``.
 
         Minus the identity when ``t_in == t_out`` (residual branch only), so
-        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. Needs the whole
-        sequence: block l's inputs are recorded from a forward pass without cache.
+        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. Only the rows
+        a tangent at ``t_in`` changes are run: causal attention makes the keys
+        and values of positions < t_in independent of ``x_{t_in}`` (they are
+        frozen from a forward pass of the prompt up to t_in, as for the last
+        token in ``factors``), positions > t_out cannot reach t_out, so each of
+        the d products runs block l on rows ``t_in..t_out`` alone (with the
+        frozen prefix), not on the whole prompt.
 
         Args:
             input_ids: ``[T]`` token ids of one prompt.
@@ -432,11 +442,41 @@ class JacobianEngine:
                 f"t_in must be <= t_out (causal attention makes later inputs irrelevant), "
                 f"found t_in={t_in}, t_out={t_out}; the Jacobian is zero there"
             )
+        ids = ids[: t_out + 1].to(self.parts.input_device)
+        prefix = run_prompts(self.model, self.parts, [ids[: t_in + 1]]).prefixes[0]
         with engine_mode(self.model, self.config.attn_implementation):
-            device = self.parts.input_device
-            call = record_full_sequence(self.model, self.parts, ids.to(device), self.dtype)[layer]
-            f, x = call.position_map(t_in, t_out)
-            return dense_jacobian(f, x, self._chunk(x, T * T))[0]
+            call = _record_rows(self.model, self.parts, ids, t_in, prefix, self.dtype)[layer]
+            params = call.params()
+            X = call.hidden  # [1, t_out - t_in + 1, d]: rows t_in..t_out
+
+            def f(x: torch.Tensor) -> torch.Tensor:
+                out = call.run(torch.cat([x[:, None], X[:, 1:]], dim=1), params)[:, -1]
+                return out - x if t_in == t_out else out
+
+            x = X[:, 0]
+            return dense_jacobian(f, x, self._chunk(x, X.shape[1] + t_in))[0]
+
+
+def _record_rows(
+    model: nn.Module, parts: ModelParts, ids: torch.Tensor, start: int, prefix, dtype
+) -> list[BlockCall]:
+    """Every block's call on rows ``start..T-1`` of one prompt, positions < start frozen.
+
+    ``prefix``: layer -> (K, V) of positions < start (``run_prompts`` on
+    ``ids[:start + 1]``), or None for ``start == 0``. Call inside ``engine_mode``.
+    """
+    padded, _ = _padded_prefixes([ids[: start + 1]], [prefix])
+    kwargs: dict = {"use_cache": bool(padded)}
+    if padded:
+        kwargs["past_key_values"] = _batched_cache(model, padded)
+    records = _record(model, parts.blocks, ids[None, start:], **kwargs)
+    frozen = FrozenPrefixCache(
+        {i: (k.detach().to(dtype), v.detach().to(dtype)) for i, (k, v) in padded.items()}
+    )
+    return [
+        _block_call(block, record, dtype, lambda _cache: frozen)
+        for block, record in zip(parts.blocks, records, strict=True)
+    ]
 
 
 def naive_block_jacobians(

@@ -21,6 +21,8 @@ import transformers
 
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
+from lm_coupling.capture.jacobian_calls import engine_mode, record_full_sequence
+from lm_coupling.capture.jacobian_linalg import dense_jacobian
 from lm_coupling.demo.tiny import tiny_config
 from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
@@ -227,6 +229,28 @@ def test_position_jacobian_diagonal_and_off_diagonal(tiny_model):
     assert off.abs().max() > 0
     with pytest.raises(ValueError, match="t_in must be <= t_out"):
         engine.position_jacobian(IDS, 0, 5, 3)
+
+
+def _whole_sequence_position_jacobian(model, parts, ids, layer, t_in, t_out):
+    """Reference: block l rerun on the whole recorded sequence per tangent (no frozen prefix)."""
+    with engine_mode(model):
+        call = record_full_sequence(model, parts, ids, F64)[layer]
+        f, x = call.position_map(t_in, t_out)
+        return dense_jacobian(f, x, 64)[0]
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "gpt_neox"])
+def test_position_jacobian_equals_the_whole_sequence_route(tiny_model, model_type):
+    """Rows t_in..t_out with the prefix frozen give the whole-sequence Jacobians."""
+    model = tiny_model(model_type, dtype=F64, n_layers=2)
+    parts = locate_model_parts(model)
+    engine = JacobianEngine(model, parts, k_max=K)
+    n = IDS.shape[0] - 1
+    for layer, t_in, t_out in [(0, 0, 0), (1, 0, n), (0, 3, 5), (1, n - 1, n), (1, n, n)]:
+        got = engine.position_jacobian(IDS, layer, t_in, t_out)
+        expected = _whole_sequence_position_jacobian(model, parts, IDS, layer, t_in, t_out)
+        assert expected.abs().max() > 0
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6 * expected.abs().max())
 
 
 def test_one_token_prompt(tiny_model):
