@@ -71,6 +71,7 @@ from lm_coupling.capture.jacobian_calls import (  # the _ helpers: see _record_r
     _record,
     compute_dtype,
     engine_mode,
+    probe_split,
     record_full_sequence,
     record_last_token,
     run_prompts,
@@ -419,7 +420,10 @@ class JacobianEngine:
         frozen from a forward pass of the prompt up to t_in, as for the last
         token in ``factors``), positions > t_out cannot reach t_out, so each of
         the d products runs block l on rows ``t_in..t_out`` alone (with the
-        frozen prefix), not on the whole prompt.
+        frozen prefix), not on the whole prompt. For ``t_in == t_out`` under
+        SDPA attention the prefix also reaches the attention uncopied
+        (``capture.frozen_attention``); with more rows, or eager attention, it
+        is concatenated per tangent, which then dominates the cost.
 
         Args:
             input_ids: ``[T]`` token ids of one prompt.
@@ -473,10 +477,13 @@ def _record_rows(
     frozen = FrozenPrefixCache(
         {i: (k.detach().to(dtype), v.detach().to(dtype)) for i, (k, v) in padded.items()}
     )
-    return [
+    calls = [
         _block_call(block, record, dtype, lambda _cache: frozen)
         for block, record in zip(parts.blocks, records, strict=True)
     ]
+    if ids.shape[0] - start == 1:  # one row: the split attention applies (SDPA models)
+        probe_split(calls, frozen)
+    return calls
 
 
 def naive_block_jacobians(

@@ -23,7 +23,7 @@ from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
 from lm_coupling.capture.jacobian_calls import engine_mode, record_full_sequence
 from lm_coupling.capture.jacobian_linalg import dense_jacobian
-from lm_coupling.demo.tiny import tiny_config
+from lm_coupling.demo.tiny import build_tiny_model, tiny_config
 from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
@@ -239,10 +239,14 @@ def _whole_sequence_position_jacobian(model, parts, ids, layer, t_in, t_out):
         return dense_jacobian(f, x, 64)[0]
 
 
-@pytest.mark.parametrize("model_type", ["gpt2", "llama", "gpt_neox"])
-def test_position_jacobian_equals_the_whole_sequence_route(tiny_model, model_type):
+@pytest.mark.parametrize(
+    ("model_type", "attn"),
+    [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "sdpa"), ("gpt_neox", "eager")],
+)
+def test_position_jacobian_equals_the_whole_sequence_route(tokenizer, model_type, attn):
     """Rows t_in..t_out with the prefix frozen give the whole-sequence Jacobians."""
-    model = tiny_model(model_type, dtype=F64, n_layers=2)
+    model = build_tiny_model(model_type, len(tokenizer), dtype=F64, n_layers=2)
+    model.set_attn_implementation(attn)
     parts = locate_model_parts(model)
     engine = JacobianEngine(model, parts, k_max=K)
     n = IDS.shape[0] - 1
