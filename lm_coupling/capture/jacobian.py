@@ -174,8 +174,6 @@ class JacobianEngine:
         self.d = parts.d_model
         self.k_max = config.k_max
         self.dtype = compute_dtype(parts)
-        self.last_peak_bytes = 0
-        """Peak memory of the last batch (see ``JacobianFactors.peak_bytes``)."""
 
     def _chunk(self, x: torch.Tensor, context: int) -> int:
         if self.config.chunk_size is not None:
@@ -377,7 +375,7 @@ class JacobianEngine:
         out = self.parts.input_device
         dense = torch.stack([t.J.to(out) for t in tops], 1) if self.config.keep_dense else None
         A, B = reduce_products(calls, tops, chunks, k, self.config.swapped, out, ledger)
-        self.last_peak_bytes = ledger.peak
+        peak = ledger.peak
         U = torch.stack([t.top.U[:, :, :k].to(out) for t in tops], 1)
         V = torch.stack([t.top.V[:, :, :k].to(out) for t in tops], 1)
         S = torch.stack([t.top.S.to(out) for t in tops], 1)
@@ -401,7 +399,7 @@ class JacobianEngine:
                 iterations=[int(i) for i in iterations[b]],
                 residual=residual[b],
                 ill_defined=ill[b],
-                peak_bytes=self.last_peak_bytes,
+                peak_bytes=peak,
                 dense=None if dense is None else dense[b],
                 seconds={key: list(v) if isinstance(v, list) else v for key, v in seconds.items()},
             )
