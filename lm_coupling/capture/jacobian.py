@@ -12,8 +12,9 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
 - ``gram``: J^l exactly from d products, then the top K+1 eigenpairs of
   ``J^T J`` formed and solved in float64 by a partial symmetric eigensolver
   (``jacobian_linalg.gram_top``): as accurate as the full SVD (float64 carries
-  the squared condition number that float32 could not) and 3-8x cheaper on a
-  CPU; the fastest exact route on either device.
+  the squared condition number that float32 could not) and about 2.5x cheaper
+  on a CPU at d = 768 (``bench/jacobian.py`` prints both); the fastest exact
+  route on either device.
 - ``krylov``: never forms J^l: restarted block Krylov iteration on
   ``J^T J`` with Rayleigh-Ritz, a residual-based convergence test and a warm
   start from the previous layer's V (``capture.jacobian_krylov``); converges

@@ -256,8 +256,8 @@ def top_eigh(G: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
     On a CPU, LAPACK's MRRR driver restricted to the top r indices
     (``scipy.linalg.eigh(subset_by_index=..., driver="evr")``): the
     tridiagonal reduction, then r eigenpairs instead of n, and r back-transformed
-    vectors; about 2x cheaper than a full ``torch.linalg.eigh`` at n = 768
-    (``bench/jacobian.py`` prints both). Elsewhere ``torch.linalg.eigh``
+    vectors; about 2.4x cheaper than a full ``torch.linalg.eigh`` at n = 768
+    on a CPU (``bench/jacobian.py`` prints both). Elsewhere ``torch.linalg.eigh``
     (one batched call on the device). Each document is solved alone, so its
     result does not depend on the batch.
 
