@@ -79,11 +79,11 @@ DEFAULT_TOKENWISE_DOCS = 8
 Chosen from the measured cost (``bench/tokenwise_cost.py``, docs/benchmarks.md):
 since ``JacobianEngine.position_jacobian`` runs a block on the rows
 ``t_in..t_out`` alone, one document with the default options (18 position
-Jacobians, GPT-2-small shape, 64 tokens) costs 14.4 s on one CPU thread,
-against about 5 minutes on the earlier whole-sequence route (2 documents were
-the default then, about 26 CPU-minutes each). Eight documents cost about as
-much as the coupling sample's default 25 (about 2 minutes per task at that
-shape on one CPU thread), enough for a mean over pairs per task.
+Jacobians, GPT-2-small shape, 64 tokens) costs 8.6 s on a 2-core CPU, about
+10x less than on the earlier whole-sequence route (2 documents were the
+default then, about 26 CPU-minutes each at the time). Eight documents cost
+about as much as the coupling sample's default 25 (1.5 s each at that shape),
+about a minute per task, enough for a mean over pairs per task.
 """
 
 DOCS = OptionSpec(
