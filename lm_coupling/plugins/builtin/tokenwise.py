@@ -82,8 +82,9 @@ since ``JacobianEngine.position_jacobian`` runs a block on the rows
 Jacobians, GPT-2-small shape, 64 tokens) costs 8.6 s on a 2-core CPU, about
 10x less than on the earlier whole-sequence route (2 documents were the
 default then, about 26 CPU-minutes each at the time). Eight documents cost
-about as much as the coupling sample's default 25 (1.5 s each at that shape),
-about a minute per task, enough for a mean over pairs per task.
+about a minute per task at that shape, the same order as the coupling
+sample's default 25 documents (1.5 s each, about 40 s), and give a mean over
+pairs per task rather than over two documents.
 """
 
 DOCS = OptionSpec(
