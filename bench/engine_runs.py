@@ -12,40 +12,28 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import inspect
 
 import torch
 import transformers
 
-from lm_coupling.capture import jacobian
 from lm_coupling.capture.architecture import ModelParts, locate_model_parts
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
+from lm_coupling.capture.jacobian_config import METHODS, JacobianConfig
 from lm_coupling.demo.tiny import tiny_config
 from lm_coupling.metrics.coupling import coupling_matrices_dense, miscoupling
-
-FALLBACK_ROUTES = ("auto", "dense", "gram", "subspace", "randomized")
-"""Routes when the engine module lists none."""
 
 LLAMA_7B = {"d_model": 4096, "d_ff": 11008, "n_heads": 32, "n_layers": 32}
 GPT2_SMALL = {"d_model": 768, "d_ff": 3072, "n_heads": 12, "n_layers": 12}
 
 
 def engine_routes() -> tuple[str, ...]:
-    """Every ``method=`` the engine offers: the list ``JacobianEngine`` validates against.
-
-    That list is module-private (``_METHODS``) today; a public ``METHODS`` is
-    preferred when the engine grows one, and ``FALLBACK_ROUTES`` is the last resort.
-    """
-    for name in ("METHODS", "_METHODS"):
-        routes = getattr(jacobian, name, None)
-        if routes:
-            return tuple(routes)
-    return FALLBACK_ROUTES
+    """Every ``method=`` the engine offers (``capture.jacobian_config.METHODS``)."""
+    return METHODS
 
 
 def default_route() -> str:
     """The engine's default ``method`` (what ``--metrics coupling`` uses unless told)."""
-    return inspect.signature(JacobianEngine).parameters["method"].default
+    return JacobianConfig.__dataclass_fields__["method"].default
 
 
 def build_random_model(

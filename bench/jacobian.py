@@ -17,6 +17,15 @@ Rows (issue 10, "Targets"), each the median of ``--repeats`` interleaved runs:
   and extrapolated to d rows, plus a timed full SVD of that block's 4096 x
   4096 Jacobian (labelled so); ``max|dC|`` is against the ``dense`` route.
 
+Each shape also prints its FLOOR, measured on this machine: the seconds per
+layer of the d products' matrix multiplications alone (for every 2-D weight W
+of a block, ``C @ W`` with d rows in C: the same GEMMs as the d VJPs, batched,
+no autograd, no elementwise work) plus the cheapest exact top-(K+1)
+factorisation of that layer's d x d Jacobian among a full float32 SVD, a full
+float64 ``eigh`` of ``J^T J`` and the partial float64 eigensolver of the
+``gram`` route (Gram matrix formation included); ``x floor`` is each route's
+seconds per layer over that floor.
+
 ``--through-lm-eval`` adds the per-document cost of coupling inside
 ``lm_eval --metrics coupling`` at ARC prompt length (``lmc_arc_challenge_offline``,
 a GPT-2-small-shaped random model with an 8k BPE vocabulary): two fresh-process
@@ -56,9 +65,21 @@ from timing import machine_line, median, print_table, timed
 
 from lm_coupling.capture.jacobian import JacobianEngine
 from lm_coupling.capture.jacobian_calls import compute_dtype, engine_mode, record_full_sequence
+from lm_coupling.capture.jacobian_linalg import top_eigh
 
 TOLERANCE = 1e-4
-HEADER = ("row", "s/layer", "s/doc", "speed-up", "max|dC|", "vs", "counts", "layer routes")
+HEADER = (
+    "row",
+    "s/layer",
+    "s/doc",
+    "speed-up",
+    "x floor",
+    "max|dC|",
+    "vs",
+    "counts",
+    "layer routes",
+)
+FLOOR_HEADER = ("shape", "GEMMs", "svd f32", "eigh f64", "partial f64", "floor")
 SHAPES = {"gpt2-small": ("gpt2", GPT2_SMALL), "llama-7b": ("llama", {**LLAMA_7B, "n_layers": 2})}
 
 
@@ -108,6 +129,44 @@ def shape_of(name: str, args: argparse.Namespace) -> tuple[str, dict]:
     return arch, sizes
 
 
+def gemm_seconds(parts, device: str) -> float:
+    """Seconds of the d products' GEMMs through block 0: ``C [d, in] @ W`` per 2-D weight."""
+    d, dtype = parts.d_model, compute_dtype(parts)
+    weights = [p.detach().to(dtype) for p in parts.blocks[0].parameters() if p.dim() == 2]
+    cotangents = [torch.ones(d, w.shape[0], dtype=dtype, device=w.device) for w in weights]
+
+    def run():
+        for c, w in zip(cotangents, weights, strict=True):
+            c @ w
+
+    return timed(run, device)[1]
+
+
+def factorisation_seconds(J: torch.Tensor, k: int, device: str) -> dict[str, float]:
+    """Seconds of each exact top-(K+1) factorisation of one ``[d, d]`` Jacobian."""
+
+    def gram(matrix):
+        J64 = matrix.double()
+        return J64.T @ J64
+
+    return {
+        "svd f32": timed(lambda: torch.linalg.svd(J), device)[1],
+        "eigh f64": timed(lambda: torch.linalg.eigh(gram(J)), device)[1],
+        "partial f64": timed(lambda: top_eigh(gram(J)[None], k + 1), device)[1],
+    }
+
+
+def floor_row(name: str, rounds: list[tuple[float, dict]]) -> tuple:
+    """One row of the floor table from per-round ``(GEMM seconds, factorisations)``."""
+    gemm = median([g for g, _ in rounds])
+    fact = {key: median([f[key] for _, f in rounds]) for key in rounds[0][1]}
+    return (name, gemm, *fact.values(), gemm + min(fact.values()))
+
+
+def _floor_round(parts, J0: torch.Tensor, args) -> tuple[float, dict]:
+    return gemm_seconds(parts, args.device), factorisation_seconds(J0, args.k, args.device)
+
+
 def _engine_runs(model, parts, ids, args, runs: dict) -> None:
     """One timed document per engine route (the keys of ``runs``), appended to ``runs[route]``."""
     for route in runs:
@@ -117,7 +176,9 @@ def _engine_runs(model, parts, ids, args, runs: dict) -> None:
         runs[route].append((seconds, m.cpu(), route_summary(factors)))
 
 
-def _engine_rows(name: str, runs: dict, L: int, ref: torch.Tensor, ref_name: str, base: float):
+def _engine_rows(
+    name: str, runs: dict, L: int, ref: torch.Tensor, ref_name: str, base: float, floor: float
+):
     rows = []
     default = default_route()
     for route, results in runs.items():
@@ -126,12 +187,18 @@ def _engine_rows(name: str, runs: dict, L: int, ref: torch.Tensor, ref_name: str
         counts = "yes" if diff <= TOLERANCE else "NO"
         label = f"{name} engine {route}" + (" (default)" if route == default else "")
         speed = base / (seconds / L)
-        rows.append((label, seconds / L, seconds, speed, diff, ref_name, counts, results[-1][2]))
+        rows.append(
+            (label, seconds / L, seconds, speed, seconds / L / floor, diff, ref_name, counts)
+            + (results[-1][2],)
+        )
     return rows
 
 
-def gpt2_rows(args: argparse.Namespace) -> list[tuple]:
-    """GPT-2-small shape: the full coupling matrix, authors' route vs every engine route."""
+def gpt2_rows(args: argparse.Namespace, floors: list) -> list[tuple]:
+    """GPT-2-small shape: the full coupling matrix, authors' route vs every engine route.
+
+    Appends the shape's floor row to ``floors``.
+    """
     arch, sizes = shape_of("gpt2-small", args)
     model, parts = build_random_model(
         arch, vocab=8192, max_len=args.tokens, device=args.device, dtype=_dtype(args), **sizes
@@ -141,18 +208,23 @@ def gpt2_rows(args: argparse.Namespace) -> list[tuple]:
     n_naive = min(args.naive_layers or L, L)
     print(f"gpt2-small: {sizes}, T={args.tokens}, K={args.k}, authors' route on {n_naive} blocks")
     _warm_up(model, parts, ids, args.routes)
-    naive, runs = [], {route: [] for route in args.routes}
+    J0 = JacobianEngine(model, parts, k_max=args.k).dense_jacobians(ids)[0]
+    naive, runs, rounds = [], {route: [] for route in args.routes}, []
     for i in range(args.repeats):
         m, seconds = timed(
             lambda: authors_coupling(model, parts, ids, args.k, n_naive), args.device
         )
         naive.append((seconds, m.cpu()))
         _engine_runs(model, parts, ids, args, runs)
+        rounds.append(_floor_round(parts, J0, args))
         print(f"  round {i + 1}: authors' {seconds:.1f} s", flush=True)
     per_layer = median([s for s, _ in naive]) / n_naive
+    floors.append(floor_row("gpt2-small", rounds))
+    floor = floors[-1][-1]
     label = f"gpt2-small authors' route ({n_naive} of {L} blocks)"
-    rows = [(label, per_layer, per_layer * L, 1.0, None, None, None, "d backward + SVD")]
-    return rows + _engine_rows("gpt2-small", runs, L, naive[-1][1], "authors", per_layer)
+    row = (label, per_layer, per_layer * L, 1.0, per_layer / floor, None, None, None)
+    rows = [row + ("d backward + SVD",)]
+    return rows + _engine_rows("gpt2-small", runs, L, naive[-1][1], "authors", per_layer, floor)
 
 
 def authors_rows_seconds(model, parts, ids, n_rows: int) -> float:
@@ -171,8 +243,11 @@ def authors_rows_seconds(model, parts, ids, n_rows: int) -> float:
             return timed(rows, str(ids.device))[1]
 
 
-def llama_rows(args: argparse.Namespace) -> list[tuple]:
-    """Two Llama-7B-shaped blocks: authors' route (rows extrapolated) vs the default route."""
+def llama_rows(args: argparse.Namespace, floors: list) -> list[tuple]:
+    """Two Llama-7B-shaped blocks: authors' route (rows extrapolated) vs the default route.
+
+    Appends the shape's floor row to ``floors``.
+    """
     arch, sizes = shape_of("llama-7b", args)
     model, parts = build_random_model(
         arch, vocab=32000, max_len=args.tokens, device=args.device, dtype=_dtype(args), **sizes
@@ -184,18 +259,21 @@ def llama_rows(args: argparse.Namespace) -> list[tuple]:
     _warm_up(model, parts, ids, args.llama_routes)
     block0 = dataclasses.replace(parts, blocks=parts.blocks[:1])
     J0 = JacobianEngine(model, block0, k_max=args.k, method="dense").dense_jacobians(ids)[0]
-    naive, runs = [], {route: [] for route in args.llama_routes}
+    naive, runs, rounds = [], {route: [] for route in args.llama_routes}, []
     for i in range(args.repeats):
         rows_s = authors_rows_seconds(model, parts, ids, n_rows)
-        _, svd_s = timed(lambda: torch.linalg.svd(J0), args.device)
-        naive.append(rows_s * d / n_rows + svd_s)
+        rounds.append(_floor_round(parts, J0, args))
+        naive.append(rows_s * d / n_rows + rounds[-1][1]["svd f32"])
         _engine_runs(model, parts, ids, args, runs)
         print(f"  round {i + 1}: authors' {naive[-1]:.1f} s/layer (extrapolated)", flush=True)
     per_layer = median(naive)
+    floors.append(floor_row("llama-7b", rounds))
+    floor = floors[-1][-1]
     label = f"llama-7b authors' route ({n_rows} of {d} rows, extrapolated)"
-    rows = [(label, per_layer, per_layer * L, 1.0, None, None, None, "d backward + SVD")]
+    row = (label, per_layer, per_layer * L, 1.0, per_layer / floor, None, None, None)
+    rows = [row + ("d backward + SVD",)]
     ref = runs["dense"][-1][1] if "dense" in runs else torch.full((L, L), math.nan)
-    return rows + _engine_rows("llama-7b", runs, L, ref, "dense", per_layer)
+    return rows + _engine_rows("llama-7b", runs, L, ref, "dense", per_layer, floor)
 
 
 def _dtype(args: argparse.Namespace) -> torch.dtype:
@@ -213,11 +291,11 @@ def main(argv=None) -> None:
     """Measure the selected shapes (and optionally through lm-eval) and print one table."""
     args = parse_args(argv)
     print(machine_line(args.device), flush=True)
-    rows = []
+    rows, floors = [], []
     if "gpt2-small" in args.shapes:
-        rows += gpt2_rows(args)
+        rows += gpt2_rows(args, floors)
     if "llama-7b" in args.shapes:
-        rows += llama_rows(args)
+        rows += llama_rows(args, floors)
     if args.through_lm_eval:
         from through_lm_eval import lm_eval_rows
 
@@ -228,6 +306,12 @@ def main(argv=None) -> None:
         f"{args.device}, median of {args.repeats} interleaved runs; a speed-up counts where "
         f"max|dC| <= {TOLERANCE:g}"
     )
+    if floors:
+        floor_title = (
+            "floor of the exact route, s/layer: d products' GEMMs alone + the cheapest exact "
+            "top-(K+1) factorisation (median of the rounds)"
+        )
+        print_table(floor_title, FLOOR_HEADER, floors)
     print_table(title, HEADER, rows)
     print(machine_line(args.device))
 

@@ -7,16 +7,25 @@ weights do not change the cost), one prompt of --tokens tokens, the three
 token-wise metrics through GeometryRunner.compute_sampled (the route of a
 sampled document in an lm_eval run). Prints seconds per document, the number
 of position Jacobians, and the load average it ran under.
+
+``--compare`` times one position Jacobian ``J^0_{n-1, n}`` both ways, median
+of ``--repeats`` interleaved rounds: the engine's route (block 0 on rows
+n-1..n with the prefix frozen) and the earlier whole-sequence route (block 0
+rerun on all T rows per tangent; timed on ``--rows`` of the d VJPs and
+extrapolated to d, every row being the same work).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import torch
 
+from lm_coupling.capture.jacobian_calls import engine_mode, record_full_sequence
+from lm_coupling.capture.jacobian_linalg import vjp_rows
 from lm_coupling.demo.tiny import build_tiny_model
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.plugins.builtin.tokenwise import lmc_position_jacobian_keys
@@ -34,15 +43,22 @@ def main() -> None:
     parser.add_argument(
         "--single", action="store_true", help="time one position Jacobian J^0_{n-1, n} only"
     )
+    parser.add_argument("--compare", action="store_true", help="engine vs whole-sequence route")
+    parser.add_argument("--attn", default="sdpa", help="attention (lm-eval's HF default: sdpa)")
+    parser.add_argument("--rows", type=int, default=32, help="--compare: VJPs timed, old route")
     args = parser.parse_args()
     model = build_tiny_model(
         "gpt2", 50257, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=1024
     )
+    model.set_attn_implementation(args.attn)
     options = f"tokenwise_positions={args.positions},tokenwise_layers={args.layers}"
     selection = make_selection(NAMES, options)
     runner = GeometryRunner(model, selection)
     ids = torch.randint(0, 50257, (args.tokens,), generator=torch.Generator().manual_seed(0))
     keys = lmc_position_jacobian_keys(NAMES.split(","), selection.options, 12, args.tokens)
+    if args.compare:
+        compare(runner.engine, ids, args)
+        return
     if args.single:
         start, cpu = time.perf_counter(), time.process_time()
         runner.engine.position_jacobian(ids, 0, args.tokens - 2, args.tokens - 1)
@@ -64,6 +80,38 @@ def main() -> None:
         f"(best of {args.repeats}; torch threads {torch.get_num_threads()}; "
         f"load average {os.getloadavg()[0]:.1f}); values "
         + ", ".join(f"{k}={v:.3f}" for k, v in doc.values.items())
+    )
+
+
+def whole_sequence_seconds(engine, ids: torch.Tensor, rows: int) -> float:
+    """Seconds of ``J^0_{n-1, n}`` by the whole-sequence route, extrapolated from ``rows`` VJPs."""
+    T, d = ids.shape[0], engine.d
+    with engine_mode(engine.model):
+        call = record_full_sequence(engine.model, engine.parts, ids, engine.dtype)[0]
+        f, x = call.position_map(T - 2, T - 1)
+        cotangents = torch.eye(d, dtype=x.dtype)[None, :, :rows]
+        start = time.perf_counter()
+        vjp_rows(f, x, cotangents, rows)
+        return (time.perf_counter() - start) * d / rows
+
+
+def compare(engine, ids: torch.Tensor, args) -> None:
+    """Print the median seconds of one position Jacobian by each route."""
+    T = ids.shape[0]
+    new, old = [], []
+    engine.position_jacobian(ids[:8], 0, 6, 7)  # warm-up
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        engine.position_jacobian(ids, 0, T - 2, T - 1)
+        new.append(time.perf_counter() - start)
+        old.append(whole_sequence_seconds(engine, ids, args.rows))
+    new_s, old_s = statistics.median(new), statistics.median(old)
+    print(
+        f"GPT-2-small shape, {args.attn} attention, T={T}, one position Jacobian "
+        f"J^0_(n-1,n): engine {new_s:.2f} s, "
+        f"whole-sequence route {old_s:.1f} s ({args.rows} of {engine.d} VJPs, extrapolated): "
+        f"{old_s / new_s:.0f}x (median of {args.repeats}; torch threads "
+        f"{torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f})"
     )
 
 

@@ -77,7 +77,7 @@ class JacobianFactors:
         B: ``[L, L, K_max, K_max]`` swapped matrices ``B[l, m] = V_m^T J^l U_m``,
             or None when no metric asked for them.
         method: per layer, the route used (``"dense"``, ``"gram"``,
-            ``"subspace"``, ``"randomized"``).
+            ``"krylov"``, ``"subspace"``, ``"randomized"``).
         spectral_gap: ``[L]`` ``s_K / s_{K+1}`` at K_max.
         iterations: per layer, iterations of the iterative route (0: direct).
         residual: ``[L]`` ``max_{i<=K} ||J v_i - s_i u_i|| / s_1`` of the
@@ -89,6 +89,15 @@ class JacobianFactors:
             (tensors it keeps, or the CUDA allocator's peak on a GPU).
         dense: ``[L, d, d]`` the Jacobians themselves, when the dense route ran
             and ``keep_dense`` asked for them; otherwise None.
+        seconds: wall seconds of the engine's work on this document: its
+            share (batch time / documents in the batch) of ``"forward"``
+            (float: the prompt's plain forward pass, the recording of the
+            blocks' calls and the run-time check) and, one float per layer,
+            ``"jacobian_products"`` (the JVPs/VJPs through the block),
+            ``"factorisation"`` (pass one's linear algebra: SVD, eigensolver,
+            Rayleigh-Ritz) and ``"reduction"`` (pass two: ``A`` and ``B``
+            from the kept Jacobian or by JVPs). CUDA work is waited for at
+            the ends of each span.
     """
 
     U: torch.Tensor
@@ -103,6 +112,7 @@ class JacobianFactors:
     ill_defined: torch.Tensor | None = None
     peak_bytes: int = 0
     dense: torch.Tensor | None = None
+    seconds: dict[str, float | list[float]] = field(default_factory=dict)
 
 
 @dataclass

@@ -231,7 +231,7 @@ def test_coupling_matches_finite_difference_jacobians(
     torch.testing.assert_close(
         torch.as_tensor(doc.profiles["singular_values"])[:, :k], S, rtol=1e-5, atol=1e-6
     )
-    assert doc.jacobian_methods == ["dense"] * model.config.num_hidden_layers
+    assert doc.jacobian_methods == ["gram"] * model.config.num_hidden_layers
 
 
 def test_single_token_prompt_gives_nan_trajectory(tiny_model, plugin_manager, prompt_ids):

@@ -9,8 +9,12 @@ frozen (causal attention: positions < n do not depend on x_n).
 Routes (per layer, recorded in ``JacobianFactors.method``):
 
 - ``dense``: J^l exactly from d products (VJPs), then a full SVD (the reference).
-- ``gram``: J^l exactly from d products, then the top eigenpairs of ``J^T J``
-  (one symmetric eigensolver instead of a full SVD; fastest exact route on a GPU).
+- ``gram``: J^l exactly from d products, then the top K+1 eigenpairs of
+  ``J^T J`` formed and solved in float64 by a partial symmetric eigensolver
+  (``jacobian_linalg.gram_top``): as accurate as the full SVD (float64 carries
+  the squared condition number that float32 could not) and about 2.5x cheaper
+  on a CPU at d = 768 (``bench/jacobian.py`` prints both); the fastest exact
+  route on either device.
 - ``krylov``: never forms J^l: restarted block Krylov iteration on
   ``J^T J`` with Rayleigh-Ritz, a residual-based convergence test and a warm
   start from the previous layer's V (``capture.jacobian_krylov``); converges
@@ -20,13 +24,14 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
   ``(s_{p+1}/s_i)^(2t)``, kept for comparison.
 - ``randomized``: the same iteration with a fixed number of power iterations
   and no test (Halko et al. 2011); fast, accurate only where the gap is clear.
-- ``auto``: ``dense`` when ``d <= DENSE_MAX_D`` (1024; d products of one
-  token are cheap and exact there; ``gram`` would halve the eigensolver's
-  cost but squares the condition number in float32, so that values move by
-  up to 3e-5 with the round-off of the batch's composition); otherwise
-  ``krylov`` with at most as many steps as cost as much as the dense route,
-  and ``gram`` for a document whose layer did not converge within that
-  budget and is not ill-defined.
+- ``auto``: ``gram`` when ``d <= DENSE_MAX_D`` (1024; d products of one
+  token are cheap and exact there); otherwise ``krylov`` with at most as
+  many steps as cost as much as the exact route, and ``gram`` for a document
+  whose layer did not converge within that budget and is not ill-defined.
+
+The settings are one :class:`~lm_coupling.capture.jacobian_config.JacobianConfig`.
+Each result carries the seconds its passes took per layer
+(``JacobianFactors.seconds``).
 
 Where two of the top K+1 singular values lie within ``ill_gap * s_1`` of each
 other the singular vectors are not determined (any route's coupling matrix
@@ -58,42 +63,48 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts
-from lm_coupling.capture.jacobian_calls import (
+from lm_coupling.capture.jacobian_calls import (  # the _ helpers: see _record_rows
     BlockCall,
+    FrozenPrefixCache,
+    _batched_cache,
+    _block_call,
+    _padded_prefixes,
+    _record,
     compute_dtype,
     engine_mode,
+    probe_split,
     record_full_sequence,
     record_last_token,
     run_prompts,
 )
-from lm_coupling.capture.jacobian_linalg import chunk_size_for, dense_jacobian
+from lm_coupling.capture.jacobian_config import DENSE_MAX_D, ILL_GAP, METHODS, JacobianConfig
+from lm_coupling.capture.jacobian_linalg import PRODUCTS, Clock, chunk_size_for, dense_jacobian
 from lm_coupling.capture.jacobian_routes import (
+    FACTORISATION,
+    REDUCTION,
     MemoryLedger,
     RouteSettings,
     reduce_products,
     top_factors,
 )
-from lm_coupling.errors import LmCouplingError
+from lm_coupling.errors import ConfigurationError, LmCouplingError
 from lm_coupling.states import JacobianFactors
 
 __all__ = [
     "DENSE_MAX_D",
     "ILL_GAP",
+    "METHODS",
+    "JacobianConfig",
     "JacobianEngine",
     "JacobianMismatchError",
     "naive_block_jacobians",
 ]
 
-DENSE_MAX_D = 1024
-"""``method="auto"`` uses the dense route for every layer when d is at most this."""
-
-ILL_GAP = 1e-3
-"""Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
+FORWARD = "forward"
+"""Key of ``JacobianFactors.seconds``: the prompt's forward pass, recording and check."""
 
 CHECK_RTOL = {torch.float64: 1e-5, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 2e-2}
 """Relative tolerance of the run-time check, by the model's parameter dtype."""
-
-_METHODS = ("auto", "dense", "gram", "krylov", "subspace", "randomized")
 
 
 class JacobianMismatchError(LmCouplingError):
@@ -118,12 +129,11 @@ def _check_ids(input_ids) -> torch.Tensor:
     return input_ids
 
 
-def _check_int(name: str, value, low: int, high: int | None = None) -> int:
+def _check_int(name: str, value, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, found {type(value).__name__} {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bound}, found {value}")
+    if value < low or value > high:
+        raise ValueError(f"{name} must be in [{low}, {high}], found {value}")
     return value
 
 
@@ -135,116 +145,68 @@ class JacobianEngine:
             attention implementations without forward-mode AD, SDPA are set
             temporarily and restored).
         parts: ``locate_model_parts(model)``.
-        k_max: K, the number of singular triplets kept (``S`` has K + 1 values
-            for the gap ``s_K / s_{K+1}``); 1 <= K < d.
-        method: ``"auto"``, ``"dense"``, ``"gram"``, ``"krylov"``,
-            ``"subspace"`` or ``"randomized"`` (module docstring).
-        power_iters: power iterations of the ``randomized`` route.
-        oversample: extra columns of the iterated block (None: K + 1, i.e. a
-            block of 2(K + 1) columns, which converges fast on flat spectra).
-        swapped: also compute the swapped matrices ``B[l, m] = V_m^T J^l U_m``.
-        keep_dense: keep the dense Jacobians in ``JacobianFactors.dense``;
-            forces the dense route for every layer.
-        seed: seed of the random start blocks (results are reproducible).
-        chunk_size: tangents per vectorized JVP/VJP batch (None: from a
-            memory budget, see ``chunk_size_for``).
-        dense_max_d: ``auto`` uses the dense route for every layer when
-            d <= this (default ``DENSE_MAX_D``).
-        tol: vector accuracy target of the iterative routes (None: 1e-9 in
-            float64, 1e-5 in float32).
-        max_iters: iteration budget of the iterative routes (None: 100; under
-            ``auto`` the steps that cost as much as the dense route, at least 3).
-        ill_gap: see ``ILL_GAP``.
-        check: verify the replayed block calls against the block outputs of
-            the plain forward pass that also gives the frozen prefix (no extra pass).
-        attn_implementation: force this attention implementation inside the
-            engine (diagnostics; the check then tells whether it changes the function).
-        docs_per_batch: documents per batched pass (None: from free memory).
-        keep_bytes: dense Jacobians pass one may keep for pass two (None: 1 GiB
-            on CPU, a quarter of free memory on a GPU); beyond it pass two
-            recomputes ``J^l V_m`` by JVPs.
+        config: the settings (``capture.jacobian_config.JacobianConfig``).
+        **settings: fields of ``JacobianConfig`` instead of (or replacing
+            those of) ``config``, e.g. ``JacobianEngine(model, parts, k_max=10)``.
+
+    Raises:
+        ConfigurationError: a setting is out of range (K >= d included).
     """
 
     def __init__(
         self,
         model: nn.Module,
         parts: ModelParts,
-        *,
-        k_max: int,
-        method: str = "auto",
-        power_iters: int = 2,
-        oversample: int | None = None,
-        swapped: bool = False,
-        keep_dense: bool = False,
-        seed: int = 0,
-        chunk_size: int | None = None,
-        dense_max_d: int = DENSE_MAX_D,
-        tol: float | None = None,
-        max_iters: int | None = None,
-        ill_gap: float = ILL_GAP,
-        check: bool = True,
-        attn_implementation: str | None = None,
-        docs_per_batch: int | None = None,
-        keep_bytes: int | None = None,
+        config: JacobianConfig | None = None,
+        **settings,
     ):
-        if method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}, found {method!r}")
+        if config is None:
+            config = JacobianConfig(**settings)
+        elif settings:
+            config = config.replace(**settings)
+        if config.k_max >= parts.d_model:
+            raise ConfigurationError(
+                f"k_max must be in [1, {parts.d_model - 1}] (below the model width d = "
+                f"{parts.d_model}), found {config.k_max}; ask for fewer singular vectors"
+            )
         self.model = model
         self.parts = parts
+        self.config = config
         self.d = parts.d_model
-        self.k_max = _check_int("k_max", k_max, 1, self.d - 1)
-        self.method = "dense" if keep_dense else method
-        self.power_iters = _check_int("power_iters", power_iters, 0)
-        self.oversample = self.k_max + 1 if oversample is None else oversample
-        _check_int("oversample", self.oversample, 0)
-        self.swapped = bool(swapped)
-        self.keep_dense = bool(keep_dense)
-        self.seed = int(seed)
-        self.chunk_size = None if chunk_size is None else _check_int("chunk_size", chunk_size, 1)
-        self.dense_max_d = _check_int("dense_max_d", dense_max_d, 0)
+        self.k_max = config.k_max
         self.dtype = compute_dtype(parts)
-        self.tol = tol if tol is not None else (1e-9 if self.dtype == torch.float64 else 1e-5)
-        self.max_iters = None if max_iters is None else _check_int("max_iters", max_iters, 1)
-        self.ill_gap = float(ill_gap)
-        self.check = bool(check)
-        self.attn_implementation = attn_implementation
-        self.docs_per_batch = (
-            None if docs_per_batch is None else _check_int("docs_per_batch", docs_per_batch, 1)
-        )
-        self.keep_bytes = None if keep_bytes is None else _check_int("keep_bytes", keep_bytes, 0)
-        self.last_peak_bytes = 0
-        """Peak memory of the last batch (see ``JacobianFactors.peak_bytes``)."""
 
     def _chunk(self, x: torch.Tensor, context: int) -> int:
-        if self.chunk_size is not None:
-            return self.chunk_size
+        if self.config.chunk_size is not None:
+            return self.config.chunk_size
         return chunk_size_for(self.d, context, x.device, x.dtype)
 
     def _settings(self) -> RouteSettings:
-        block = self.k_max + 1 + self.oversample
-        if self.max_iters is not None:
-            iters = self.max_iters
-        elif self.method == "auto":
-            iters = max(3, self.d // (2 * block))
+        c = self.config
+        if c.max_iters is not None:
+            iters = c.max_iters
+        elif c.route == "auto":
+            iters = max(3, self.d // (2 * c.block))
         else:
             iters = 100
+        tol = c.tol if c.tol is not None else (1e-9 if self.dtype == torch.float64 else 1e-5)
         return RouteSettings(
-            method=self.method,
-            k=self.k_max,
-            dense_max_d=self.dense_max_d,
-            block=block,
+            method=c.route,
+            k=c.k_max,
+            dense_max_d=c.dense_max_d,
+            block=c.block,
             max_iters=iters,
-            power_iters=self.power_iters,
-            tol=self.tol,
-            ill_gap=self.ill_gap,
-            keep_bytes=math.inf if self.keep_dense else self._keep_budget(),
-            seed=self.seed,
+            power_iters=c.power_iters,
+            tol=tol,
+            ill_gap=c.ill_gap,
+            keep_bytes=math.inf if c.keep_dense else self._keep_budget(),
+            seed=c.seed,
         )
 
     def _keep_budget(self) -> int:
         """Bytes of dense Jacobians pass one may keep for pass two."""
-        if self.keep_bytes is not None:
-            return self.keep_bytes
+        if self.config.keep_bytes is not None:
+            return self.config.keep_bytes
         device = self.parts.input_device
         if device.type == "cuda":
             return torch.cuda.mem_get_info(device)[0] // 4
@@ -252,8 +214,8 @@ class JacobianEngine:
 
     def _batch_docs(self, lengths: list[int]) -> int:
         """Documents per batched pass: what fits in a quarter of free memory (CPU: 2 GiB), <= 64."""
-        if self.docs_per_batch is not None:
-            return self.docs_per_batch
+        if self.config.docs_per_batch is not None:
+            return self.config.docs_per_batch
         device = self.parts.input_device
         L, d, k = self.parts.n_layers, self.d, self.k_max
         item = torch.finfo(self.dtype).bits // 8
@@ -282,7 +244,7 @@ class JacobianEngine:
         """
         ids = _check_ids(input_ids).to(self.parts.input_device)
         run = run_prompts(self.model, self.parts, [ids])
-        with engine_mode(self.model, self.attn_implementation):
+        with engine_mode(self.model, self.config.attn_implementation):
             calls = self._record_last([ids], run.prefixes)
             device = calls[-1].hidden.device
             jacobians = []
@@ -349,19 +311,23 @@ class JacobianEngine:
         """One batched pass over prompts of similar lengths; mismatching ones are errors."""
         device = self.parts.input_device
         prompts = [p.to(device) for p in prompts]
-        run = run_prompts(self.model, self.parts, prompts)
-        with engine_mode(self.model, self.attn_implementation):
-            calls = self._record_last(prompts, run.prefixes)
-            failures = self._mismatches(calls, run.outputs) if self.check else {}
+        clock = Clock(device)
+        with clock.span(FORWARD):
+            run = run_prompts(self.model, self.parts, prompts)
+        with engine_mode(self.model, self.config.attn_implementation):
+            with clock.span(FORWARD):
+                calls = self._record_last(prompts, run.prefixes)
+                failures = self._mismatches(calls, run.outputs) if self.config.check else {}
             if not failures:
-                return self._compute(calls, sum(p.shape[0] for p in prompts))
+                return self._compute(calls, sum(p.shape[0] for p in prompts), clock)
         good = [i for i in range(len(prompts)) if i not in failures]
         results: list = [failures.get(i) for i in range(len(prompts))]
         if good:
             subset = [prompts[i] for i in good]
-            with engine_mode(self.model, self.attn_implementation):
-                calls = self._record_last(subset, [run.prefixes[i] for i in good])
-                computed = self._compute(calls, sum(p.shape[0] for p in subset))
+            with engine_mode(self.model, self.config.attn_implementation):
+                with clock.span(FORWARD):
+                    calls = self._record_last(subset, [run.prefixes[i] for i in good])
+                computed = self._compute(calls, sum(p.shape[0] for p in subset), clock)
             for i, factors in zip(good, computed, strict=True):
                 results[i] = factors
         return results
@@ -390,7 +356,7 @@ class JacobianEngine:
                 f"model's own forward pass at the target position by {float(worst[b]):.3g} "
                 f"(relative; tolerance {rtol:g} for {param.dtype}): the attention "
                 f"implementation used for differentiation "
-                f"({self.attn_implementation or 'eager/SDPA math'}) computes a different "
+                f"({self.config.attn_implementation or 'eager/SDPA math'}) computes a different "
                 "function from the one the benchmark ran, so this document's Jacobian "
                 "metrics are NaN"
             )
@@ -398,16 +364,19 @@ class JacobianEngine:
             if not bool(worst[b] <= rtol)
         }
 
-    def _compute(self, calls: list[BlockCall], context: int) -> list[JacobianFactors]:
-        """Both passes on recorded calls (inside ``engine_mode``); one result per prompt."""
+    def _compute(self, calls: list[BlockCall], context: int, clock: Clock) -> list[JacobianFactors]:
+        """Both passes on recorded calls (inside ``engine_mode``); one result per prompt.
+
+        ``clock`` holds the batch's ``FORWARD`` seconds so far.
+        """
         k = self.k_max
         ledger = MemoryLedger([c.hidden.device for c in calls])
         chunks = [self._chunk(c.hidden[:, -1], 0 if c.split_prefix else context) for c in calls]
         tops = top_factors(calls, chunks, self._settings(), ledger)
         out = self.parts.input_device
-        dense = torch.stack([t.J.to(out) for t in tops], 1) if self.keep_dense else None
-        A, B = reduce_products(calls, tops, chunks, k, self.swapped, out, ledger)
-        self.last_peak_bytes = ledger.peak
+        dense = torch.stack([t.J.to(out) for t in tops], 1) if self.config.keep_dense else None
+        A, B = reduce_products(calls, tops, chunks, k, self.config.swapped, out, ledger)
+        peak = ledger.peak
         U = torch.stack([t.top.U[:, :, :k].to(out) for t in tops], 1)
         V = torch.stack([t.top.V[:, :, :k].to(out) for t in tops], 1)
         S = torch.stack([t.top.S.to(out) for t in tops], 1)
@@ -415,6 +384,10 @@ class JacobianEngine:
         residual = torch.stack([t.top.residual.to(out) for t in tops], 1)
         ill = torch.stack([t.top.ill_defined.to(out) for t in tops], 1)
         gap = S[..., k - 1] / S[..., k]
+        n_docs = A.shape[0]
+        seconds = {FORWARD: clock.get(FORWARD) / n_docs}
+        for key in (PRODUCTS, FACTORISATION, REDUCTION):
+            seconds[key] = [t.clock.get(key) / n_docs for t in tops]
         return [
             JacobianFactors(
                 U=U[b],
@@ -427,10 +400,11 @@ class JacobianEngine:
                 iterations=[int(i) for i in iterations[b]],
                 residual=residual[b],
                 ill_defined=ill[b],
-                peak_bytes=self.last_peak_bytes,
+                peak_bytes=peak,
                 dense=None if dense is None else dense[b],
+                seconds={key: list(v) if isinstance(v, list) else v for key, v in seconds.items()},
             )
-            for b in range(A.shape[0])
+            for b in range(n_docs)
         ]
 
     def position_jacobian(
@@ -439,8 +413,16 @@ class JacobianEngine:
         """The Jacobian between positions, ``J^l_{t_in t_out} = d block_l(X)_{t_out} / d x_{t_in}``.
 
         Minus the identity when ``t_in == t_out`` (residual branch only), so
-        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. Needs the whole
-        sequence: block l's inputs are recorded from a forward pass without cache.
+        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. Only the rows
+        a tangent at ``t_in`` changes are run: causal attention makes the keys
+        and values of positions < t_in independent of ``x_{t_in}`` (they are
+        frozen from a forward pass of the prompt up to t_in, as for the last
+        token in ``factors``), positions > t_out cannot reach t_out, so each of
+        the d products runs block l on rows ``t_in..t_out`` alone (with the
+        frozen prefix), not on the whole prompt. For ``t_in == t_out`` under
+        SDPA attention the prefix also reaches the attention uncopied
+        (``capture.frozen_attention``); with more rows, or eager attention, it
+        is concatenated per tangent, which then dominates the cost.
 
         Args:
             input_ids: ``[T]`` token ids of one prompt.
@@ -463,11 +445,44 @@ class JacobianEngine:
                 f"t_in must be <= t_out (causal attention makes later inputs irrelevant), "
                 f"found t_in={t_in}, t_out={t_out}; the Jacobian is zero there"
             )
-        with engine_mode(self.model, self.attn_implementation):
-            device = self.parts.input_device
-            call = record_full_sequence(self.model, self.parts, ids.to(device), self.dtype)[layer]
-            f, x = call.position_map(t_in, t_out)
-            return dense_jacobian(f, x, self._chunk(x, T * T))[0]
+        ids = ids[: t_out + 1].to(self.parts.input_device)
+        prefix = run_prompts(self.model, self.parts, [ids[: t_in + 1]]).prefixes[0]
+        with engine_mode(self.model, self.config.attn_implementation):
+            call = _record_rows(self.model, self.parts, ids, t_in, prefix, self.dtype)[layer]
+            params = call.params()
+            X = call.hidden  # [1, t_out - t_in + 1, d]: rows t_in..t_out
+
+            def f(x: torch.Tensor) -> torch.Tensor:
+                out = call.run(torch.cat([x[:, None], X[:, 1:]], dim=1), params)[:, -1]
+                return out - x if t_in == t_out else out
+
+            x = X[:, 0]
+            return dense_jacobian(f, x, self._chunk(x, X.shape[1] + t_in))[0]
+
+
+def _record_rows(
+    model: nn.Module, parts: ModelParts, ids: torch.Tensor, start: int, prefix, dtype
+) -> list[BlockCall]:
+    """Every block's call on rows ``start..T-1`` of one prompt, positions < start frozen.
+
+    ``prefix``: layer -> (K, V) of positions < start (``run_prompts`` on
+    ``ids[:start + 1]``), or None for ``start == 0``. Call inside ``engine_mode``.
+    """
+    padded, _ = _padded_prefixes([ids[: start + 1]], [prefix])
+    kwargs: dict = {"use_cache": bool(padded)}
+    if padded:
+        kwargs["past_key_values"] = _batched_cache(model, padded)
+    records = _record(model, parts.blocks, ids[None, start:], **kwargs)
+    frozen = FrozenPrefixCache(
+        {i: (k.detach().to(dtype), v.detach().to(dtype)) for i, (k, v) in padded.items()}
+    )
+    calls = [
+        _block_call(block, record, dtype, lambda _cache: frozen)
+        for block, record in zip(parts.blocks, records, strict=True)
+    ]
+    if ids.shape[0] - start == 1:  # one row: the split attention applies (SDPA models)
+        probe_split(calls, frozen)
+    return calls
 
 
 def naive_block_jacobians(

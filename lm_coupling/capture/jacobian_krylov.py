@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 
 from lm_coupling.capture.jacobian_linalg import (
+    PRODUCTS,
+    Clock,
     Map,
     StopTest,
     TopK,
@@ -28,13 +30,19 @@ from lm_coupling.capture.jacobian_linalg import (
 __all__ = ["block_krylov_svd"]
 
 
-def _expand(f: Map, x, W, last, chunk: int):
+def _products(f: Map, x, X, chunk: int, clock: Clock):
+    """``J X`` and ``J^T J X`` (p JVPs and p VJPs), timed under ``PRODUCTS``."""
+    with clock.span(PRODUCTS):
+        JX = jvp_columns(f, x, X, chunk)
+        return JX, vjp_rows(f, x, JX, chunk).transpose(-2, -1)
+
+
+def _expand(f: Map, x, W, last, chunk: int, clock: Clock):
     """New orthonormal block from ``last [B, d, p]`` against W, with ``J X`` and ``J^T J X``."""
     X = last - W @ (W.transpose(-2, -1) @ last)
     X = X - W @ (W.transpose(-2, -1) @ X)  # twice: full reorthogonalisation
     X = _orthonormal(X)
-    JX = jvp_columns(f, x, X, chunk)
-    return X, JX, vjp_rows(f, x, JX, chunk).transpose(-2, -1)
+    return X, *_products(f, x, X, chunk, clock)
 
 
 def _ritz(W, JW, Z, r: int):
@@ -65,6 +73,7 @@ def block_krylov_svd(
     generator: torch.Generator,
     warm_start: torch.Tensor | None = None,
     max_basis: int = 512,
+    clock: Clock | None = None,
 ) -> TopK:
     """Top K+1 singular triplets by restarted block Krylov iteration on ``J^T J``.
 
@@ -89,6 +98,7 @@ def block_krylov_svd(
         warm_start: ``[B, d, r]`` start columns (the previous layer's V), or None.
         max_basis: basis columns before a restart (capped at d / 2, where the
             Krylov space is far from exhausted and stays orthonormal).
+        clock: adds the products' seconds under ``PRODUCTS``.
 
     Returns:
         ``TopK``.
@@ -96,9 +106,9 @@ def block_krylov_svd(
     B, d = x.shape
     p, r = min(d, max(block, k + 1)), k + 1
     limit = max(p, min(max_basis, d // 2))
+    clock = clock or Clock(x.device)
     W = _orthonormal(start_block(x, p, generator, warm_start))
-    JW = jvp_columns(f, x, W, chunk)
-    Z = vjp_rows(f, x, JW, chunk).transpose(-2, -1)
+    JW, Z = _products(f, x, W, chunk, clock)
     last = Z
     out = TopK.empty(B, d, r, x)
     active = torch.ones(B, dtype=torch.bool, device=x.device)
@@ -116,7 +126,7 @@ def block_krylov_svd(
             Cp = C[..., :p]
             W, JW, Z = W @ Cp, JW @ Cp, Z @ Cp
             last = Z
-        X, JX, ZX = _expand(f, x, W, last[..., -p:], chunk)
+        X, JX, ZX = _expand(f, x, W, last[..., -p:], chunk, clock)
         W, JW, Z = torch.cat([W, X], 2), torch.cat([JW, JX], 2), torch.cat([Z, ZX], 2)
         last = ZX
     return out

@@ -14,13 +14,15 @@ over GPUs); only the K x K results move to the output device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from lm_coupling.capture.jacobian_calls import BlockCall
 from lm_coupling.capture.jacobian_krylov import block_krylov_svd
 from lm_coupling.capture.jacobian_linalg import (
+    PRODUCTS,
+    Clock,
     TopK,
     dense_jacobian,
     gram_top,
@@ -28,8 +30,23 @@ from lm_coupling.capture.jacobian_linalg import (
     subspace_svd,
     svd_top,
 )
+from lm_coupling.metrics.coupling import coupling_matrices
 
-__all__ = ["LayerTop", "MemoryLedger", "RouteSettings", "reduce_products", "top_factors"]
+__all__ = [
+    "FACTORISATION",
+    "REDUCTION",
+    "LayerTop",
+    "MemoryLedger",
+    "RouteSettings",
+    "reduce_products",
+    "top_factors",
+]
+
+FACTORISATION = "factorisation"
+"""``Clock`` span of pass one's linear algebra (everything but the products)."""
+
+REDUCTION = "reduction"
+"""``Clock`` span of pass two (``A`` and ``B`` of one layer, JVPs included)."""
 
 
 class MemoryLedger:
@@ -87,12 +104,16 @@ class RouteSettings:
 
 @dataclass
 class LayerTop:
-    """Pass one's result for one layer: triplets, route per document, kept Jacobian."""
+    """One layer's triplets, route per document, kept Jacobian, and the seconds of both passes.
+
+    ``clock.seconds`` holds ``PRODUCTS`` and ``FACTORISATION`` (pass one) and
+    ``REDUCTION`` (pass two), for the whole batch.
+    """
 
     top: TopK
     routes: list[str]
+    clock: Clock
     J: torch.Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def _merge(base: TopK, other: TopK, rows: torch.Tensor) -> TopK:
@@ -102,38 +123,56 @@ def _merge(base: TopK, other: TopK, rows: torch.Tensor) -> TopK:
     return base
 
 
+def _exact(f, x, chunk: int, rs: RouteSettings, method: str, clock: Clock):
+    """``(TopK, J)`` of the exact ``dense`` or ``gram`` route, each half timed."""
+    with clock.span(PRODUCTS):
+        J = dense_jacobian(f, x, chunk)
+    with clock.span(FACTORISATION):
+        top = (svd_top if method == "dense" else gram_top)(J, rs.k, rs.ill_gap)
+    return top, J
+
+
 def _layer_top(call: BlockCall, chunk: int, rs: RouteSettings, generator, warm) -> LayerTop:
     """Top K+1 triplets of one layer's Jacobians by the configured route."""
     f, x = call.last_token_map()
     B, d = x.shape
+    clock = Clock(x.device)
     method = rs.method
     if method == "auto":
-        method = "dense" if d <= rs.dense_max_d else "auto"
+        method = "gram" if d <= rs.dense_max_d else "auto"
     if method in ("dense", "gram"):
-        J = dense_jacobian(f, x, chunk)
-        top = (svd_top if method == "dense" else gram_top)(J, rs.k, rs.ill_gap)
-        return LayerTop(top, [method] * B, J)
+        top, J = _exact(f, x, chunk, rs, method, clock)
+        return LayerTop(top, [method] * B, clock, J)
     fixed = method == "randomized"
     common = dict(block=rs.block, tol=rs.tol, ill_gap=rs.ill_gap, chunk=chunk, generator=generator)
-    if method in ("krylov", "auto"):
-        top = block_krylov_svd(f, x, rs.k, max_iters=rs.max_iters, warm_start=warm, **common)
-    else:
-        iters = rs.power_iters + 1 if fixed else rs.max_iters
-        top = subspace_svd(
-            f, x, rs.k, max_iters=iters, warm_start=warm, fixed_iters=fixed, **common
-        )
+    with clock.span("route"):
+        if method in ("krylov", "auto"):
+            top = block_krylov_svd(
+                f, x, rs.k, max_iters=rs.max_iters, warm_start=warm, clock=clock, **common
+            )
+        else:
+            iters = rs.power_iters + 1 if fixed else rs.max_iters
+            top = subspace_svd(
+                f,
+                x,
+                rs.k,
+                max_iters=iters,
+                warm_start=warm,
+                fixed_iters=fixed,
+                clock=clock,
+                **common,
+            )
+    clock.seconds[FACTORISATION] = clock.seconds.pop("route") - clock.get(PRODUCTS)
     routes = [method if method != "auto" else "krylov"] * B
-    if fixed:  # randomized: a fixed number of iterations, no test (documented)
-        return LayerTop(top, routes)
     redo = ~top.converged & ~top.ill_defined
-    if not bool(redo.any()):
-        return LayerTop(top, routes)
-    # Not converged (within a dense route's cost, for auto) and well-defined: the
+    if fixed or not bool(redo.any()):  # randomized: fixed iterations, no test (documented)
+        return LayerTop(top, routes, clock)
+    # Not converged (within an exact route's cost, for auto) and well-defined: the
     # exact route, recorded as such, never unconverged triplets.
-    J = dense_jacobian(f, x, chunk)
-    top = _merge(top, gram_top(J, rs.k, rs.ill_gap), redo)
+    exact, J = _exact(f, x, chunk, rs, "gram", clock)
+    top = _merge(top, exact, redo)
     routes = ["gram" if bool(r) else route for r, route in zip(redo, routes, strict=True)]
-    return LayerTop(top, routes, J)
+    return LayerTop(top, routes, clock, J)
 
 
 def top_factors(
@@ -172,9 +211,12 @@ def _gather(tops: list[LayerTop], name: str, k: int, device) -> torch.Tensor:
 
 
 def _pair_block(call, J, left, right, chunk: int, group: int) -> torch.Tensor:
-    """``[B, L, K, K]`` with ``[b, m] = left_m^T J^l right_m`` (J given, or by JVP in groups)."""
+    """``[B, L, K, K]`` with ``[b, m] = left_m^T J^l right_m`` (J given, or by JVP in groups).
+
+    The product itself is ``metrics.coupling.coupling_matrices`` (one layer l).
+    """
     if J is not None:
-        return torch.einsum("bmdi,bmdj->bmij", left, torch.einsum("bde,bmej->bmdj", J, right))
+        return coupling_matrices(left, (J[:, None] @ right)[:, None])[:, 0]
     f, x = call.last_token_map()
     B, L, d, k = right.shape
     out = []
@@ -183,7 +225,7 @@ def _pair_block(call, J, left, right, chunk: int, group: int) -> torch.Tensor:
         g = part.shape[1]
         tangents = part.permute(0, 2, 1, 3).reshape(B, d, g * k)
         W = jvp_columns(f, x, tangents, chunk).reshape(B, d, g, k).permute(0, 2, 1, 3)
-        out.append(torch.einsum("bmdi,bmdj->bmij", left[:, start : start + g], W))
+        out.append(coupling_matrices(left[:, start : start + g], W[:, None])[:, 0])
     return torch.cat(out, dim=1)
 
 
@@ -208,9 +250,10 @@ def reduce_products(
         U, V = _gather(tops, "U", k, device), _gather(tops, "V", k, device)
         group = max(1, min(L, chunk // max(k, 1)))
         ledger.hold("pass2", U, V, U.new_empty(U.shape[0], U.shape[2], group * k))
-        rows_A.append(_pair_block(call, layer.J, U, V, chunk, group).to(out_device))
-        if swapped:
-            rows_B.append(_pair_block(call, layer.J, V, U, chunk, group).to(out_device))
+        with layer.clock.span(REDUCTION):
+            rows_A.append(_pair_block(call, layer.J, U, V, chunk, group).to(out_device))
+            if swapped:
+                rows_B.append(_pair_block(call, layer.J, V, U, chunk, group).to(out_device))
         if layer.J is not None:
             layer.J = None
             ledger.release(f"J{index}")

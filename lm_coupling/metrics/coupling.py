@@ -47,34 +47,42 @@ def _check_factor(name: str, x: torch.Tensor, dims: int) -> None:
 
 
 def coupling_matrices(U: torch.Tensor, JV: torch.Tensor) -> torch.Tensor:
-    """Coupling matrices from Jacobian-vector products.
+    """Coupling matrices from Jacobian-vector products (the one implementation of A).
 
-    ``A^{l,m} = U_{m,K}^T (J^l V_{m,K})``.
+    ``A^{l,m} = U_{m,K}^T (J^l V_{m,K})``. The engine (``capture.jacobian_routes``)
+    calls it per layer with a document axis in front; the dense forms below
+    and the tests call it too.
 
     Reference: Aubry et al., "Transformer Block Coupling and its Correlation
     with Generalization in LLMs", ICLR 2025, coupling-matrix definition (precedes eq. 9).
 
     Args:
-        U: ``[L, d, K]`` top-K left singular vectors of each block.
-        JV: ``[L, L, d, K']`` with ``JV[l, m] = J^l V_m`` and K' >= K (the
-            first K columns are used).
+        U: ``[..., M, d, K]`` top-K left singular vectors of each of M blocks.
+        JV: ``[..., L, M, d, K']`` with ``JV[..., l, m] = J^l V_m`` and K' >= K
+            (the first K columns are used); the leading dims ``...`` match U's.
 
     Returns:
-        ``A [L, L, K, K]`` with ``A[l, m] = U_m^T J^l V_m``.
+        ``A [..., L, M, K, K]`` with ``A[..., l, m] = U_m^T J^l V_m``.
     """
-    _check_factor("U", U, 3)
-    _check_factor("JV", JV, 4)
-    n_layers, d, k = U.shape
-    if JV.shape[:3] != (n_layers, n_layers, d) or JV.shape[3] < k:
+    if not isinstance(U, torch.Tensor) or U.dim() < 3:
+        raise ValueError(f"U must be a [..., M, d, K] tensor, found {_shape(U)}")
+    if not isinstance(JV, torch.Tensor) or JV.dim() != U.dim() + 1:
+        raise ValueError(f"JV must be a [..., L, M, d, K'] tensor, found {_shape(JV)}")
+    *lead, n_blocks, d, k = U.shape
+    if list(JV.shape[: len(lead)]) != lead or JV.shape[-3:-1] != (n_blocks, d) or JV.shape[-1] < k:
         raise ValueError(
-            f"JV must have shape [L, L, d, >=K] = [{n_layers}, {n_layers}, {d}, >={k}] to match "
-            f"U {tuple(U.shape)}, found {tuple(JV.shape)}"
+            f"JV must have shape [..., L, M, d, >=K] with [..., M, d, K] = "
+            f"{tuple(U.shape)} (U's), found {tuple(JV.shape)}"
         )
-    return torch.einsum("mdi,lmdj->lmij", _work(U), _work(JV[..., :k]))
+    return torch.einsum("...mdi,...lmdj->...lmij", _work(U), _work(JV[..., :k]))
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 def coupling_matrices_dense(J: torch.Tensor, U: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-    """Coupling matrices from dense Jacobians.
+    """Coupling matrices from dense Jacobians: :func:`coupling_matrices` of ``J^l V_m``.
 
     ``A^{l,m} = U_{m,K}^T J^l V_{m,K}``.
 
@@ -94,7 +102,7 @@ def coupling_matrices_dense(J: torch.Tensor, U: torch.Tensor, V: torch.Tensor) -
             f"U and V must both be [L, d, K] matching J {tuple(J.shape)}; found U "
             f"{tuple(U.shape)}, V {tuple(V.shape)}"
         )
-    return torch.einsum("mdi,lde,mej->lmij", _work(U), _work(J), _work(V))
+    return coupling_matrices(U, _work(J)[:, None] @ _work(V)[None])
 
 
 def swapped_coupling_matrices(V: torch.Tensor, JU: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,9 @@ import transformers
 
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.demo.tiny import tiny_config
+from lm_coupling.capture.jacobian_calls import engine_mode, record_full_sequence
+from lm_coupling.capture.jacobian_linalg import dense_jacobian
+from lm_coupling.demo.tiny import build_tiny_model, tiny_config
 from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
@@ -136,7 +138,7 @@ def _coupling(factors):
         ("subspace", {}, "subspace"),
         ("krylov", {}, "krylov"),
         ("randomized", {"oversample": 10}, "randomized"),
-        ("auto", {}, "dense"),
+        ("auto", {}, "gram"),
         ("auto", {"dense_max_d": 0, "max_iters": 50}, "krylov"),
     ],
 )
@@ -227,6 +229,32 @@ def test_position_jacobian_diagonal_and_off_diagonal(tiny_model):
     assert off.abs().max() > 0
     with pytest.raises(ValueError, match="t_in must be <= t_out"):
         engine.position_jacobian(IDS, 0, 5, 3)
+
+
+def _whole_sequence_position_jacobian(model, parts, ids, layer, t_in, t_out):
+    """Reference: block l rerun on the whole recorded sequence per tangent (no frozen prefix)."""
+    with engine_mode(model):
+        call = record_full_sequence(model, parts, ids, F64)[layer]
+        f, x = call.position_map(t_in, t_out)
+        return dense_jacobian(f, x, 64)[0]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "attn"),
+    [("gpt2", "eager"), ("gpt2", "sdpa"), ("llama", "sdpa"), ("gpt_neox", "eager")],
+)
+def test_position_jacobian_equals_the_whole_sequence_route(tokenizer, model_type, attn):
+    """Rows t_in..t_out with the prefix frozen give the whole-sequence Jacobians."""
+    model = build_tiny_model(model_type, len(tokenizer), dtype=F64, n_layers=2)
+    model.set_attn_implementation(attn)
+    parts = locate_model_parts(model)
+    engine = JacobianEngine(model, parts, k_max=K)
+    n = IDS.shape[0] - 1
+    for layer, t_in, t_out in [(0, 0, 0), (1, 0, n), (0, 3, 5), (1, n - 1, n), (1, n, n)]:
+        got = engine.position_jacobian(IDS, layer, t_in, t_out)
+        expected = _whole_sequence_position_jacobian(model, parts, IDS, layer, t_in, t_out)
+        assert expected.abs().max() > 0
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6 * expected.abs().max())
 
 
 def test_one_token_prompt(tiny_model):

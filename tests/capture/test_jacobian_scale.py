@@ -159,7 +159,7 @@ def test_runner_batch_equals_compute_sampled_and_reports_swapped(tiny_model):
         assert doc.profiles["coupling_swapped"].shape == (3, 3)
         assert doc.profiles["jacobian_iterations"].tolist() == [0, 0, 0]
         assert doc.profiles["jacobian_ill_defined"].shape == (3,)
-        assert doc.jacobian_methods == ["dense"] * 3
+        assert doc.jacobian_methods == ["gram"] * 3
     # The swapped value is the paper's formula on the dense B.
     parts = locate_model_parts(model)
     dense = JacobianEngine(model, parts, k_max=4, keep_dense=True).factors(IDS)

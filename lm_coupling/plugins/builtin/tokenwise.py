@@ -18,7 +18,8 @@ The per-document value is the mean coupling over ordered pairs i != j (and
 blocks). A prompt shorter than P has fewer positions: its missing rows and
 columns are NaN (aligned so that the last index is always n) and its value
 averages the pairs it has. Cost: ``3P - 3`` dense d x d position Jacobians per
-block (d products each) and as many SVDs, per sampled document; see the README.
+block (d products each, through the rows between the two positions only) and
+as many SVDs, per sampled document; see ``DEFAULT_TOKENWISE_DOCS``.
 """
 
 from __future__ import annotations
@@ -67,9 +68,23 @@ def parse_positions(text: str) -> int:
     return value
 
 
+DEFAULT_TOKENWISE_DOCS = 8
+"""Documents per task that get the token-wise metrics, by default.
+
+Chosen from the measured cost (``bench/tokenwise_cost.py``, docs/benchmarks.md):
+since ``JacobianEngine.position_jacobian`` runs a block on the rows
+``t_in..t_out`` alone, one document with the default options (18 position
+Jacobians, GPT-2-small shape, 64 tokens) costs 8.6 s on a 2-core CPU, about
+10x less than on the earlier whole-sequence route (2 documents were the
+default then, about 26 CPU-minutes each at the time). Eight documents cost
+about a minute per task at that shape, the same order as the coupling
+sample's default 25 documents (1.5 s each, about 40 s), and give a mean over
+pairs per task rather than over two documents.
+"""
+
 DOCS = OptionSpec(
     "tokenwise_docs",
-    2,
+    DEFAULT_TOKENWISE_DOCS,
     "documents per task that get the token-wise coupling metrics: a number, or all",
     parse_doc_count,
 )
