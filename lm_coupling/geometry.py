@@ -347,7 +347,7 @@ def _jacobian_timings(factors: JacobianFactors | None, seconds: float) -> dict[s
     """
     out: dict[str, Any] = {"jacobian": seconds}
     split = getattr(factors, "seconds", None) or {}
-    for part in ("jacobian_products", "factorisation"):
+    for part in ("jacobian_products", "factorisation", "reduction"):
         per_layer = split.get(part)
         if per_layer is not None:
             out[f"{part}_per_layer"] = [float(s) for s in per_layer]
