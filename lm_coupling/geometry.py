@@ -141,6 +141,20 @@ class GeometryRunner:
             method=methods.pop(),
         )
 
+    def engine_settings(self) -> dict[str, Any]:
+        """The engine settings given as ``jacobian_<field>`` options (`JacobianConfig` fields).
+
+        Only the fields `USER_FIELDS` lists; the route is the request's.
+        """
+        from lm_coupling.capture.jacobian_config import USER_FIELDS
+
+        options = self.selection.options
+        return {
+            field: options[f"jacobian_{field}"]
+            for field in USER_FIELDS
+            if field != "method" and f"jacobian_{field}" in options
+        }
+
     @property
     def engine(self):
         """The Jacobian engine, built on first use from the plugins' requests.
@@ -168,6 +182,7 @@ class GeometryRunner:
                 k_max=request.k,
                 method=request.method,
                 swapped=request.swapped,
+                **self.engine_settings(),
             )
         return self._engine
 

@@ -37,3 +37,29 @@ def parse_doc_count(text: str) -> int | None:
     if value < 0:
         raise ValueError(f"expected a non-negative number of documents, found {value}")
     return value
+
+
+def parse_optional_int(text: str) -> int | None:
+    """An integer >= 0, or ``none`` (the engine then chooses)."""
+    if text.strip().lower() in ("none", "auto"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected an integer or 'none', found {text!r}") from None
+    if value < 0:
+        raise ValueError(f"expected a non-negative integer, found {value}")
+    return value
+
+
+def parse_optional_float(text: str) -> float | None:
+    """A positive number, or ``none`` (the engine's default)."""
+    if text.strip().lower() in ("none", "auto"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number or 'none', found {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"expected a positive number, found {value}")
+    return value

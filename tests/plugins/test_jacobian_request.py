@@ -92,3 +92,22 @@ def test_disagreeing_routes_are_refused(tiny_model):
     runner = _runner(tiny_model("gpt2"), plugin, "top3,coupling", "jacobian_method=dense")
     with pytest.raises(ConfigurationError, match="different routes"):
         runner.jacobian_request()
+
+
+def test_engine_options_reach_the_engine_settings(tiny_model):
+    from lm_coupling.plugins.manager import get_registry
+
+    selection = make_selection(
+        "coupling", "jacobian_seed=3,jacobian_chunk_size=16,jacobian_tol=1e-7", get_registry()
+    )
+    runner = GeometryRunner(tiny_model("gpt2"), selection)
+    config = runner.engine.config
+    assert (config.seed, config.chunk_size, config.tol) == (3, 16, 1e-7)
+    assert config.keep_bytes is None and config.check is True  # defaults: the engine chooses
+
+
+def test_a_bad_engine_option_stops_before_anything_runs():
+    from lm_coupling.plugins.manager import get_registry
+
+    with pytest.raises(ConfigurationError, match="jacobian_chunk_size"):
+        make_selection("coupling", "jacobian_chunk_size=-4", get_registry())

@@ -134,6 +134,15 @@ def test_defaults(registry):
         "pairs": "offdiag",
         "coupling_docs": 25,
         "jacobian_method": "auto",
+        # The engine's settings: None lets the engine choose (JacobianConfig's defaults).
+        "jacobian_tol": None,
+        "jacobian_max_iters": None,
+        "jacobian_ill_gap": 1e-3,
+        "jacobian_check": True,
+        "jacobian_seed": 0,
+        "jacobian_docs_per_batch": None,
+        "jacobian_chunk_size": None,
+        "jacobian_keep_bytes": None,
     }
     # A metric without options has no options at all.
     assert make_selection("fixation_depth", registry=registry).options == {}

@@ -27,7 +27,13 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from lm_coupling.plugins.markers import hookimpl
-from lm_coupling.plugins.options import parse_bool, parse_doc_count, parse_k
+from lm_coupling.plugins.options import (
+    parse_bool,
+    parse_doc_count,
+    parse_k,
+    parse_optional_float,
+    parse_optional_int,
+)
 from lm_coupling.plugins.specs import JacobianRequest, MetricSpec, OptionSpec, used_k
 
 if TYPE_CHECKING:
@@ -71,6 +77,54 @@ METHOD = OptionSpec(
     "subspace (matrix-free, to tolerance), randomized (matrix-free, fixed iterations)",
     choices=("auto", "dense", "gram", "krylov", "subspace", "randomized"),
 )
+# The engine's settings a user could want (lm_coupling.capture.jacobian_config.USER_FIELDS),
+# each as a jacobian_<field> option; None lets the engine choose.
+ENGINE_OPTIONS = (
+    OptionSpec(
+        "jacobian_tol",
+        None,
+        "accuracy target of the iterative routes (none: 1e-5 in float32, 1e-9 in float64)",
+        parse_optional_float,
+    ),
+    OptionSpec(
+        "jacobian_max_iters",
+        None,
+        "iteration budget of the iterative routes (none: the engine's)",
+        parse_optional_int,
+    ),
+    OptionSpec(
+        "jacobian_ill_gap",
+        1e-3,
+        "singular values closer than this times s_1 make a layer ill-defined (flagged)",
+        float,
+    ),
+    OptionSpec(
+        "jacobian_check",
+        True,
+        "check every replayed block against the model's own output (false: not advised)",
+        parse_bool,
+    ),
+    OptionSpec("jacobian_seed", 0, "seed of the iterative routes' start blocks", int),
+    OptionSpec(
+        "jacobian_docs_per_batch",
+        None,
+        "documents per batched engine pass (none: from free memory)",
+        parse_optional_int,
+    ),
+    OptionSpec(
+        "jacobian_chunk_size",
+        None,
+        "tangents per vectorized product batch (none: from a memory budget)",
+        parse_optional_int,
+    ),
+    OptionSpec(
+        "jacobian_keep_bytes",
+        None,
+        "bytes of dense Jacobians kept between the engine's passes (none: 1 GiB on CPU, "
+        "a quarter of free memory on a GPU)",
+        parse_optional_int,
+    ),
+)
 ALIGNMENT_K = OptionSpec(
     "alignment_k", 30, "singular vectors for the alignment ratio (Picking paper: 30)", parse_k
 )
@@ -84,7 +138,7 @@ DIAGNOSTICS = ("jacobian_iterations", "jacobian_residual", "jacobian_ill_defined
 @hookimpl
 def lmc_declare_metrics():
     """Declare coupling, coupling_swapped and alignment_ratio."""
-    shared = (DOCS, METHOD)
+    shared = (DOCS, METHOD, *ENGINE_OPTIONS)
     return [
         MetricSpec(
             "coupling",
