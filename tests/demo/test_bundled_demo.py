@@ -102,15 +102,19 @@ def test_lm_eval_loglikelihoods_match_the_demo_scorer(demo_run):
 def test_geometry_sits_beside_accuracy_and_in_the_leaderboard(demo_run):
     out, data = demo_run
     for task in (*MULTIPLE_CHOICE, *MMLU_SUBTASKS, "lmc_gsm8k_offline"):
-        # Generation tasks report every metric under each of their filters.
-        suffix = "flexible-extract" if "gsm8k" in task else "none"
         for metric in GEOMETRY:
-            assert math.isfinite(data["results"][task][f"{metric},{suffix}"]), (task, metric)
+            # Geometry does not depend on lm-eval's answer filters: one filter carries it
+            # (GSM8K scores one generation under two filters).
+            keys = [k for k in data["results"][task] if k.split(",")[0] == metric]
+            assert len(keys) == 1, (task, metric, keys)
+            assert math.isfinite(data["results"][task][keys[0]]), (task, metric)
     assert any("coupling,none" in data["results"][task] for task in MULTIPLE_CHOICE)
     board = pd.read_csv(out / "leaderboard.csv")
     assert len(board) == 1 and 0.0 < board.loc[0, "coupling_k10"] <= 1.0  # named after its K
-    for benchmark in ("arc", "hellaswag", "mmlu", "truthfulqa", "winogrande", "gsm8k"):
-        assert math.isfinite(board.loc[0, benchmark]), benchmark
+    # The demo's few-shot setting is not the Open LLM v1 one: only 0-shot TruthfulQA fills
+    # its v1 column; the other tasks have columns of their own (docs/report.md, Settings).
+    assert math.isfinite(board.loc[0, "truthfulqa"])
+    assert math.isfinite(board.loc[0, "score:lmc_arc_challenge_offline:acc_norm"])
     assert (out / "report" / "summary.md").exists()
 
 
