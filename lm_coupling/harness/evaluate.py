@@ -10,6 +10,7 @@ run and ``lm_eval ... --metrics`` validate and execute the same configuration
 from __future__ import annotations
 
 import argparse
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -146,49 +147,36 @@ def evaluate(
         DataUnavailableError: a task's data cannot be read.
         ConcurrentRunError: another evaluation is running in this process.
     """
-    record = evaluate_record(**{k: v for k, v in locals().items() if k != "lm_eval_options"},
-                             **lm_eval_options)  # fmt: skip
+    keywords = {k: v for k, v in locals().items() if k != "lm_eval_options"}
+    record = _run_keywords(**keywords, **lm_eval_options)
     if record.results is None:
         return None
     return {**record.results, "geometry": record.geometry}
 
 
-def evaluate_record(
-    model: str | Any = "hf",
-    model_args: str | Mapping[str, Any] | None = None,
-    tasks: str | Sequence[str] = "lmc_demo",
-    metrics: str | Sequence[str] = "all",
-    metric_args: str | Mapping[str, Any] | None = None,
-    *,
-    tokenizer: Any = None,
-    output_path: str | None = None,
-    batch_size: int | str = 1,
-    max_batch_size: int | None = None,
-    device: str | None = None,
-    limit: int | float | None = None,
-    samples: str | Mapping[str, Sequence[int]] | None = None,
-    num_fewshot: int | None = None,
-    include_path: str | Sequence[str] | None = None,
-    log_samples: bool = False,
-    use_cache: str | None = None,
-    gen_kwargs: str | Mapping[str, Any] | None = None,
-    apply_chat_template: bool | str = False,
-    fewshot_as_multiturn: bool | None = None,
-    system_instruction: str | None = None,
-    seed: int | Sequence[int | None] | None = None,
-    predict_only: bool = False,
-    write_out: bool = False,
-    metadata: Mapping[str, Any] | None = None,
-    wandb_args: str | Mapping[str, Any] | None = None,
-    bootstrap_iters: int = 100000,
-    task_manager: Any = None,
-    **lm_eval_options: Any,
-) -> RunRecord:
+def evaluate_record(*args: Any, **keywords: Any) -> RunRecord:
     """`evaluate`, returning the whole `RunRecord` (results, geometry, files, session).
 
-    The same keywords as `evaluate`; for callers that want the run's
-    `GeometrySession` (per-document records, plans) or the paths written.
+    Takes exactly `evaluate`'s arguments (bound to its signature, defaults
+    included); for callers that want the run's `GeometrySession` (per-document
+    records, plans) or the paths written.
+
+    Raises:
+        TypeError: an argument `evaluate` does not take.
     """
+    bound = inspect.signature(evaluate).bind(*args, **keywords)
+    bound.apply_defaults()
+    options = dict(bound.arguments)
+    return _run_keywords(**options.pop("lm_eval_options"), **options)
+
+
+def _run_keywords(
+    model, model_args, tasks, metrics, metric_args, *, tokenizer, output_path, batch_size,
+    max_batch_size, device, limit, samples, num_fewshot, include_path, log_samples, use_cache,
+    gen_kwargs, apply_chat_template, fewshot_as_multiturn, system_instruction, seed,
+    predict_only, write_out, metadata, wandb_args, bootstrap_iters, task_manager,
+    **lm_eval_options,
+) -> RunRecord:  # fmt: skip
     from lm_coupling.harness.run import run_evaluation
 
     names = metrics if isinstance(metrics, str) else ",".join(metrics)
