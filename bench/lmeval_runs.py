@@ -4,7 +4,8 @@ Geometry runs through the library core that ``lm_eval ... --metrics`` executes
 (``lm_coupling.harness.evaluate.evaluate_record``, sharing this process's task
 index); ``plain`` runs lm-eval's own ``hf`` model through ``simple_evaluate``.
 The caller builds one ``TaskManager`` per process, so lm-eval's task indexing
-(~15 s) is outside every timing; model loading, request building, the forward passes and scoring are inside it.
+(~15 s) is outside every timing; model loading, request building, the forward
+passes and scoring are inside it.
 
 :func:`run_fresh` runs one configuration in a fresh ``python bench/lmeval_runs.py
 --worker SPEC`` subprocess: an untimed warm-up run on one document per task
@@ -129,13 +130,33 @@ def _coupled(geometry) -> bool:
     return math.isfinite(value)
 
 
+BREAKDOWN = (
+    "jacobian",  # the document's share of the batched engine call (the parts below and more)
+    "jacobian_forward",  # the prompt's forward pass that gives the frozen prefix
+    "jacobian_products",  # the d vector-Jacobian products per block
+    "factorisation",  # the top-(K+1) eigen/singular pairs per block
+    "reduction",  # A = U^T J V for every pair of blocks
+    "metrics",  # the plugins' lmc_compute_batch
+)
+
+
+def breakdown(documents) -> dict[str, float]:
+    """Mean seconds per coupled document of each part in `BREAKDOWN` (DocumentGeometry.timings)."""
+    coupled = [doc.timings for doc in documents if _coupled(doc)]
+    if not coupled:
+        return {}
+    return {part: sum(t.get(part, 0.0) for t in coupled) / len(coupled) for part in BREAKDOWN}
+
+
 def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
     """One ``simple_evaluate`` of ``spec`` in this process.
 
     Returns:
         ``wall_s``, ``cpu_s`` (process CPU time), ``batch_sizes`` (lm-eval's
-        chosen batch sizes, for ``auto``), ``n_geometry`` (documents measured)
-        and ``n_coupling`` (documents with a finite coupling value).
+        chosen batch sizes, for ``auto``), ``n_geometry`` (documents measured),
+        ``n_coupling`` (documents with a finite coupling value) and
+        ``breakdown``: the mean seconds per coupled document of each part of
+        the geometry work, from the documents' own timings (`BREAKDOWN`).
     """
     import lm_eval
 
@@ -169,6 +190,7 @@ def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
         "batch_sizes": (results or {}).get("config", {}).get("batch_sizes", []),
         "n_geometry": len(measured),
         "n_coupling": sum(_coupled(g) for g in measured.values()),
+        "breakdown": breakdown(measured.values()),
     }
 
 

@@ -87,6 +87,16 @@ def cli_per_document(model_dir: Path, args) -> float:
             raise RuntimeError(f"coupling_docs={n} coupled no more documents than 1: {out}")
         per_doc.append((out[n]["wall_s"] - out[1]["wall_s"]) / extra_docs)
         print(f"  round {i + 1}: lm-eval {per_doc[-1]:.2f} s per coupled document", flush=True)
+        parts = out[n].get("breakdown") or {}
+        if parts:
+            rest = per_doc[-1] - parts["jacobian"] - parts["metrics"]
+            line = (
+                "    of which, per coupled document: engine {jacobian:.2f} s (prefix forward "
+                "{jacobian_forward:.2f}, products {jacobian_products:.2f}, factorisation "
+                "{factorisation:.2f}, reduction {reduction:.2f}), metrics {metrics:.3f} s; "
+                "the rest (plan, capture, records, lm-eval's own scoring) {rest:.2f} s"
+            )
+            print(line.format(rest=rest, **parts), flush=True)
     return median(per_doc)
 
 
