@@ -13,7 +13,7 @@ from lm_coupling.demo.run import DATA_VARIABLE, MODEL_VARIABLE
 from lm_coupling.tasks.offline_data import DATA_DIR_ENV
 
 
-def _where(extra_code: str = "") -> subprocess.CompletedProcess:
+def _where(extra_code: str = "", cwd: Path | None = None) -> subprocess.CompletedProcess:
     code = (
         "import sys\n"
         "from lm_coupling.cli import main\n"
@@ -22,12 +22,15 @@ def _where(extra_code: str = "") -> subprocess.CompletedProcess:
         "finally:\n"
         f"    {extra_code or 'pass'}\n"
     )
+    # The same lm_coupling as this process: the installed one (not a checkout on the path).
+    package_root = str(Path(bundled_model_path()).parents[3])
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         check=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        cwd=cwd or package_root,
+        env={**os.environ, "PYTHONPATH": package_root},
     )
 
 
