@@ -378,6 +378,7 @@ class GeometrySession:
             values={name: geometry.values.get(name, math.nan) for name in metrics},
             profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
             jacobian_methods=geometry.jacobian_methods if sampled else None,
+            timings=dict(geometry.timings),
         )
 
     def scored(self, task_name: str, doc_id: int | None) -> bool:

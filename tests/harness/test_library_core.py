@@ -243,3 +243,12 @@ def test_without_an_output_path_nothing_is_written_and_all_is_returned(
     geometry = results["geometry"]["lmc_arc_easy_offline"]
     assert geometry["n_measured"] == {"lss": 2, "coupling": 1}
     assert geometry["coupling"]["n_sampled"] == 1
+    # Where the time went, per document and per layer (issue: "visible progress").
+    timings = geometry["timings"]
+    assert timings["n_documents_per_part"]["forward_capture"] == 2
+    assert timings["n_documents_per_part"]["jacobian"] == 1  # the coupling sample
+    seconds = timings["seconds_per_document"]
+    assert all(seconds[p] > 0 for p in ("forward_capture", "metrics", "jacobian"))
+    assert seconds["jacobian_products"] + seconds["factorisation"] <= seconds["jacobian"]
+    n_layers = results["config"]["lm_coupling"]["model_shape"]["n_layers"]
+    assert len(timings["per_layer"]["factorisation_per_layer"]) == n_layers
