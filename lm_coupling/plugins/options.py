@@ -39,27 +39,24 @@ def parse_doc_count(text: str) -> int | None:
     return value
 
 
-def parse_optional_int(text: str) -> int | None:
-    """An integer >= 0, or ``none`` (the engine then chooses)."""
+def _optional_number(text: str, convert: type, what: str, valid) -> int | float | None:
+    """``none``/``auto`` -> None; else ``convert(text)``, which must satisfy ``valid``."""
     if text.strip().lower() in ("none", "auto"):
         return None
     try:
-        value = int(text)
+        value = convert(text)
     except ValueError:
-        raise ValueError(f"expected an integer or 'none', found {text!r}") from None
-    if value < 0:
-        raise ValueError(f"expected a non-negative integer, found {value}")
+        raise ValueError(f"expected {what} or 'none', found {text!r}") from None
+    if not valid(value):
+        raise ValueError(f"expected {what}, found {value}")
     return value
+
+
+def parse_optional_int(text: str) -> int | None:
+    """An integer >= 0, or ``none`` (the engine then chooses)."""
+    return _optional_number(text, int, "a non-negative integer", lambda v: v >= 0)
 
 
 def parse_optional_float(text: str) -> float | None:
     """A positive number, or ``none`` (the engine's default)."""
-    if text.strip().lower() in ("none", "auto"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number or 'none', found {text!r}") from None
-    if not value > 0:
-        raise ValueError(f"expected a positive number, found {value}")
-    return value
+    return _optional_number(text, float, "a positive number", lambda v: v > 0)
