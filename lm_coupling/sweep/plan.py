@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lm_coupling.errors import ConfigurationError
+from lm_coupling.files import geometry_file_for
 from lm_coupling.report.loading import run_identity
 from lm_coupling.sweep.spec import ModelEntry
-
-_TIMESTAMP = re.compile(r"results_(.+)\.json$")
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -80,7 +80,13 @@ def _read_runs(out_dir: Path) -> list[_Run]:
     for path in sorted(out_dir.rglob("results_*.json")):
         try:
             data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:
+            warnings.warn(
+                f"lm-coupling sweep: the results file {path} cannot be read ({exc!r}); its "
+                "tasks count as not done and are run again",
+                UserWarning,
+                stacklevel=2,
+            )
             continue
         if isinstance(data, dict) and isinstance(data.get("results"), dict):
             if isinstance(data.get("config"), dict):
@@ -97,14 +103,18 @@ def _leaves(task: str, group_subtasks: dict[str, list[str]], seen: frozenset = f
 
 
 def _geometry_ok(run: _Run, task: str) -> bool:
-    match = _TIMESTAMP.search(run.path.name)
-    if not match:
-        return False
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", task)
-    path = run.path.with_name(f"geometry_{safe}_{match.group(1)}.json")
+    path = geometry_file_for(run.path, task)  # the writer's own naming rule
+    if path is None or not path.is_file():
+        return False  # not measured: the task is run again
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        warnings.warn(
+            f"lm-coupling sweep: the geometry file {path} cannot be read ({exc!r}); the "
+            "task counts as not done and is run again",
+            UserWarning,
+            stacklevel=2,
+        )
         return False
     return isinstance(data, dict) and int(data.get("n_documents") or 0) > 0
 

@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,14 +59,19 @@ def record(out_dir: Path, entry: ModelEntry, status: ModelStatus) -> None:
 
 
 def read_records(out_dir: Path) -> list[ModelStatus]:
-    """Every model record in the folder (unreadable ones are left out)."""
+    """Every model record in the folder (an unreadable one is left out, with a warning)."""
     records = []
     for path in sorted((out_dir / STATUS_DIR).glob("*.json")):
         try:
             data = json.loads(path.read_text())
             records.append(ModelStatus(**{k: data[k] for k in FIELDS if k in data}))
-        except (OSError, ValueError, TypeError):
-            continue
+        except (OSError, ValueError, TypeError) as exc:
+            warnings.warn(
+                f"lm-coupling sweep: the model record {path} cannot be read ({exc!r}); it is "
+                "left out of sweep_status.csv (delete it, and the model is planned again)",
+                UserWarning,
+                stacklevel=2,
+            )
     return records
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from lm_coupling.sweep.plan import entry_identity, plan_sweep
 from lm_coupling.sweep.spec import ModelEntry, parse_models
-from lm_coupling.sweep.status import ModelStatus, read_records, record
+from lm_coupling.sweep.status import STATUS_DIR, ModelStatus, read_records, record
 
 TS = "2026-01-02T03-04-05.678901"
 METRICS = ["coupling", "lss"]
@@ -61,7 +63,8 @@ def test_missing_or_empty_geometry_makes_a_task_incomplete(tmp_path):
     geometry.write_text(json.dumps({"schema": "lm_coupling.geometry/1", "n_documents": 0}))
     assert missing(tmp_path, "m", ["a", "b"]) == {"m": ("a", "b")}
     geometry.write_text("{truncated")
-    assert missing(tmp_path, "m", ["a"]) == {"m": ("a",)}
+    with pytest.warns(UserWarning, match="cannot be read .* run again"):
+        assert missing(tmp_path, "m", ["a"]) == {"m": ("a",)}
 
 
 def test_a_group_needs_the_geometry_of_every_subtask(tmp_path):
@@ -78,10 +81,20 @@ def test_a_run_without_a_requested_metric_is_incomplete(tmp_path):
     assert missing(tmp_path, "m", ["a"], ["all"]) == {"m": ()}
 
 
-def test_broken_results_files_are_ignored(tmp_path):
+def test_broken_results_files_are_left_out_with_a_warning(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / f"results_{TS}.json").write_text("{not json")
-    assert missing(tmp_path, "m", ["a"]) == {"m": ("a",)}
+    with pytest.warns(UserWarning, match=r"results_.*cannot be read .* run again"):
+        assert missing(tmp_path, "m", ["a"]) == {"m": ("a",)}
+
+
+def test_an_unreadable_status_record_is_left_out_with_a_warning(tmp_path):
+    record(tmp_path, ModelEntry("org/m", "step0"), ModelStatus("org/m", "step0", "done", "a", 1.0))
+    broken = next((tmp_path / STATUS_DIR).glob("*.json")).with_name("broken.json")
+    broken.write_text("{not json")
+    with pytest.warns(UserWarning, match="model record .*broken.json cannot be read"):
+        rows = read_records(tmp_path)
+    assert [r.model for r in rows] == ["org/m"]
 
 
 def test_status_records_survive_and_are_listed_in_the_csv(tmp_path):
