@@ -13,6 +13,16 @@ from pathlib import Path
 RESULTS_FILE = re.compile(r"^results_(?P<date_id>.+)\.json$")
 
 
+def output_root(output_path: str | Path) -> Path:
+    """The folder a run's ``--output_path`` names: itself, or a ``.json`` file's folder.
+
+    lm-eval writes into ``<root>/<model folder>/`` (or, for a ``.json`` path,
+    that file's folder); the leaderboard sits in ``<root>``.
+    """
+    path = Path(output_path)
+    return path.parent if path.suffix == ".json" else path
+
+
 def safe_task_name(task: str) -> str:
     """The task name as it appears in file names."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", task)

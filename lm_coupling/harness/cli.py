@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lm_coupling.errors import LmCouplingError
+from lm_coupling.selection import make_selection
 
 DEFAULT_OUTPUT = "results"
 GEOMETRY_FLAGS = ("metrics", "metric_args")
@@ -70,8 +71,8 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
             delattr(args, name)
     try:
         if metrics is None:
-            if metric_args:
-                raise_missing_metrics()
+            if metric_args:  # options for metrics nobody selected: make_selection says so
+                make_selection(metrics, metric_args)
             stock(args)
             return 0
         run_with_geometry(args, metrics, metric_args)
@@ -81,25 +82,10 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
     return 0
 
 
-def raise_missing_metrics() -> None:
-    """``--metric_args`` alone is an error: it configures metrics nobody selected.
-
-    Raises:
-        ConfigurationError: always.
-    """
-    from lm_coupling.errors import ConfigurationError
-
-    raise ConfigurationError(
-        "--metric_args was given but --metrics is missing: add --metrics with the metrics "
-        "the options are for (e.g. --metrics all)"
-    )
-
-
 def run_with_geometry(args: argparse.Namespace, metrics: str, metric_args: str | None) -> None:
     """The core, on lm-eval's configuration of ``args`` (default output folder: results)."""
     from lm_coupling.harness.evaluate import evaluator_config
     from lm_coupling.harness.run import check_model_type, run_evaluation
-    from lm_coupling.selection import make_selection
 
     selection = make_selection(metrics, metric_args)
     check_model_type(args.model or "hf")

@@ -21,13 +21,6 @@ if TYPE_CHECKING:
     from lm_coupling.harness.run import RunRecord
 
 
-def _pairs(value: str | Mapping[str, Any] | None) -> str | None:
-    """``{"a": 1, "b": "x"}`` -> ``"a=1,b=x"`` (strings pass through)."""
-    if value is None or isinstance(value, str):
-        return value
-    return ",".join(f"{key}={item}" for key, item in value.items())
-
-
 def evaluator_config(options: Mapping[str, Any]) -> Any:
     """lm-eval's validated run configuration from ``lm_eval run``-style options.
 
@@ -180,7 +173,9 @@ def _run_keywords(
     from lm_coupling.harness.run import run_evaluation
 
     names = metrics if isinstance(metrics, str) else ",".join(metrics)
-    selection = make_selection(names, _pairs(metric_args))  # fails before anything loads
+    if isinstance(metric_args, Mapping):
+        metric_args = dict(metric_args)
+    selection = make_selection(names, metric_args)  # fails before anything loads
     in_memory = not isinstance(model, str)
     if in_memory and model_args is not None:
         raise ConfigurationError(

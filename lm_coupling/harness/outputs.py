@@ -12,7 +12,7 @@ import numpy as np
 
 import lm_coupling
 from lm_coupling.errors import GeometryWarning
-from lm_coupling.files import geometry_file_name
+from lm_coupling.files import geometry_file_name, output_root
 from lm_coupling.harness.session import GeometrySession, TaskRecords
 
 log = logging.getLogger("lm_coupling")
@@ -140,8 +140,8 @@ def geometry_documents(session: GeometrySession, results: dict[str, Any]) -> dic
 
 def results_file_location(output_path: str, model_dir_name: str) -> Path:
     """The folder lm-eval's EvaluationTracker wrote its results file into."""
-    path = Path(output_path)
-    return path.parent if path.suffix == ".json" else path / model_dir_name
+    root = output_root(output_path)
+    return root if Path(output_path).suffix == ".json" else root / model_dir_name
 
 
 def write_geometry_file(

@@ -326,10 +326,10 @@ def _run(
     record.results = results if samples is None else {**results, "samples": samples}
     _print_account(record, selection, stream)
     if config.output_path and int(os.environ.get("RANK", "0")) == 0:
+        from lm_coupling.files import output_root
         from lm_coupling.harness.outputs import refresh_leaderboard
 
-        folder = Path(config.output_path)
-        refresh_leaderboard(folder.parent if folder.suffix == ".json" else folder, stream)
+        refresh_leaderboard(output_root(config.output_path), stream)
     return record
 
 
@@ -388,7 +388,11 @@ def _log_to_wandb(wandb_logger: Any, results: dict, samples: dict | None) -> Non
 
 def _write_outputs(config, tracker, session, results, samples, record: RunRecord) -> None:
     """lm-eval's results and samples files, then one geometry file per task."""
-    from lm_coupling.harness.outputs import geometry_documents, results_file_location
+    from lm_coupling.harness.outputs import (
+        geometry_documents,
+        results_file_location,
+        write_geometry_file,
+    )
 
     record.geometry = geometry_documents(session, results)
     if not config.output_path:
@@ -404,8 +408,6 @@ def _write_outputs(config, tracker, session, results, samples, record: RunRecord
     date_id = tracker.date_id
     found = sorted(directory.glob(f"results_{date_id}.json"))
     record.results_file = found[0] if found else None
-    from lm_coupling.harness.outputs import write_geometry_file
-
     for task_name, document in record.geometry.items():
         path = write_geometry_file(directory, task_name, date_id, document)
         record.files[task_name] = path

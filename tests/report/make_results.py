@@ -97,16 +97,21 @@ def write_task(folder: Path) -> Path:
     return folder
 
 
-def run_lm_eval(root: Path) -> list[Path]:
-    """Run the real lm_eval CLI once per tiny model (in parallel); return the run folders."""
-    tasks = write_task(root / "task")
-    env = dict(
+def _offline_env() -> dict[str, str]:
+    """The environment of the lm_eval runs: offline, one thread each (they run in parallel)."""
+    return dict(
         os.environ,
         HF_HUB_OFFLINE="1",
         HF_DATASETS_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         OMP_NUM_THREADS="1",
     )
+
+
+def run_lm_eval(root: Path) -> list[Path]:
+    """Run the real lm_eval CLI once per tiny model (in parallel); return the run folders."""
+    tasks = write_task(root / "task")
+    env = _offline_env()
     procs = []
     for spec in REAL_MODELS:
         model = save_tiny_model(
@@ -366,13 +371,7 @@ def _lm_coupling_run(root: Path, model: Path, out: Path, *extra: str) -> subproc
         "--device", "cpu",
         *extra,
     ]  # fmt: skip
-    env = dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",
-    )
+    env = _offline_env()
     return subprocess.Popen(
         cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
