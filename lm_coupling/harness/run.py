@@ -230,32 +230,31 @@ def run_evaluation(
     import dataclasses
 
     from lm_coupling.harness.run_options import check_run_options
+    from lm_coupling.harness.session import GeometrySession
 
     model_type = config.model or "hf"
     check_model_type(model_type)
     recorded = check_run_options(argparse.Namespace(**dataclasses.asdict(config)))
     if model is None:
         check_model_path((config.model_args or {}).get("pretrained"))
+    session = GeometrySession(selection, config.use_cache, lm_eval_options=recorded)
     with exclusive_run():
         return _run(
-            config, selection, model, tokenizer, bootstrap_iters, task_manager, echo, stream,
-            recorded, config.log_samples or return_samples,
+            config, session, model, tokenizer, bootstrap_iters, task_manager, echo, stream,
+            config.log_samples or return_samples,
         )  # fmt: skip
 
 
 def _run(
-    config, selection, model, tokenizer, bootstrap_iters, shared_index, echo, stream, recorded,
-    log_samples,
-) -> RunRecord:  # fmt: skip
+    config, session, model, tokenizer, bootstrap_iters, shared_index, echo, stream, log_samples
+) -> RunRecord:
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
 
     from lm_coupling.harness.lm_eval_registry import registered_metrics
-    from lm_coupling.harness.session import GeometrySession
     from lm_coupling.harness.tasks import GeometryTaskManager
 
-    session = GeometrySession(selection, cache_path_prefix=config.use_cache)
-    session.lm_eval_options = recorded
+    selection = session.selection
     record = RunRecord(session=session)
     if shared_index is not None:
         task_manager = GeometryTaskManager.sharing_index(
@@ -311,7 +310,7 @@ def _run(
         )
     if results is None:  # another data-parallel rank writes
         return record
-    model_type = config.model or "hf"
+    model_type = config.model or "hf"  # run_evaluation checked it
     _record_model_type(results, model_type)
     samples = results.pop("samples", None) if log_samples else None
     if config.show_config:

@@ -74,12 +74,19 @@ class GeometrySession:
         selection: the run's metrics and options.
         cache_path_prefix: lm-eval's ``--use_cache`` path, if any (the geometry
             cache sits beside its database).
+        lm_eval_options: the lm-eval options the run uses, as the results
+            record them (`lm_coupling.harness.run_options.check_run_options`).
     """
 
-    def __init__(self, selection: Selection, cache_path_prefix: str | None = None):
+    def __init__(
+        self,
+        selection: Selection,
+        cache_path_prefix: str | None = None,
+        lm_eval_options: dict[str, Any] | None = None,
+    ):
         self.selection = selection
         self.first_batch_checked = False  # preflight's read-out check, once per run
-        self.lm_eval_options: dict[str, Any] = {}  # the lm-eval options used, as recorded
+        self.lm_eval_options: dict[str, Any] = dict(lm_eval_options or {})
         self.runner: GeometryRunner | None = None
         self.model_shape: dict[str, Any] = {}
         self.tasks: dict[str, Any] = {}
