@@ -166,7 +166,9 @@ def _save_lora(base: Path, path: Path) -> Path:
     config.init_lora_weights = False
     torch.manual_seed(3)
     adapted = get_peft_model(model, config)
-    adapted.save_pretrained(path)
+    # No embedding layer is adapted; saying so spares peft's hub probe for the base's config,
+    # which warns offline on older peft (0.10, the floor).
+    adapted.save_pretrained(path, save_embedding_layers=False)
     return path
 
 
