@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -163,6 +163,40 @@ def load_task_yaml(path: str) -> Any:
     from lm_eval.tasks._yaml_loader import load_yaml
 
     return load_yaml(path, resolve_func=True)
+
+
+# -- the documents a task evaluates -----------------------------------------------------
+def evaluated_documents(
+    task: Any, limit: float | None, samples: Sequence[int] | None
+) -> list[tuple[int, int, Any]]:
+    """The documents lm-eval evaluates for ``task``: ``(request id, reported id, document)``.
+
+    The request id is the ``doc_id`` of the document's requests (what the
+    model, and the session, see); the reported id is the ``doc_id`` lm-eval
+    writes in its samples file (`reported_doc_id`). They differ under ``--samples``.
+
+    Relies on: lm-eval's evaluator builds a task's requests from
+    ``Task.doc_iterator(limit=get_sample_size(task, limit), samples=...)``,
+    whose ``doc_id`` under ``--samples`` is the position in the selection
+    (0, 1, ...: lm-eval 0.4.13 enumerates the selected documents), not the
+    listed index; a ``--limit`` below 1 is a fraction of the documents.
+    """
+    from lm_eval.evaluator_utils import get_sample_size
+
+    indices = list(samples) if samples else None
+    limit = get_sample_size(task, limit)
+    pairs = task.doc_iterator(rank=0, world_size=1, limit=limit, samples=indices)
+    return [(doc_id, reported_doc_id(indices, doc_id), doc) for doc_id, doc in pairs]
+
+
+def reported_doc_id(samples: Sequence[int] | None, doc_id: int) -> int:
+    """The ``doc_id`` lm-eval's samples file gives the document of requests ``doc_id``.
+
+    Relies on: lm-eval's evaluator writes ``samples[doc_id]`` (the task's
+    ``--samples`` list, in the order given) for a request ``doc_id``, and
+    ``doc_id`` itself without ``--samples``.
+    """
+    return int(samples[doc_id]) if samples else doc_id
 
 
 # -- the metric registries --------------------------------------------------------------

@@ -272,3 +272,43 @@ def test_the_run_command_parser_and_its_patch_take_the_geometry_flags():
     assert out.stdout.strip().endswith("lss"), _broke(
         "patch_run_command", out.stderr.strip()[-500:]
     )
+
+
+@pytest.mark.parametrize(
+    ("limit", "samples"), [(None, [1, 3, 4]), (0.5, None), (2, None), (None, None)]
+)
+def test_evaluated_documents_are_the_requests_and_the_samples_file_of_a_run(
+    tokenizer, limit, samples
+):
+    from lm_eval import simple_evaluate
+
+    class RecordingRequests(Recording):
+        def loglikelihood(self, requests, disable_tqdm=False):
+            self.seen_requests = list(requests)
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    model = build_tiny_model("gpt2", len(tokenizer), max_len=64, seed=1)
+    lm = RecordingRequests(
+        pretrained=model, tokenizer=tokenizer, batch_size=4, max_length=MAX_LENGTH, device="cpu"
+    )
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    task = manager.load(TASK)["tasks"][TASK]
+    documents = adapter.evaluated_documents(task, limit, samples)
+    results = simple_evaluate(
+        model=lm, tasks=[TASK], task_manager=manager, limit=limit, log_samples=True,
+        samples={TASK: samples} if samples else None, bootstrap_iters=0,
+    )  # fmt: skip
+    requested = sorted({r.doc_id for r in lm.seen_requests})
+    assert requested == [request for request, _, _ in documents], _broke(
+        "evaluated_documents", f"the requests carry doc_ids {requested}"
+    )
+    logged = {row["doc_id"]: row["doc"] for row in results["samples"][TASK]}
+    assert list(logged) == [reported for _, reported, _ in documents], _broke(
+        "evaluated_documents/reported_doc_id", f"the samples file names {list(logged)}"
+    )
+    for request, reported, doc in documents:
+        assert adapter.reported_doc_id(samples, request) == reported
+        assert logged[reported] == doc, _broke("evaluated_documents", f"document {reported}")
+    if samples:
+        assert [reported for _, reported, _ in documents] == samples
+        assert [doc for _, _, doc in documents] == [task.eval_docs[i] for i in samples]
