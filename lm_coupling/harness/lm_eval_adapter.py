@@ -246,6 +246,47 @@ def has_entry_point_plugins() -> bool:
     return any(hasattr(registry, name) for name in ("load_plugins", "load_entry_points"))
 
 
+# -- a run's noise (harness/quiet.py) -----------------------------------------------------
+TASK_LOGGER = "lm_eval.api.task"
+"""The logger lm-eval's ``Task`` warns through (its ``--metadata`` hint per task).
+
+Relies on: ``lm_eval.api.task`` logs through ``logging.getLogger(__name__)``.
+"""
+
+
+@contextlib.contextmanager
+def git_commit_probe(probe: Callable[[], str | None]) -> Iterator[None]:
+    """Within the block, lm-eval records ``probe()`` as a run's ``git_hash``.
+
+    Relies on: ``lm_eval.evaluator`` imports ``get_git_commit_hash`` by name
+    from ``lm_eval.loggers.utils`` and calls it once per run for
+    ``results["git_hash"]`` (lm-eval has no option to skip or quiet that
+    probe). The stock function is restored after the block; where the
+    evaluator has no such name, nothing is replaced.
+    """
+    import lm_eval.evaluator as evaluator
+
+    stock = evaluator.__dict__.get("get_git_commit_hash")
+    if stock is not None:
+        evaluator.get_git_commit_hash = probe
+    try:
+        yield
+    finally:
+        if stock is not None:
+            evaluator.get_git_commit_hash = stock
+
+
+def commit_from_path(path: str) -> str | None:
+    """lm-eval's fallback when git cannot run: the commit read from ``path``'s ``.git``.
+
+    Relies on: ``lm_eval.loggers.utils.get_commit_from_path(path)`` is what
+    ``get_git_commit_hash`` returns when ``git describe`` fails.
+    """
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    return get_commit_from_path(path)
+
+
 # -- the run command ----------------------------------------------------------------------
 def run_command_parser(add_arguments: Callable[[argparse.ArgumentParser], None]):
     """lm-eval's command-line parser (a fresh instance) with ``add_arguments`` on ``run``.
