@@ -4,7 +4,9 @@
   reads or writes a private name (``obj._name``, ``getattr(obj, "_name")``,
   ``obj.__dict__.get("_name")``) that the package does not define itself, calls
   a base class's private method through ``super()``, or overrides a private
-  method of an lm-eval or transformers class.
+  method of an lm-eval or transformers class; nor does any string of its code
+  (docstrings aside) name one of the private names the adapters use (a search
+  of a library's source text for ``_attn_implementation == "sdpa"``, say).
 - ``harness/`` has no import cycle (its imports read with ``ast``).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -86,14 +89,66 @@ def _private_uses(tree: ast.Module, own: set[str]) -> list[tuple[int, str]]:
     return found
 
 
+_IDENTIFIER = re.compile(r"(?<![\w.])_[A-Za-z]\w*")
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    bodies = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef)))]
+    bodies += [n for n in ast.walk(tree) if isinstance(n, ast.AsyncFunctionDef)]
+    return {
+        id(node.body[0].value)
+        for node in bodies
+        if node.body and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }  # fmt: skip
+
+
+def _adapter_private_names(modules: dict[str, ast.Module], own: set[str]) -> set[str]:
+    """The foreign private names the adapters use (attributes, and names in their strings)."""
+    names: set[str] = set()
+    for relative in ADAPTERS:
+        tree = modules[relative]
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                names.add(node.attr)
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+            ):
+                names.update(_IDENTIFIER.findall(node.value))
+    defined = {
+        node.name
+        for relative in ADAPTERS
+        for node in ast.walk(modules[relative])
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    }
+    return {n for n in names if _private(n)} - own - defined
+
+
+def _private_names_in_text(tree: ast.Module, names: set[str]) -> list[tuple[int, str]]:
+    docstrings = _docstrings(tree)
+    return [
+        (node.lineno, repr(node.value))
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and set(_IDENTIFIER.findall(node.value)) & names
+    ]
+
+
 def test_private_names_of_lm_eval_and_transformers_are_used_in_the_adapters_only():
     modules = _modules()
     own = _own_names(modules)
+    foreign = _adapter_private_names(modules, own)
+    assert {"_attn_implementation", "_objs"} <= foreign  # the adapters' uses were read
     offenders = [
         f"{relative}:{line}: {text}"
         for relative, tree in modules.items()
         if relative not in ADAPTERS
-        for line, text in _private_uses(tree, own)
+        for line, text in [*_private_uses(tree, own), *_private_names_in_text(tree, foreign)]
     ]
     assert not offenders, (
         "private names of another library used outside harness/lm_eval_adapter.py and "
@@ -113,6 +168,9 @@ def test_the_grep_finds_a_private_access():
     )
     found = [text for _, text in _private_uses(ast.parse(source), own=set())]
     assert len(found) == 4, found
+    text = '"""A docstring naming _objs."""\nBRANCH = "_attn_implementation == \'sdpa\'"\n'
+    found = _private_names_in_text(ast.parse(text), {"_attn_implementation", "_objs"})
+    assert [line for line, _ in found] == [2], found
 
 
 @pytest.mark.parametrize(

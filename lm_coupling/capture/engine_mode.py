@@ -13,9 +13,6 @@ outside the model (transformers' global entries, other models) changes.
 from __future__ import annotations
 
 import contextlib
-import inspect
-import sys
-import warnings
 from collections.abc import Iterator
 
 import torch
@@ -24,7 +21,6 @@ from torch import nn
 from lm_coupling.capture import transformers_adapter as tfa
 from lm_coupling.capture.differentiable import differentiable_substitutes
 from lm_coupling.capture.frozen_attention import STASH, register_split_attention
-from lm_coupling.errors import EngineFallbackWarning
 
 __all__ = ["FORWARD_AD_ATTENTION", "engine_mode"]
 
@@ -45,41 +41,6 @@ def _configs(model: nn.Module) -> list:
 
 FORWARD_AD_ATTENTION = ("eager", "sdpa")
 """Attention implementations differentiated as they are (SDPA through its math backend)."""
-
-_OWN_SDPA_BRANCH = ('_attn_implementation == "sdpa"', '_attn_implementation != "sdpa"')
-"""Source text of a modeling module that tests the attention's name itself (Falcon)."""
-
-
-def _module_source(module_name: str) -> str:
-    """The source text of an imported module ("" where it has none; ``linecache`` keeps it)."""
-    module = sys.modules.get(module_name)
-    try:
-        return inspect.getsource(module) if module is not None else ""
-    except (OSError, TypeError) as error:  # no source file (a frozen or compiled module)
-        warnings.warn(
-            f"the Jacobian engine cannot read the source of {module_name} ({error}), so it "
-            "cannot tell whether that module's attention is looked up by name; its models "
-            "keep SDPA with the prefix concatenated (exact, slower on long prompts)",
-            EngineFallbackWarning,
-            stacklevel=3,
-        )
-        return ""
-
-
-def _dispatches_by_name(model: nn.Module) -> bool:
-    """Whether the model's attention looks its function up by the config's name only.
-
-    True when the modeling modules of its submodules use transformers'
-    ``ALL_ATTENTION_FUNCTIONS`` and none compares ``_attn_implementation`` with
-    ``"sdpa"``: then its SDPA attention can run as ``SPLIT_ATTENTION`` (the
-    same function, taking a frozen prefix). A model with its own SDPA branch
-    (Falcon) would take another path under another name, so it keeps ``"sdpa"``.
-    """
-    names = {type(m).__module__ for m in model.modules()}
-    # transformers' modeling modules, and remote-code ones (``transformers_modules.*``).
-    sources = [_module_source(n) for n in sorted(names) if n.startswith("transformers")]
-    uses = any("ALL_ATTENTION_FUNCTIONS" in source for source in sources)
-    return uses and not any(t in source for source in sources for t in _OWN_SDPA_BRANCH)
 
 
 def _engine_attention(current, forced: str | None, split: bool):
@@ -127,7 +88,7 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
     configs = _configs(model)
     saved = [tfa.saved_implementations(c) for c in configs]
     training = {m: m.training for m in model.modules()}
-    split = _dispatches_by_name(model)
+    split = tfa.attention_dispatched_by_name(model)
     try:
         for config in configs:
             current = tfa.attention_implementation(config)

@@ -14,10 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
+
+from lm_coupling.errors import EngineFallbackWarning
 
 STATE_ATTRIBUTES = ("conv_states", "recurrent_states", "ssm_states")
 """Attributes of a cache layer that keeps a state instead of (or beside) keys and values."""
@@ -213,6 +217,48 @@ def register_attention(name: str, attention: Callable) -> None:
 
     AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, sdpa_mask)
+
+
+_OWN_SDPA_BRANCH = ('_attn_implementation == "sdpa"', '_attn_implementation != "sdpa"')
+"""Source text of a modeling module that tests the attention's name itself (Falcon)."""
+
+
+def _module_source(module_name: str) -> str:
+    """The source text of an imported module ("" where it has none; ``linecache`` keeps it)."""
+    module = sys.modules.get(module_name)
+    try:
+        return inspect.getsource(module) if module is not None else ""
+    except (OSError, TypeError) as error:  # no source file (a frozen or compiled module)
+        warnings.warn(
+            f"the Jacobian engine cannot read the source of {module_name} ({error}), so it "
+            "cannot tell whether that module's attention is looked up by name; its models "
+            "keep SDPA with the prefix concatenated (exact, slower on long prompts)",
+            EngineFallbackWarning,
+            stacklevel=3,
+        )
+        return ""
+
+
+def attention_dispatched_by_name(model: nn.Module) -> bool:
+    """Whether the model's attention looks its function up by the config's name only.
+
+    True when the modeling modules of its submodules (transformers' own and
+    remote-code ``transformers_modules.*``) use ``ALL_ATTENTION_FUNCTIONS`` and
+    none compares ``_attn_implementation`` with ``"sdpa"``: then an attention
+    function registered under another name (`register_attention`) runs where
+    SDPA would. A model with its own SDPA branch (Falcon) would take another
+    path under another name.
+
+    Relies on: transformers' modeling modules select the attention function
+    as ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (read in
+    their source text: transformers has no flag for it), and a module that
+    branches on the name itself says ``_attn_implementation == "sdpa"`` (or
+    ``!=``) in its source.
+    """
+    names = {type(m).__module__ for m in model.modules()}
+    sources = [_module_source(n) for n in sorted(names) if n.startswith("transformers")]
+    uses = any("ALL_ATTENTION_FUNCTIONS" in source for source in sources)
+    return uses and not any(t in source for source in sources for t in _OWN_SDPA_BRANCH)
 
 
 # -- modules the engine swaps -----------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -165,6 +165,40 @@ def load_task_yaml(path: str) -> Any:
     return load_yaml(path, resolve_func=True)
 
 
+# -- the documents a task evaluates -----------------------------------------------------
+def evaluated_documents(
+    task: Any, limit: float | None, samples: Sequence[int] | None
+) -> list[tuple[int, int, Any]]:
+    """The documents lm-eval evaluates for ``task``: ``(request id, reported id, document)``.
+
+    The request id is the ``doc_id`` of the document's requests (what the
+    model, and the session, see); the reported id is the ``doc_id`` lm-eval
+    writes in its samples file (`reported_doc_id`). They differ under ``--samples``.
+
+    Relies on: lm-eval's evaluator builds a task's requests from
+    ``Task.doc_iterator(limit=get_sample_size(task, limit), samples=...)``,
+    whose ``doc_id`` under ``--samples`` is the position in the selection
+    (0, 1, ...: lm-eval 0.4.13 enumerates the selected documents), not the
+    listed index; a ``--limit`` below 1 is a fraction of the documents.
+    """
+    from lm_eval.evaluator_utils import get_sample_size
+
+    indices = list(samples) if samples else None
+    limit = get_sample_size(task, limit)
+    pairs = task.doc_iterator(rank=0, world_size=1, limit=limit, samples=indices)
+    return [(doc_id, reported_doc_id(indices, doc_id), doc) for doc_id, doc in pairs]
+
+
+def reported_doc_id(samples: Sequence[int] | None, doc_id: int) -> int:
+    """The ``doc_id`` lm-eval's samples file gives the document of requests ``doc_id``.
+
+    Relies on: lm-eval's evaluator writes ``samples[doc_id]`` (the task's
+    ``--samples`` list, in the order given) for a request ``doc_id``, and
+    ``doc_id`` itself without ``--samples``.
+    """
+    return int(samples[doc_id]) if samples else doc_id
+
+
 # -- the metric registries --------------------------------------------------------------
 def registry_is_frozen(table: Any) -> bool:
     """Whether an lm-eval ``Registry`` was frozen (``Registry.freeze``, ``freeze_all``).
@@ -210,6 +244,47 @@ def has_entry_point_plugins() -> bool:
     import lm_eval.api.registry as registry
 
     return any(hasattr(registry, name) for name in ("load_plugins", "load_entry_points"))
+
+
+# -- a run's noise (harness/quiet.py) -----------------------------------------------------
+TASK_LOGGER = "lm_eval.api.task"
+"""The logger lm-eval's ``Task`` warns through (its ``--metadata`` hint per task).
+
+Relies on: ``lm_eval.api.task`` logs through ``logging.getLogger(__name__)``.
+"""
+
+
+@contextlib.contextmanager
+def git_commit_probe(probe: Callable[[], str | None]) -> Iterator[None]:
+    """Within the block, lm-eval records ``probe()`` as a run's ``git_hash``.
+
+    Relies on: ``lm_eval.evaluator`` imports ``get_git_commit_hash`` by name
+    from ``lm_eval.loggers.utils`` and calls it once per run for
+    ``results["git_hash"]`` (lm-eval has no option to skip or quiet that
+    probe). The stock function is restored after the block; where the
+    evaluator has no such name, nothing is replaced.
+    """
+    import lm_eval.evaluator as evaluator
+
+    stock = evaluator.__dict__.get("get_git_commit_hash")
+    if stock is not None:
+        evaluator.get_git_commit_hash = probe
+    try:
+        yield
+    finally:
+        if stock is not None:
+            evaluator.get_git_commit_hash = stock
+
+
+def commit_from_path(path: str) -> str | None:
+    """lm-eval's fallback when git cannot run: the commit read from ``path``'s ``.git``.
+
+    Relies on: ``lm_eval.loggers.utils.get_commit_from_path(path)`` is what
+    ``get_git_commit_hash`` returns when ``git describe`` fails.
+    """
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    return get_commit_from_path(path)
 
 
 # -- the run command ----------------------------------------------------------------------

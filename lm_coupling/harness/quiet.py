@@ -5,9 +5,8 @@
   ``fatal: not a git repository ...`` to the terminal, once per run.
   `quiet_lm_eval` runs the same command, with the same fallback, with git's
   error output discarded: the recorded hash is unchanged (None outside a
-  checkout). This uses lm-eval beyond its public API: it replaces
-  ``lm_eval.evaluator.get_git_commit_hash`` (imported by name there, lm-eval
-  0.4.13) for the duration of the run.
+  checkout). This uses lm-eval beyond its public API, through
+  `lm_eval_adapter.git_commit_probe` (for the duration of the run).
 - lm-eval warns "Custom kwargs can be passed to `--metadata` ..." once per task
   whose data comes from a ``custom_dataset`` function: lm-coupling's offline
   tasks (``lmc_*``) all do, and read their one option (``lmc_data_dir``) as
@@ -22,18 +21,18 @@ import os
 import subprocess
 from collections.abc import Iterator
 
+from lm_coupling.harness.lm_eval_adapter import TASK_LOGGER, commit_from_path, git_commit_probe
+
 _METADATA_HINT = ": Custom kwargs can be passed to `--metadata`"
 
 
 def quiet_git_commit_hash() -> str | None:
-    """``lm_eval.loggers.utils.get_git_commit_hash`` without git's error output."""
-    from lm_eval.loggers.utils import get_commit_from_path
-
+    """lm-eval's ``get_git_commit_hash`` without git's error output."""
     try:
         found = subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL)
         return found.strip().decode()
     except (subprocess.CalledProcessError, FileNotFoundError):
-        return get_commit_from_path(os.getcwd())
+        return commit_from_path(os.getcwd())
 
 
 class OwnTaskMetadataFilter(logging.Filter):
@@ -48,17 +47,11 @@ class OwnTaskMetadataFilter(logging.Filter):
 @contextlib.contextmanager
 def quiet_lm_eval() -> Iterator[None]:
     """Within the block: no git probe noise, no ``--metadata`` hint for ``lmc_*`` tasks."""
-    import lm_eval.evaluator as evaluator
-
-    stock = evaluator.__dict__.get("get_git_commit_hash")
-    task_log = logging.getLogger("lm_eval.api.task")
+    task_log = logging.getLogger(TASK_LOGGER)
     log_filter = OwnTaskMetadataFilter()
     task_log.addFilter(log_filter)
-    if stock is not None:
-        evaluator.get_git_commit_hash = quiet_git_commit_hash
     try:
-        yield
+        with git_commit_probe(quiet_git_commit_hash):
+            yield
     finally:
         task_log.removeFilter(log_filter)
-        if stock is not None:
-            evaluator.get_git_commit_hash = stock

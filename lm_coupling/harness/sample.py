@@ -5,8 +5,12 @@ A sampled metric (``coupling``, ``alignment_ratio``, ...) is computed on
 ones is decided here, before any forward pass, from the task alone:
 
 1. The population is the documents lm-eval evaluates: the task's documents,
-   the first ``--limit`` of them, or the ``--samples`` listed for the task.
-   It does not depend on the model, the batch size or the data-parallel rank.
+   the first ``--limit`` of them, or the ``--samples`` listed for the task,
+   read from lm-eval's own document iterator and named by the ``doc_id``
+   lm-eval's samples file gives them (under ``--samples`` the requests carry
+   another ``doc_id``, their position in the list: the sample is matched to
+   the requests through it). It does not depend on the model, the batch size
+   or the data-parallel rank.
 2. Each document's stratum is its gold answer for a multiple-choice task
    (the task's own label); generation tasks have one stratum. A group's
    subtasks are leaf tasks of their own, each with its own sample, so a
@@ -23,7 +27,6 @@ ones is decided here, before any forward pass, from the task alone:
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 from collections import defaultdict
@@ -31,6 +34,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lm_coupling.harness.lm_eval_adapter import evaluated_documents
 from lm_coupling.harness.plan import PlanError, gold_index
 
 
@@ -42,25 +46,31 @@ class TaskSample:
         task_name: the lm-eval task.
         seed: the ``sample_seed`` it was drawn with.
         stratified_by: ``"gold answer"`` or None (one stratum).
-        order: every document of the population, in drawing order.
+        order: every document of the population, in drawing order, by the
+            ``doc_id`` lm-eval reports (its samples file's).
+        request_ids: the same documents by the ``doc_id`` of their requests
+            (what the model sees; they differ under ``--samples``,
+            `lm_eval_adapter.evaluated_documents`); None: the same as ``order``.
     """
 
     task_name: str
     seed: int
     stratified_by: str | None
     order: tuple[int, ...]
+    request_ids: tuple[int, ...] | None = None
     _position: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_position", {doc_id: i for i, doc_id in enumerate(self.order)})
+        ids = self.order if self.request_ids is None else self.request_ids
+        object.__setattr__(self, "_position", {doc_id: i for i, doc_id in enumerate(ids)})
 
     def holds(self, doc_id: int, size: int | None) -> bool:
-        """Whether the sample of ``size`` documents (None: all) holds ``doc_id``."""
+        """Whether the sample of ``size`` documents (None: all) holds requests ``doc_id``."""
         position = self._position.get(doc_id)
         return position is not None and (size is None or position < size)
 
     def doc_ids(self, size: int | None) -> frozenset[int]:
-        """The documents of a sample of ``size`` (None: all of them)."""
+        """The documents of a sample of ``size`` (None: all of them), as lm-eval reports them."""
         return frozenset(self.order if size is None else self.order[:size])
 
     def record(self, sizes: Mapping[str, int | None]) -> dict[str, Any]:
@@ -112,25 +122,22 @@ def drawing_order(
     return tuple(order)
 
 
-def population(task: Any, task_name: str, lm_eval_options: Mapping[str, Any]) -> list[int]:
-    """The doc ids lm-eval evaluates for ``task`` (``--limit`` and ``--samples`` applied).
+def population(
+    task: Any, task_name: str, lm_eval_options: Mapping[str, Any]
+) -> list[tuple[int, int, Any]]:
+    """The documents lm-eval evaluates for ``task`` (``--limit`` and ``--samples`` applied).
 
-    Read like lm-eval 0.4.13's ``evaluator_utils.get_sample_size`` (a
-    ``--limit`` below 1 is a fraction of the documents, rounded up) and
-    ``Task.build_all_requests`` (``--samples`` lists the doc ids per task).
+    Read from lm-eval itself (`lm_eval_adapter.evaluated_documents`): each is
+    ``(request id, reported id, document)``, the ``doc_id`` of its requests
+    and the ``doc_id`` lm-eval's samples file gives it (under ``--samples``
+    lm-eval numbers the requests 0, 1, ... and reports the listed index).
     """
-    n_docs = len(task.eval_docs)
     samples = lm_eval_options.get("samples")
-    if isinstance(samples, Mapping) and task_name in samples:
-        return sorted(int(i) for i in samples[task_name] if 0 <= int(i) < n_docs)
-    limit = lm_eval_options.get("limit")
-    if limit is not None:
-        limit = float(limit)
-        n_docs = min(n_docs, math.ceil(n_docs * limit) if limit < 1.0 else int(limit))
-    return list(range(n_docs))
+    chosen = samples.get(task_name) if isinstance(samples, Mapping) else None
+    return evaluated_documents(task, lm_eval_options.get("limit"), chosen)
 
 
-def gold_strata(task: Any, doc_ids: Iterable[int]) -> list[Hashable] | None:
+def gold_strata(task: Any, docs: Iterable[Any]) -> list[Hashable] | None:
     """Each document's gold answer index (multiple choice), or None for other tasks.
 
     A document whose gold answer cannot be read gets the stratum ``"unreadable"``
@@ -138,10 +145,8 @@ def gold_strata(task: Any, doc_ids: Iterable[int]) -> list[Hashable] | None:
     """
     if getattr(getattr(task, "config", None), "output_type", None) != "multiple_choice":
         return None
-    docs = task.eval_docs
     strata: list[Hashable] = []
-    for doc_id in doc_ids:
-        doc = docs[doc_id]
+    for doc in docs:
         try:  # no bound on the index: an out-of-range gold is the plan's to report
             strata.append(gold_index(task, doc, sys.maxsize))
         except (PlanError, Exception):  # noqa: B014 (any task code): one stratum for those
@@ -165,9 +170,18 @@ def task_sample(
         lm_eval_options: the run's recorded lm-eval options (``limit``, ``samples``).
         largest: the largest sample size asked for (None: all documents).
     """
-    doc_ids = population(task, task_name, lm_eval_options)
-    if largest is None or largest >= len(doc_ids):
-        return TaskSample(task_name, seed, None, tuple(doc_ids))
-    strata = gold_strata(task, doc_ids)
-    order = drawing_order(doc_ids, strata, seed, task_name)
-    return TaskSample(task_name, seed, "gold answer" if strata else None, order)
+    documents = population(task, task_name, lm_eval_options)
+    request_of = {reported: request for request, reported, _ in documents}
+    reported_ids = list(request_of)
+    if largest is None or largest >= len(reported_ids):
+        order, strata = tuple(reported_ids), None
+    else:
+        strata = gold_strata(task, (doc for _, _, doc in documents))
+        order = drawing_order(reported_ids, strata, seed, task_name)
+    return TaskSample(
+        task_name,
+        seed,
+        "gold answer" if strata else None,
+        order,
+        tuple(request_of[doc_id] for doc_id in order),
+    )

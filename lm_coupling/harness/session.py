@@ -18,12 +18,13 @@ import logging
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
+from lm_coupling.harness.lm_eval_adapter import reported_doc_id
 from lm_coupling.harness.plan import DocumentId, DocumentPlan, GeometryKey, plan_document
 from lm_coupling.harness.sample import TaskSample, task_sample
 from lm_coupling.harness.streaming import ProfileByShape, RunningTimings
@@ -180,8 +181,9 @@ class GeometrySession:
 
     # -- planning ---------------------------------------------------------
     def add_task(self, name: str, task: Any) -> None:
-        """Register a task whose documents get geometry."""
+        """Register a task whose documents get geometry (its sample drawn now, before scoring)."""
         self.tasks[name] = task
+        self.sample_of(name)
 
     def plan_requests(self, instances: Iterable[Any]) -> None:
         """Plan the documents of the requests lm-eval hands the model.
@@ -247,6 +249,16 @@ class GeometrySession:
             name for name, size in self.sample_sizes.items() if sample.holds(doc_id, size)
         )
 
+    def reported_id(self, task_name: str, doc_id: int) -> int:
+        """The ``doc_id`` lm-eval's samples file gives the document of requests ``doc_id``.
+
+        They differ under ``--samples`` (`lm_eval_adapter.reported_doc_id`);
+        everything the run writes or warns names documents by this one.
+        """
+        samples = self.lm_eval_options.get("samples")
+        chosen = samples.get(task_name) if isinstance(samples, Mapping) else None
+        return reported_doc_id(chosen, doc_id)
+
     def sample_record(self, task_name: str) -> dict[str, Any] | None:
         """What the geometry file records of the task's sample (`TaskSample.record`)."""
         sample = self.samples.get(task_name)
@@ -272,8 +284,9 @@ class GeometrySession:
         if ident not in self.plans:
             index = self._instances_of(task_name)
             if not index.get(doc_id):
+                reported = self.reported_id(*ident)
                 self._warn_once(
-                    ident, f"task {task_name!r} document {doc_id}: no request of this "
+                    ident, f"task {task_name!r} document {reported}: no request of this "
                     "document was found, so it has no geometry"
                 )  # fmt: skip
                 return None
@@ -337,7 +350,10 @@ class GeometrySession:
 
     def documents_at(self, key: GeometryKey) -> tuple[DocumentRef, ...]:
         """The documents measured at ``key`` (their identity, for the plugins)."""
-        return tuple(DocumentRef(p.task_name, p.doc_id) for p in self.plans_by_key.get(key, ()))
+        return tuple(
+            DocumentRef(p.task_name, self.reported_id(p.task_name, p.doc_id))
+            for p in self.plans_by_key.get(key, ())
+        )
 
     def wanted(self, key: GeometryKey) -> bool:
         """Whether ``key`` is planned and not measured yet."""
@@ -429,7 +445,8 @@ class GeometrySession:
     def warn(self, plan: DocumentPlan, message: str) -> None:
         """One GeometryWarning per document, naming task and document."""
         ident = (plan.task_name, plan.doc_id)
-        self._warn_once(ident, f"task {plan.task_name!r} document {plan.doc_id}: {message}")
+        reported = self.reported_id(*ident)
+        self._warn_once(ident, f"task {plan.task_name!r} document {reported}: {message}")
 
     # -- scoring ----------------------------------------------------------
     def geometry_for(
@@ -470,9 +487,10 @@ class GeometrySession:
         undefined = [name for name in own.values if name not in values and name not in failed]
         if "tv_to_target" in undefined and plan.target_problem is not None:
             undefined.remove("tv_to_target")
+            reported = self.reported_id(plan.task_name, plan.doc_id)
             self._warn_once(
                 ("target", plan.task_name, plan.doc_id),
-                f"task {plan.task_name!r} document {plan.doc_id}: tv_to_target is undefined "
+                f"task {plan.task_name!r} document {reported}: tv_to_target is undefined "
                 f"(NaN): {plan.target_problem}",
             )
         if undefined and plan.problem is None and plan.key not in self.failed_keys:
@@ -513,6 +531,8 @@ class GeometrySession:
         if ident in self._scored:
             return
         self._scored.add(ident)
+        if doc_id is not None:
+            doc_id = self.reported_id(task_name, doc_id)
         records = self.records[task_name]
         records.add(-1 if doc_id is None else doc_id, DocumentGeometry())
         records.capture["failed"] += 1
@@ -532,7 +552,8 @@ class GeometrySession:
         records = self.records[plan.task_name]
         specs = self.selection.specs
         keep = any(specs[name].sampled for name in geometry.values)
-        records.add(plan.doc_id, geometry, keep)
+        doc_id = self.reported_id(*ident)
+        records.add(doc_id, geometry, keep)
         self._release(plan.key)
         if plan.problem is not None:
             source, error = "failed", plan.problem
@@ -542,9 +563,9 @@ class GeometrySession:
             source, error = self.sources.get(plan.key, "alone"), None
         records.capture[source] += 1
         if error is not None:
-            records.failures.append({"doc_id": plan.doc_id, "error": error})
+            records.failures.append({"doc_id": doc_id, "error": error})
         for failure in geometry.failures:  # a plugin's answer failed (its metrics NaN)
-            records.failures.append({"doc_id": plan.doc_id, **failure})
+            records.failures.append({"doc_id": doc_id, **failure})
 
     def _release(self, key: GeometryKey) -> None:
         """Drop a measurement once every document planned at ``key`` is scored.

@@ -44,7 +44,8 @@ DATA_DIR_ENV = "LM_COUPLING_DATA_DIR"
 DATA_DIR_METADATA_KEY = "lmc_data_dir"
 BUNDLED_DATA_DIR = Path(__file__).resolve().parents[1] / "demo" / "sample_tasks"
 log = logging.getLogger("lm_coupling.tasks")
-_ANNOUNCED: set[tuple[str, str]] = set()
+ANNOUNCED_ATTRIBUTE = "lmc_announced"
+"""The attribute of the ``lm_coupling.tasks`` logger holding this process's announcements."""
 BENCHMARKS = (
     "arc_easy",
     "arc_challenge",
@@ -155,11 +156,29 @@ def load_offline(
     return datasets.DatasetDict(splits)
 
 
+def _announced() -> set[tuple[str, str]]:
+    """The announcements made in this process, whichever copy of this module made them.
+
+    lm-eval imports this file by path, one module per file it is read from
+    (the installed package's tasks folder, a source checkout's, the package
+    imported as ``lm_coupling.tasks.offline_data``), each with its own
+    globals: a set in this module's globals would announce a benchmark once
+    per copy, and forgetting it in one copy would not reset the others. The
+    set lives on the ``lm_coupling.tasks`` logger, one object per process.
+    """
+    announced = getattr(log, ANNOUNCED_ATTRIBUTE, None)
+    if announced is None:
+        announced = set()
+        setattr(log, ANNOUNCED_ATTRIBUTE, announced)
+    return announced
+
+
 def _announce_bundled(benchmark: str, folder: Path) -> None:
-    """Say, once per benchmark, that the bundled sample documents are used."""
-    if ("bundled", benchmark) in _ANNOUNCED:
+    """Say, once per benchmark and process, that the bundled sample documents are used."""
+    announced = _announced()
+    if ("bundled", benchmark) in announced:
         return
-    _ANNOUNCED.add(("bundled", benchmark))
+    announced.add(("bundled", benchmark))
     log.warning(
         "lm-coupling: offline %s task: no data folder given, using the bundled sample "
         "documents in %s (a handful of items, for trying the package out). Set $%s or "

@@ -208,3 +208,32 @@ def test_loaded_from_is_the_path_of_from_pretrained_and_empty_for_a_built_model(
     model.save_pretrained(tmp_path)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     assert tfa.loaded_from(loaded) == str(tmp_path), _broke("loaded_from", tfa.loaded_from(loaded))
+
+
+def test_attention_dispatched_by_name_is_whether_a_registered_name_runs():
+    """llama looks its attention up by name (a registered function runs); Falcon branches."""
+    llama = _small("llama")
+    assert tfa.attention_dispatched_by_name(llama), _broke(
+        "attention_dispatched_by_name", "llama's modeling source no longer reads as a lookup"
+    )
+    # What the answer promises: a function registered under a new name runs in its place.
+    calls = []
+    sdpa = tfa.global_attention("sdpa")
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    tfa.register_attention("lm_coupling_contract_lookup", counting)
+    saved, _ = tfa.saved_implementations(llama.config)
+    try:
+        tfa.set_attention_implementation(llama.config, "lm_coupling_contract_lookup")
+        with torch.no_grad():
+            llama(IDS[None])
+    finally:
+        tfa.set_attention_implementation(llama.config, saved)
+    assert len(calls) == 2, _broke("attention_dispatched_by_name", f"{len(calls)} lookups")
+    falcon = _small("falcon", new_decoder_architecture=False, multi_query=True)
+    assert not tfa.attention_dispatched_by_name(falcon), _broke(
+        "attention_dispatched_by_name", "Falcon's own SDPA branch is no longer found in its source"
+    )

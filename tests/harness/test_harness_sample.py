@@ -3,7 +3,9 @@
 The drawing order is checked on its own (proportions in every prefix, seeds,
 nesting), then through real `lm_coupling.evaluate` runs of a 24-document task
 on two tiny models (gpt2, llama) and two batch sizes: every run measures
-coupling on the same documents, the ones its geometry file records.
+coupling on the same documents, the ones its geometry file records, also when
+lm-eval's ``samples`` chooses the documents (lm-eval then numbers their
+requests 0, 1, ... and reports them by the listed ids).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ ROWS = [
     for i in range(24)
 ]
 SIZE = 8
+CHOSEN = [1, 2, 4, 7, 9, 11, 12, 14, 17, 18, 20, 23]  # 9 with gold 0, 3 with gold 1
 
 
 def test_every_prefix_is_stratified_in_proportion():
@@ -55,7 +58,12 @@ def sample_runs(harness_setup, tmp_path_factory):
     tasks_dir = tmp_path_factory.mktemp("sample_tasks")
     _write_task(tasks_dir)
     runs = {}
-    for model, batch_size, seed in (("gpt2", 4, 0), ("llama", 1, 0), ("gpt2", 4, 7)):
+    for model, batch_size, seed, samples in (
+        ("gpt2", 4, 0, None),
+        ("llama", 1, 0, None),
+        ("gpt2", 4, 7, None),
+        ("gpt2", 3, 0, {TASK: CHOSEN}),
+    ):
         record = evaluate_record(
             model_args={"pretrained": str(harness_setup.models[model])},
             tasks=[TASK],
@@ -65,11 +73,14 @@ def sample_runs(harness_setup, tmp_path_factory):
             device="cpu",
             output_path=str(tmp_path_factory.mktemp("sample") / "results"),
             include_path=str(tasks_dir),
+            samples=samples,
             log_samples=True,
         )
         coupled = sorted(
             row["doc_id"] for row in record.results["samples"][TASK] if "coupling" in row
         )
+        reported = sorted(row["doc_id"] for row in record.results["samples"][TASK])
+        assert reported == (CHOSEN if samples else list(range(len(ROWS))))
         runs[model, batch_size, seed] = (coupled, record.geometry[TASK]["sample"])
     return runs
 
@@ -98,3 +109,12 @@ def test_another_seed_draws_another_sample(sample_runs):
     other, record = sample_runs["gpt2", 4, 7]
     assert other != first and len(other) == SIZE and record["seed"] == 7
     assert Counter(ROWS[d]["label"] for d in other) == {0: 6, 1: 2}
+
+
+@pytest.mark.slow
+def test_the_recorded_sample_is_coupled_when_samples_choose_the_documents(sample_runs):
+    coupled, record = sample_runs["gpt2", 3, 0]
+    assert coupled == record["doc_ids"]["coupling_docs"] == sorted(set(coupled))
+    assert len(coupled) == SIZE and set(coupled) <= set(CHOSEN)
+    assert record["population"] == len(CHOSEN)
+    assert Counter(ROWS[d]["label"] for d in coupled) == {0: 6, 1: 2}  # 9:3, in proportion

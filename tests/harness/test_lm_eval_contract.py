@@ -272,3 +272,92 @@ def test_the_run_command_parser_and_its_patch_take_the_geometry_flags():
     assert out.stdout.strip().endswith("lss"), _broke(
         "patch_run_command", out.stderr.strip()[-500:]
     )
+
+
+@pytest.mark.parametrize(
+    ("limit", "samples"), [(None, [1, 3, 4]), (0.5, None), (2, None), (None, None)]
+)
+def test_evaluated_documents_are_the_requests_and_the_samples_file_of_a_run(
+    tokenizer, limit, samples
+):
+    from lm_eval import simple_evaluate
+
+    class RecordingRequests(Recording):
+        def loglikelihood(self, requests, disable_tqdm=False):
+            self.seen_requests = list(requests)
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+
+    model = build_tiny_model("gpt2", len(tokenizer), max_len=64, seed=1)
+    lm = RecordingRequests(
+        pretrained=model, tokenizer=tokenizer, batch_size=4, max_length=MAX_LENGTH, device="cpu"
+    )
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    task = manager.load(TASK)["tasks"][TASK]
+    documents = adapter.evaluated_documents(task, limit, samples)
+    results = simple_evaluate(
+        model=lm, tasks=[TASK], task_manager=manager, limit=limit, log_samples=True,
+        samples={TASK: samples} if samples else None, bootstrap_iters=0,
+    )  # fmt: skip
+    requested = sorted({r.doc_id for r in lm.seen_requests})
+    assert requested == [request for request, _, _ in documents], _broke(
+        "evaluated_documents", f"the requests carry doc_ids {requested}"
+    )
+    logged = {row["doc_id"]: row["doc"] for row in results["samples"][TASK]}
+    assert list(logged) == [reported for _, reported, _ in documents], _broke(
+        "evaluated_documents/reported_doc_id", f"the samples file names {list(logged)}"
+    )
+    for request, reported, doc in documents:
+        assert adapter.reported_doc_id(samples, request) == reported
+        assert logged[reported] == doc, _broke("evaluated_documents", f"document {reported}")
+    if samples:
+        assert [reported for _, reported, _ in documents] == samples
+        assert [doc for _, _, doc in documents] == [task.eval_docs[i] for i in samples]
+
+
+def test_git_commit_probe_is_the_git_hash_a_run_records(lm):
+    import lm_eval.evaluator as evaluator
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers.utils import get_git_commit_hash
+
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    with adapter.git_commit_probe(lambda: "lmc-contract-probe"):
+        results = simple_evaluate(model=lm, tasks=[TASK], task_manager=manager, limit=1)
+    assert results["git_hash"] == "lmc-contract-probe", _broke(
+        "git_commit_probe", f"the run recorded git_hash {results['git_hash']!r}"
+    )
+    assert evaluator.get_git_commit_hash is get_git_commit_hash, _broke(
+        "git_commit_probe", "lm-eval's own probe was not restored"
+    )
+
+
+def test_commit_from_path_reads_the_commit_of_a_git_folder(tmp_path):
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    (tmp_path / ".git" / "refs" / "heads").mkdir(parents=True)
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / ".git" / "refs" / "heads" / "main").write_text(sha + "\n")
+    assert adapter.commit_from_path(str(tmp_path)) == sha, _broke("commit_from_path", "no commit")
+    (tmp_path / "elsewhere").mkdir()
+    assert adapter.commit_from_path(str(tmp_path / "elsewhere")) is None, _broke(
+        "commit_from_path", "a commit outside a checkout"
+    )
+
+
+def test_the_metadata_hint_comes_from_the_task_logger():
+    import logging
+
+    from lm_coupling.harness.quiet import OwnTaskMetadataFilter
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    task_log = logging.getLogger(adapter.TASK_LOGGER)
+    task_log.addHandler(handler)
+    try:
+        TaskManager(include_path=str(TASKS_DIR), include_defaults=False).load(TASK)
+    finally:
+        task_log.removeHandler(handler)
+    hints = [r for r in records if r.getMessage().startswith(f"{TASK}: Custom kwargs")]
+    assert hints, _broke("TASK_LOGGER", f"no --metadata hint for {TASK} through it")
+    assert not OwnTaskMetadataFilter().filter(hints[0]), _broke(
+        "TASK_LOGGER", f"the hint's text changed: {hints[0].getMessage()[:80]!r}"
+    )

@@ -281,13 +281,12 @@ def adapter_run(options_setup) -> RunOutput:
     return _read_named(run, "adapter")
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known defect: with --samples (and a chat template, batch auto:2), the documents "
-    "coupled are not the sample the geometry file records, and fewer than coupling_docs",
-)
 def test_the_recorded_sample_is_the_coupled_documents_under_samples(adapter_run):
+    # lm-eval numbers a --samples document's requests by its position in the list
+    # (0, 1, ...) and reports it by the listed index: the sample is drawn over the
+    # listed documents and matched to their requests (lm_eval_adapter.evaluated_documents).
     for task in (ARC, GSM8K):
+        assert adapter_run.geometry[task]["sample"]["population"] == len(SAMPLES[task])
         recorded = set(adapter_run.geometry[task]["sample"]["doc_ids"]["coupling_docs"])
         coupled = {row["doc_id"] for row in _first_rows(adapter_run, task) if "coupling" in row}
         assert coupled == recorded and len(recorded) == COUPLING_DOCS, (task, coupled, recorded)
@@ -354,14 +353,9 @@ def _first_rows(run: RunOutput, task: str) -> list[dict[str, Any]]:
 
 def _assert_equals_reference(
     run: RunOutput, task: str, hflm, runner, abs_tol: float, rel_tol: float = 0.0,
-    sampled_docs: int | None = None, sample_from_rows: bool = False,
+    sampled_docs: int | None = None,
 ) -> int:  # fmt: skip
-    """Every row's geometry equals the runner's measurement of the prompt lm-eval scored.
-
-    ``sample_from_rows``: take the coupling sample from the rows that carry the
-    sampled metrics instead of the geometry file's record (see
-    `test_the_recorded_sample_is_the_coupled_documents_under_samples`).
-    """
+    """Every row's geometry equals the runner's measurement of the prompt lm-eval scored."""
     rows = _first_rows(run, task)
     assert rows
     metrics = run.results["config"]["lm_coupling"]["metrics"]
@@ -369,9 +363,6 @@ def _assert_equals_reference(
     # A run without sampled metrics draws no sample and records none.
     recorded = run.geometry[task].get("sample", {}).get("doc_ids", {})
     sample = set(recorded.get("coupling_docs", ()))
-    if sample_from_rows:
-        sample = {row["doc_id"] for row in rows if all(n in row for n in SAMPLED if n in metrics)}
-        sampled_docs = None
     if sampled_docs is not None:
         assert len(sample) == min(sampled_docs, len(rows))
     for row in rows:
@@ -425,9 +416,8 @@ def test_adapter_chat_template_and_samples(adapter_run, options_setup, reference
         assert all(row["arguments"]["gen_args_0"]["arg_0"].startswith("<|system|>Answer briefly.")
                    for row in rows)  # fmt: skip
         assert all(row["arguments"]["gen_args_0"]["arg_0"].count("<|user|>") == 3 for row in rows)
-        _assert_equals_reference(
-            adapter_run, task, hflm, runner, FLOAT32_ABS, 0, sample_from_rows=True
-        )
+        _assert_equals_reference(adapter_run, task, hflm, runner, FLOAT32_ABS, 0, COUPLING_DOCS)
+        assert adapter_run.geometry[task]["coupling"]["n_sampled"] == COUPLING_DOCS
     gsm8k = _first_rows(adapter_run, GSM8K)[0]["arguments"]["gen_args_0"]["arg_1"]
     assert gsm8k["max_gen_toks"] == 8
     used = _lm_eval_options(adapter_run)
@@ -464,10 +454,6 @@ def test_geometry_is_logged_to_wandb_offline(adapter_run):
     for task in (ARC, GSM8K):
         key = "strict-match" if task == GSM8K else "none"
         for name in ("lss", "logit_lens_entropy", "coupling"):
-            if f"{name},{key}" not in adapter_run.results["results"][task]:
-                # Coupling under --samples: the known defect of the xfail test above.
-                assert name == "coupling", name
-                continue
             expected = adapter_run.results["results"][task][f"{name},{key}"]
             assert logged[task, name] == pytest.approx(expected, rel=1e-12)
 
