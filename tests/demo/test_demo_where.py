@@ -64,3 +64,10 @@ def test_demo_threads_must_be_a_whole_number_of_at_least_one(value, capsys):
     assert caught.value.code == 2
     assert "give a whole number of threads, 1 or more" in capsys.readouterr().err
     assert build_parser().parse_args(["demo", "--threads", "3"]).threads == 3
+
+
+def test_independent_is_kept_as_an_alias_of_the_default():
+    from lm_coupling.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--independent"])
+    assert args.independent and args.model is None and args.family is None
