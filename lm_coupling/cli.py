@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     from lm_coupling.report.cli import add_report_arguments
 
     add_report_arguments(report)
-    demo = commands.add_parser("demo", help="the offline demo: bundled model and sample tasks")
+    demo = commands.add_parser(
+        "demo", help="the offline demo: five bundled models and their held-out tasks"
+    )
     from lm_coupling.demo.run import add_demo_arguments
 
     add_demo_arguments(demo)

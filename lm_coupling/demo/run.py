@@ -1,14 +1,17 @@
-"""``lm-coupling demo``: the embedded default, offline, in about a minute on a CPU.
+"""``lm-coupling demo``: the embedded default, offline, five models in 53 s of CPU time.
 
-It evaluates the bundled model (a small GPT-2 trained here, see
+It evaluates five independently trained GPT-2 models bundled with the
+package: the bundled model (a small GPT-2 trained here, see
 `lm_coupling.demo.train`; a randomly initialised tiny GPT-2 where the bundle
-is absent) and, with ``--independent``, the independently trained models
-bundled beside it (`lm_coupling.demo.independent`: other seeds and sizes, so
-that the report's cross-model fit has five independent models) on the bundled held-out tasks
-of all six benchmark formats with ``--metrics all``, prints lm-eval's results
-table of each (geometry rows beside accuracy), writes lm-eval's results and
-the geometry files to ``results/<model>/``, runs the report on that folder and
-says in its ``summary.md`` what the demo's data is.
+is absent) and the four trained beside it with other seeds and sizes
+(`lm_coupling.demo.independent`), so that the report's cross-model fit has
+five independent models. Each runs the bundled held-out tasks of all six
+benchmark formats with ``--metrics all`` (one process, one lm-eval task
+index, one torch thread: the models are tiny, and threads that wait on each
+other on a busy CPU cost ten times the work), prints lm-eval's results table
+(geometry rows beside accuracy), writes lm-eval's results and the geometry
+files to ``results/<model>/``, then the report runs on that folder and its
+``summary.md`` says what the demo's data is.
 
 ``lm-coupling demo --where`` prints where the bundled model and task data are
 installed, as two shell lines (``eval "$(lm-coupling demo --where)"`` sets
@@ -43,9 +46,15 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument(
         "--independent",
         action="store_true",
-        help="also evaluate the four independently trained models bundled beside the demo "
-        "model (lm_coupling.demo.independent), so that the report fits across five "
-        "independent models (about five times the run time)",
+        help="kept for old command lines: the demo evaluates the five independently "
+        "trained bundled models by default",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch threads (default: 1 for the bundled models, which are tiny; torch's "
+        "default with --model or --family)",
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     parser.add_argument(
@@ -66,6 +75,17 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         f"({MODEL_VARIABLE}=..., {DATA_VARIABLE}=...) and exit",
     )
     return parser
+
+
+def positive_int(text: str) -> int:
+    """``--threads``: a whole number of at least 1 (argparse reports anything else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of threads, 1 or more")
+    return value
 
 
 def where_lines() -> list[str]:
@@ -176,8 +196,10 @@ def run_demo(args: argparse.Namespace) -> None:
     if args.family:
         run_family(Path(args.family), out_dir, args)
     else:
-        models = [Path(args.model)] if args.model else demo_models(out_dir, args.independent)
+        models = [Path(args.model)] if args.model else demo_models(out_dir)
+        set_threads(args.threads if args.threads or args.model else 1)
         index = shared_task_index() if len(models) > 1 else None
+        results = None
         for model in models:
             arguments = demo_evaluation(model, out_dir, args.limit, args.device)
             results = evaluate(**arguments, task_manager=index)
@@ -185,7 +207,7 @@ def run_demo(args: argparse.Namespace) -> None:
             print_table(model, results)
     result = build_report(out_dir)
     if not args.family and not args.model:
-        describe_demo_data(result.summary)
+        describe_demo_data(result.summary, models, results)
     print(format_result(result))
 
 
@@ -198,11 +220,26 @@ def shared_task_index() -> Any:
     return TaskManager(include_path=[str(TASKS_DIR)])
 
 
-def demo_models(out_dir: Path, independent: bool = False) -> list[Path]:
-    """The bundled model, then (``independent``) the independently trained models beside it."""
+def demo_models(out_dir: Path) -> list[Path]:
+    """The bundled model, then the independently trained models bundled beside it."""
     from lm_coupling.demo.independent import independent_model_paths
 
-    return [demo_model_path(out_dir), *(independent_model_paths() if independent else [])]
+    return [demo_model_path(out_dir), *independent_model_paths()]
+
+
+def set_threads(threads: int | None) -> None:
+    """Run torch on ``threads`` threads (None: torch's default).
+
+    The bundled models have at most 0.3M parameters: one thread does their
+    small matrix products as fast as several, and on a busy CPU threads that
+    wait on each other made the demo's evaluation ten times slower (measured:
+    17 s of CPU for one model on two threads at load 10, 1.4 s on one).
+    """
+    if threads is None:
+        return
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def name_output_folder(out_dir: Path, model: Path) -> Path:
@@ -246,19 +283,37 @@ and its tasks are held-out items about that same world in the six
 benchmarks' formats (`lm_coupling/demo/assets/tasks_data`): no item is in the
 training text, but every fact is. A score such as `truthfulqa 0.89` says the
 model learned the invented world, not that a 0.3M-parameter model answers
-TruthfulQA. The models are `tiny-gpt2` (the bundled model, the family's
-`tiny` size, 1200 steps) and, with `lm-coupling demo --independent`, models
-trained with the same recipe but other seeds, sizes and steps
-(`lm_coupling/demo/assets/models/training.json`): each is an independent
-training run, so the cross-model statistics count each once. With one model
-the report has nothing to fit across: run `lm-coupling demo --independent`.
+TruthfulQA.
+
+Models ({n_models}): {models}. `tiny-gpt2` is the bundled model (the family's
+`tiny` size, 1200 steps); the others were trained with the same recipe but
+their own seeds, sizes and steps
+(`lm_coupling/demo/assets/models/training.json`). Each is an independent
+training run, not a checkpoint of another, so the cross-model statistics
+count each once. With n = {n_models} models a fit detects only a very strong
+relation: read its p-value and the rank statistics, not the line.
+
+Documents per task and model: {documents}; the sampled (Jacobian) metrics
+(`coupling`, `alignment_ratio`) use up to `coupling_docs` = 25 of them per task.
 """
 
 
-def describe_demo_data(summary: Path) -> None:
-    """Append `DEMO_DATA_NOTE` to the report's ``summary.md``."""
+def describe_demo_data(
+    summary: Path, models: list[Path], results: dict[str, Any] | None = None
+) -> None:
+    """Append `DEMO_DATA_NOTE` (the models, and documents per task from ``results``)."""
+    counts = (results or {}).get("n-samples", {})
+    documents = (
+        ", ".join(f"{task} {n['effective']}" for task, n in sorted(counts.items()))
+        or "as in the results files"
+    )
+    note = DEMO_DATA_NOTE.format(
+        n_models=len(models),
+        models=", ".join(f"`{model.name}`" for model in models),
+        documents=documents,
+    )
     with open(summary, "a", encoding="utf-8") as handle:
-        handle.write(DEMO_DATA_NOTE)
+        handle.write(note)
 
 
 def run_family(family_dir: Path, out_dir: Path, args: argparse.Namespace) -> None:

@@ -1,4 +1,4 @@
-"""The README's run command, ``lm-coupling demo``: bundled model, bundled tasks, real lm_eval."""
+"""The README's run command, ``lm-coupling demo``: five bundled models, bundled tasks, lm_eval."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from chance import chance_threshold
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lm_coupling.demo.assets import bundled_model_path
+from lm_coupling.demo.independent import INDEPENDENT
 from lm_coupling.demo.scoring import loglikelihoods
 
 pytestmark = pytest.mark.slow
@@ -89,7 +90,7 @@ def test_lm_eval_loglikelihoods_match_the_demo_scorer(demo_run):
     model = AutoModelForCausalLM.from_pretrained(bundled_model_path(), local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_path(), local_files_only=True)
     for task in (*MULTIPLE_CHOICE, *MMLU_SUBTASKS):
-        (path,) = out.glob(f"*/samples_{task}_*.jsonl")
+        (path,) = out.glob(f"tiny-gpt2/samples_{task}_*.jsonl")
         samples = [json.loads(line) for line in path.read_text().splitlines()]
         assert samples, task
         for sample in samples:
@@ -132,11 +133,36 @@ def test_every_demo_document_is_captured_in_lm_evals_batches(demo_run):
 def test_demo_prints_the_table_names_folders_and_describes_its_data(demo_run):
     """The quick start shows lm-eval's table with the geometry rows (issue 27, items 6, 10)."""
     out, _ = demo_run
-    table = (out.parent / "stdout.txt").read_text().replace(" ", "")
+    stdout = (out.parent / "stdout.txt").read_text()
+    table = stdout.replace(" ", "")
     assert "|Tasks|Version|Filter|n-shot|Metric|" in table  # lm-eval's own table (make_table)
     for metric in ("acc", "lss", "coupling", "logit_lens_entropy"):
         assert f"|{metric}|" in table, metric
-    # The output folder is named after the model, not its absolute site-packages path.
-    assert {p.name for p in out.iterdir() if p.is_dir() and p.name != "report"} == {"tiny-gpt2"}
+    # Every model's folder is named after the model, not its absolute site-packages path.
+    folders = {p.name for p in out.iterdir() if p.is_dir() and p.name != "report"}
+    assert folders == {"tiny-gpt2", *INDEPENDENT}
+    for name in folders:  # one table per model
+        assert f"\n{name}:\n" in stdout, name
     summary = (out / "report" / "summary.md").read_text()
     assert "What the demo's data is" in summary and "invented world" in summary
+    assert "Models (5)" in summary and "Documents per task and model:" in summary
+
+
+def test_default_demo_fits_across_five_independent_models(demo_run):
+    """The report's primary test is a real fit across the five bundled models (issue 27 item 6)."""
+    out, _ = demo_run
+    board = pd.read_csv(out / "leaderboard.csv")
+    names = {Path(model).name for model in board["model"]}
+    assert names == {"tiny-gpt2", *INDEPENDENT}, names
+    correlations = pd.read_csv(out / "report" / "correlations.csv")
+    (primary,) = correlations[correlations["primary"]].itertuples()
+    assert (primary.metric, primary.target, primary.n) == ("coupling_k10", "truthfulqa", 5)
+    assert math.isfinite(primary.slope) and 0.0 <= primary.p_hc3 <= 1.0
+    # The fit is the OLS line through the leaderboard's five points.
+    points = board[["coupling_k10", "truthfulqa"]].to_numpy(dtype=float)
+    slope, intercept = np.polyfit(points[:, 0], points[:, 1], 1)
+    assert primary.slope == pytest.approx(slope, rel=1e-6)
+    assert primary.intercept == pytest.approx(intercept, rel=1e-6, abs=1e-9)
+    summary = (out / "report" / "summary.md").read_text()
+    assert "Primary test: across 5 models" in summary
+    assert "fewer than 5 models" not in summary.split("## Primary test")[1].split("##")[0]

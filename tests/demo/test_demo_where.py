@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
 from lm_coupling.demo.run import DATA_VARIABLE, MODEL_VARIABLE
 from lm_coupling.tasks.offline_data import DATA_DIR_ENV
@@ -51,3 +53,21 @@ def test_where_names_the_variable_the_offline_tasks_read():
 def test_where_imports_neither_torch_nor_lm_eval():
     report = "print('loaded:', 'torch' in sys.modules, 'lm_eval' in sys.modules)"
     assert _where(report).stdout.splitlines()[-1] == "loaded: False False"
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_demo_threads_must_be_a_whole_number_of_at_least_one(value, capsys):
+    from lm_coupling.cli import build_parser
+
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["demo", "--threads", value])
+    assert caught.value.code == 2
+    assert "give a whole number of threads, 1 or more" in capsys.readouterr().err
+    assert build_parser().parse_args(["demo", "--threads", "3"]).threads == 3
+
+
+def test_independent_is_kept_as_an_alias_of_the_default():
+    from lm_coupling.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--independent"])
+    assert args.independent and args.model is None and args.family is None

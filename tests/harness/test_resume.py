@@ -166,3 +166,61 @@ def test_no_document_failed_and_every_profile_matches(resumed):
                     continue
                 assert b == pytest.approx(a, rel=1e-4, abs=1e-6), (task, name)
     assert sum(d["capture"]["cached"] for d in rerun.geometry.values()) > 0  # it did resume
+
+
+def test_the_geometry_bar_of_a_resumed_run_ends_at_its_total(harness_setup, tmp_path, monkeypatch):
+    """Resumed with ``--use_cache``, lm-coupling's own progress bar ends at its total (issue 27).
+
+    The bar counts the sampled (Jacobian) documents measured inside lm-eval's
+    request loop; a document whose measured request the cache answers never
+    reaches the model there, so it must not be in the bar's total either (the
+    bar once stopped at 55/60). The real ``lm_eval`` is interrupted with
+    SIGINT; the same run, resumed through `lm_coupling.evaluate` with the same
+    cache, records each bar's count and total when the bar closes.
+    """
+    import lm_coupling
+    from lm_coupling.harness.progress import GeometryProgress
+
+    require_startup_hook()
+    env = offline_env()
+    plugin_dir = _slow_plugin(tmp_path / "plugin")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(plugin_dir), env.get("PYTHONPATH")]))
+    cache = tmp_path / "interrupted" / "cache" / "lm"
+    args = _args(harness_setup, cache)
+    args[args.index("coupling_docs=3")] = "coupling_docs=5"  # every document is sampled
+    code = _interrupt_part_way([str(BIN / "lm_eval"), *args], tmp_path / "interrupted", env, 50)
+    assert code != 0  # interrupted, not finished
+
+    bars: list[tuple[str, int, int]] = []
+    close = GeometryProgress.close
+
+    def recording_close(self: GeometryProgress) -> None:
+        if self._bar is not None:  # the real tqdm bar, as it stands when the loop ends
+            bars.append((self.label, self._bar.n, self._bar.total))
+        close(self)
+
+    monkeypatch.setattr(GeometryProgress, "close", recording_close)
+    results = lm_coupling.evaluate(
+        model_args={"pretrained": str(harness_setup.models["gpt2"])},
+        tasks=TASKS.split(","),
+        metrics="all",
+        metric_args="coupling_docs=5",
+        metadata={"lmc_data_dir": str(harness_setup.data_dir)},
+        batch_size=2,
+        limit=5,
+        num_fewshot=0,
+        gen_kwargs="max_gen_toks=8",
+        use_cache=str(cache),
+        output_path=str(tmp_path / "resumed"),
+    )
+    capture = results["config"]["lm_coupling"]["capture"]
+    cached = sum(counts["cached"] for counts in capture.values())
+    assert cached > 0, capture  # it did resume: some documents came from the cache
+    assert bars, "no geometry progress bar was drawn"
+    for label, count, total in bars:
+        assert count == total, (label, count, total)
+    sampled = sum(
+        counts["coupling"] for counts in results["config"]["lm_coupling"]["n_measured"].values()
+    )
+    # Some sampled documents were answered from the cache, so the bars planned fewer.
+    assert sum(total for _, _, total in bars) < sampled, (bars, sampled)
