@@ -131,6 +131,44 @@ class PluginCalls:
                     continue
             self._keep(plugin, own, answer, failed, states, docs)
 
+    def complete_task(
+        self,
+        metrics: Sequence[str],
+        docs: list[DocumentGeometry],
+        refs: Sequence[DocumentRef],
+        options: Mapping[str, Any],
+        parts: Any,
+    ) -> None:
+        """Fill ``docs`` with each owning plugin's ``lmc_complete_task`` answer (deferred metrics).
+
+        The answer is checked as ``lmc_compute_batch``'s (one row per document);
+        a plugin that raises or answers badly makes its deferred metrics NaN on
+        the task's documents, reported like any plugin failure.
+        """
+        import types
+
+        states = types.SimpleNamespace(size=len(docs), documents=tuple((ref,) for ref in refs))
+        task = refs[0].task if refs else ""
+        for plugin, own in self.owners(metrics).items():
+            impl = self.implementation("lmc_complete_task", plugin)
+            if impl is None:
+                self.fail(plugin, own, states, docs, "it has no lmc_complete_task hook")
+                continue
+            kwargs = dict(
+                selected=own,
+                options=options,
+                documents=docs,
+                task=task,
+                doc_ids=[ref.doc_id for ref in refs],
+                parts=parts,
+            )
+            try:
+                result, error = _call(impl, kwargs), None
+            except Exception as exc:  # a plugin's failure is its own
+                result, error = None, f"lmc_complete_task raised {exc!r}"
+            answer, failed = self._check(plugin, own, result, len(docs), error)
+            self._keep(plugin, own, answer, failed, states, docs)
+
     def _row_by_row(self, plugin, own, impl, rows, states, docs, options) -> None:
         """Call the plugin on each row alone; fail only the rows that fail, one report per cause."""
         import dataclasses
