@@ -203,8 +203,8 @@ def load_lens(path: str | Path, n_layers: int, d_model: int) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigurationError(
-            f"jlens_path={path} is not a file; fit a lens first with --metrics jlens_fit "
-            "--metric_args jlens_save=FOLDER (docs/metrics.md, 'The Jacobian lens')"
+            f"jlens_path={path} is not a file; leave jlens_path out to fit the lens in the run "
+            "(jlens_fit then comes in by itself; docs/metrics.md, 'The Jacobian lens')"
         )
     record = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(record, dict) or record.get("format") != FORMAT:
