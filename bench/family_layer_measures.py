@@ -14,6 +14,11 @@ the measures move together over training, it is not a test (no p-value).
     python bench/train_family.py --out /tmp/fam --sizes tiny
     python bench/family_layer_measures.py --family /tmp/fam --size tiny \
         --csv docs/family/layer_measures.csv --figure docs/family/layer_measures.png
+
+``--independent`` measures the five independently trained bundled models
+instead (``lm_coupling/demo/assets``: the bundled ``tiny-gpt2`` and the four
+of ``models/``, on the bundled held-out items): independent training runs,
+no training needed. The rows are then models, ordered by acc_norm.
 """
 
 from __future__ import annotations
@@ -44,7 +49,8 @@ MEASURES = (
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", required=True, help="a trained family folder")
+    parser.add_argument("--family", default=None, help="a trained family folder")
+    parser.add_argument("--independent", action="store_true", help="the bundled models")
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--out", default=None, help="lm-eval outputs (default: FAMILY/layers)")
     parser.add_argument("--csv", default=None)
@@ -90,28 +96,39 @@ def pearson(x, y) -> float:
 
 
 def draw(rows: list[dict], path: Path, size: str) -> None:
-    """Each measure over training (log steps), titled with its r with acc_norm."""
+    """Each measure over training (log steps), or against acc_norm for independent models."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    independent = len({r["step"] for r in rows}) == 1
     steps = np.array([r["step"] for r in rows]) + 1
+    score = np.array([r[SCORE] for r in rows])
     names = (SCORE, *MEASURES)
-    fig, axes = plt.subplots(2, 5, figsize=(17, 6.4), sharex=True)
+    fig, axes = plt.subplots(2, 5, figsize=(17, 6.4), sharex=not independent)
     for ax, name in zip(axes.flat, names, strict=True):
         values = [r[name] for r in rows]
-        ax.plot(steps, values, "o-", color="C3" if name == SCORE else "C0")
-        ax.set_xscale("log")
+        color = "C3" if name == SCORE else "C0"
+        if independent:  # independent models: each measure against the score
+            ax.plot(score, values, "o", color=color)
+            for x, y, r in zip(score, values, rows, strict=True):
+                ax.annotate(r["model"].removeprefix("gpt2-"), (x, y), fontsize=6)
+        else:
+            ax.plot(steps, values, "o-", color=color)
+            ax.set_xscale("log")
         r = pearson(values, [row[SCORE] for row in rows])
         ax.set_title(f"ARC {name}" if name == SCORE else f"{name}\nr with acc_norm = {r:+.2f}")
         ax.grid(alpha=0.3)
     for ax in axes[-1]:
-        ax.set_xlabel("training step + 1")
-    fig.suptitle(
-        f"Family '{size}': held-out ARC-Easy (30 items, 2-shot), one run per checkpoint "
+        ax.set_xlabel(f"ARC {SCORE}" if independent else "training step + 1")
+    title = (
+        "Five independently trained bundled models: held-out ARC-Easy (30 items, 2-shot)"
+        if independent
+        else f"Family '{size}': held-out ARC-Easy (30 items, 2-shot), one run per checkpoint "
         "(checkpoints of one training run: r is descriptive)"
     )
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -123,17 +140,30 @@ def main(argv=None) -> None:
     from lm_coupling.harness.run import include_paths
 
     args = parse_args(argv)
-    family = Path(args.family)
-    out = Path(args.out) if args.out else family / "layers"
-    data = family / "tasks_data"
+    if args.independent:
+        from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
+
+        bundled = bundled_model_path()
+        others = sorted((bundled.parent / "models").glob("gpt2-*"))
+        models = [(0, bundled), *((0, p) for p in others)]
+        data, out = bundled_tasks_data_path(), Path(args.out or "/tmp/lmc-independent-layers")
+    elif args.family:
+        family = Path(args.family)
+        models = checkpoints(family, args.size)
+        data, out = family / "tasks_data", Path(args.out) if args.out else family / "layers"
+    else:
+        raise SystemExit("give --family DIR or --independent")
     task_manager = TaskManager(include_path=include_paths(None))  # indexed once
     rows = []
-    for step, folder in checkpoints(family, args.size):
+    for step, folder in models:
         start = time.perf_counter()
-        row = {"step": step, **measure(folder, out / f"step{step}", data, args.docs, task_manager)}
+        values = measure(folder, out / folder.name, data, args.docs, task_manager)
+        row = {"model": folder.name, "step": step, **values}
         row["seconds"] = time.perf_counter() - start
         rows.append(row)
-        print(", ".join(f"{k} {v:.4g}" for k, v in row.items()), flush=True)
+        print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    if args.independent:
+        rows.sort(key=lambda r: r[SCORE])
     if args.csv:
         with open(args.csv, "w", newline="", encoding="utf-8") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
