@@ -242,7 +242,8 @@ class PluginCalls:
                         "it is ignored",
                     )
                     continue
-                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", per_row=None)
+                wide = kind == "profiles"  # summaries keep float32: never written, half the memory
+                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", None, wide)
                 if error is not None:
                     owner = [declared[name]] if kind == "profiles" else list(own)
                     failed.setdefault(error, []).extend(owner)
@@ -347,19 +348,26 @@ def _rows_of(reduced: Any, states: GeometryStates) -> list[tuple[GeometryStates,
     return out
 
 
-def _rows(tensor: Any, size: int, what: str, per_row: tuple | None) -> tuple[Any, str | None]:
+def _rows(
+    tensor: Any, size: int, what: str, per_row: tuple | None, wide: bool = True
+) -> tuple[Any, str | None]:
     """``(float64 rows on the host, None)``, or ``(None, error)`` for a wrong shape.
 
     ``per_row=()``: one number per row (``[B]``); None: any per-row shape (``[B, ...]``).
+    ``wide=False`` (plugin summaries) keeps float32 (and narrower floats) as float32.
     """
     import numpy as np
     import torch
 
     try:
         if isinstance(tensor, torch.Tensor):
-            array = tensor.detach().to("cpu", torch.float64).numpy()
+            narrow = not wide and tensor.is_floating_point() and tensor.dtype != torch.float64
+            dtype = torch.float32 if narrow else torch.float64
+            array = tensor.detach().to("cpu", dtype).numpy()
         else:
-            array = np.asarray(tensor, dtype=np.float64)
+            array = np.asarray(tensor)
+            narrow = not wide and array.dtype in (np.float32, np.float16)
+            array = array.astype(np.float32 if narrow else np.float64)
     except (TypeError, ValueError, RuntimeError) as exc:
         return None, f"{what} is not numeric ({exc!r})"
     if array.ndim == 0 or array.shape[0] != size:
