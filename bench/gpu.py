@@ -21,6 +21,14 @@ Rows of the table (issue 10, "One command measures it on a GPU"):
   plus a full SVD (``naive_block_jacobians`` then ``torch.linalg.svd``) on
   the first block; the per-document figure is that layer times L
   (extrapolated, and labelled so).
+* ``J-lens fit engine`` and ``J-lens fit naive``: fitting the Jacobian lens
+  on one document of the Llama-7B-shaped stack (``bench/jlens.py``'s two
+  routes): the engine's dense block Jacobians plus the L products against
+  the public fits' route (one whole-sequence backward pass per output
+  coordinate and layer; ``--jlens-rows`` rows of every layer timed, then
+  extrapolated to d rows, and labelled so), with their largest difference
+  on the rows timed. Unmeasured so far: no GPU was lent to the session that
+  wrote it (``--quick`` runs it on a CPU at reduced shape).
 * ``lm-eval <config> bs=<b>``: ``lm_eval.simple_evaluate`` on a
   Pythia-1B-shaped GPT-NeoX model (d 2048, 16 layers, 8 heads, d_ff 8192,
   embedding 50304 rows, random weights saved to a temporary folder), plain
@@ -105,7 +113,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tasks", default=None, help="lm-eval tasks")
     parser.add_argument("--limit", type=int, default=None, help="documents per task")
     parser.add_argument("--batch-size", default="8", help="the fixed lm-eval batch size")
-    parser.add_argument("--skip", default="", help="engine and/or lmeval: parts to skip")
+    parser.add_argument("--jlens-rows", type=int, default=None, help="naive J-lens rows (4)")
+    parser.add_argument("--skip", default="", help="engine, jlens and/or lmeval: parts to skip")
     args = parser.parse_args(argv)
     cuda = is_cuda(args.device)
     if cuda and not torch.cuda.is_available():
@@ -128,6 +137,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.limit = 2 if args.quick else 50
     args.jobs = args.jobs or (2 if args.quick else 1)
     args.batch_docs = args.batch_docs or (2 if args.quick else 8)
+    args.jlens_rows = args.jlens_rows or (2 if args.quick else 4)
     return args
 
 
@@ -243,6 +253,35 @@ def engine_rows(args: argparse.Namespace) -> list[tuple]:
     return [*rows, (label, *row)]
 
 
+def jlens_rows(args: argparse.Namespace) -> list[tuple]:
+    """Fitting the Jacobian lens on one document: the engine's route against the naive one."""
+    from jlens import engine_fit, naive_rows
+
+    model, parts, ids, note = _engine_stack(args)
+    L, d = parts.n_layers, parts.d_model
+    print(f"J-lens fit: Llama-7B shape, {note}, T={args.tokens}, {args.dtype}", flush=True)
+    engine_fit(model, parts, ids[:8], args.device)  # warm-up, untimed
+    reset_peak(args.device)
+    J, t_blocks, t_products = engine_fit(model, parts, ids, args.device)
+    peak = peak_mb(args.device) if is_cuda(args.device) else math.nan
+    rows = min(args.jlens_rows, d)
+    t_naive, diff = 0.0, 0.0
+    for layer in range(L):
+        got, t_forward, t_row = naive_rows(model, parts, ids, layer, rows, args.device)
+        t_naive += t_forward + t_row * d  # one forward, d backward passes (extrapolated)
+        diff = max(diff, float((got.float() - J[layer, :rows].to(got.device).float()).abs().max()))
+    del J
+    t_engine = t_blocks + t_products
+    routes = f"blocks {t_blocks:.1f} s + products {t_products:.1f} s"
+    naive = "naive (extrapolated)" if rows < d else "naive"
+    return [
+        ("J-lens fit engine, 1 doc (max|dJ| vs naive)", t_engine, None, peak, None, None, None,
+         routes, diff),
+        (f"J-lens fit {naive}, 1 doc", t_naive, t_naive / t_engine, None, None, None, None,
+         f"{rows} of {d} rows per layer timed", None),
+    ]  # fmt: skip
+
+
 def _lmeval_runs(model_dir: str, batches: list[str], args) -> dict[tuple, list[dict]]:
     """Every (configuration, batch size) in a fresh process, ``--repeats`` interleaved rounds.
 
@@ -309,6 +348,10 @@ def main(argv=None) -> None:
         rows += engine_rows(args)  # frees the Llama-shaped model on return
         if is_cuda(args.device):
             torch.cuda.empty_cache()  # leave the GPU to the lm-eval subprocesses
+    if "jlens" not in skip:
+        rows += jlens_rows(args)
+        if is_cuda(args.device):
+            torch.cuda.empty_cache()
     if "lmeval" not in skip:
         rows += lmeval_rows(args)
     shape = "reduced shapes (--quick)" if args.quick else "Llama-7B / Pythia-1B shapes"

@@ -48,7 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def naive_rows(
-    model, parts, ids: torch.Tensor, layer: int, rows: int
+    model, parts, ids: torch.Tensor, layer: int, rows: int, device: str = "cpu"
 ) -> tuple[torch.Tensor, float, float]:
     """The first ``rows`` rows of ``d x^L_n / d x^layer_n``: one whole-sequence backward each.
 
@@ -76,13 +76,13 @@ def naive_rows(
     ]
     try:
         with torch.enable_grad():
-            _, t_forward = timed(lambda: model(ids[None]), "cpu")
+            _, t_forward = timed(lambda: model(ids[None]), device)
             out, leaf = kept["out"], kept["leaf"]
             grads, t_rows = timed(
                 lambda: [
                     torch.autograd.grad(out[i], leaf, retain_graph=True)[0][0] for i in range(rows)
                 ],
-                "cpu",
+                device,
             )
     finally:
         for handle in handles:
@@ -90,12 +90,12 @@ def naive_rows(
     return torch.stack(grads), t_forward, t_rows / rows
 
 
-def engine_fit(model, parts, ids) -> tuple[torch.Tensor, float, float]:
+def engine_fit(model, parts, ids, device: str = "cpu") -> tuple[torch.Tensor, float, float]:
     """``(J [L+1, d, d], seconds of the block Jacobians, seconds of the products)``."""
     engine = JacobianEngine(model, parts, k_max=1)
-    blocks, t_blocks = timed(lambda: engine.dense_jacobians(ids), "cpu")
+    blocks, t_blocks = timed(lambda: engine.dense_jacobians(ids), device)
     fit = JacobianLensFit(parts.n_layers, parts.d_model)
-    _, t_products = timed(lambda: fit.update(blocks), "cpu")
+    _, t_products = timed(lambda: fit.update(blocks), device)
     return fit.jacobians(), t_blocks, t_products
 
 

@@ -54,6 +54,8 @@ class MetricEntry:
         k_option: the option naming its K (its report column is named after it).
         plugin: the plugin that declared it.
         profiles: the names of the profiles it stores.
+        task_level: one value per task (`MetricSpec.task_level`), not per
+            document; recorded in the JSON form only when true.
     """
 
     name: str
@@ -65,6 +67,7 @@ class MetricEntry:
     k_option: str | None = None
     plugin: str = ""
     profiles: tuple[str, ...] = ()
+    task_level: bool = False
 
 
 def _bounds(value: Any) -> tuple[float, float] | None:
@@ -109,6 +112,7 @@ class Catalogue:
                 spec.k_option,
                 spec.plugin,
                 tuple(spec.profiles),
+                spec.task_level,
             )
             for record in spec.profile_specs:
                 known = profiles.setdefault(record.name, record)
@@ -135,6 +139,8 @@ class Catalogue:
             record = {key: getattr(entry, key) for key in _METRIC_FIELDS}
             record["bounds"] = list(entry.bounds) if entry.bounds is not None else None
             record["profiles"] = list(entry.profiles)
+            if entry.task_level:  # only when true: earlier files and the golden ones stay
+                record["task_level"] = True
             metrics[name] = record
         profiles = {}
         for name, spec in self.profiles.items():
@@ -173,6 +179,7 @@ class Catalogue:
                     rec.get("k_option"),
                     str(rec.get("plugin") or ""),
                     tuple(str(p) for p in rec.get("profiles") or ()),
+                    bool(rec.get("task_level", False)),
                 )
                 for name, rec in metrics_in.items()
             }
@@ -253,6 +260,10 @@ class Catalogue:
     def sampled_metrics(self) -> tuple[str, ...]:
         """The metrics computed on the coupling sample of documents only."""
         return tuple(n for n, e in self.metrics.items() if e.sampled)
+
+    def task_level_metrics(self) -> tuple[str, ...]:
+        """The metrics with one value per task (`MetricSpec.task_level`)."""
+        return tuple(n for n, e in self.metrics.items() if e.task_level)
 
     def plotted_profiles(self) -> tuple[str, ...]:
         """The per-layer (not matrix) profiles the report draws, in catalogue order."""

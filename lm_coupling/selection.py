@@ -225,4 +225,14 @@ def make_selection(
             )
     names = parse_metric_names(metrics or "", registry)
     specs = {name: registry.metrics[name] for name in names}
-    return Selection(names, parse_metric_args(metric_args, specs, registry), specs)
+    options = parse_metric_args(metric_args, specs, registry)
+    # A metric may bring others in (MetricSpec.requires: the J-lens read needs its fit).
+    wanted = set(names) | {r for spec in specs.values() for r in spec.required(options)}
+    if wanted - set(names):
+        unknown = sorted(wanted - set(registry.metrics))
+        if unknown:
+            raise ConfigurationError(f"a selected metric requires unknown metrics {unknown}")
+        names = tuple(n for n in registry.metrics if n in wanted)
+        specs = {name: registry.metrics[name] for name in names}
+        options = parse_metric_args(metric_args, specs, registry)
+    return Selection(names, options, specs)

@@ -36,9 +36,20 @@ def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[s
 
 
 def geometry_document(
-    task_name: str, records: TaskRecords, session: GeometrySession, results: dict[str, Any]
+    task_name: str,
+    records: TaskRecords,
+    session: GeometrySession,
+    results: dict[str, Any],
+    output_dir: Path | None = None,
+    run_id: str = "",
 ) -> dict[str, Any]:
-    """The geometry file's content for one task (schema ``lm_coupling.geometry/1``)."""
+    """The geometry file's content for one task (schema ``lm_coupling.geometry/1``).
+
+    ``output_dir`` (the folder the geometry file goes to; None without
+    ``--output_path``) and ``run_id`` (the timestamp in the files' names)
+    reach the plugins' ``lmc_aggregate_task``, so that a plugin writes its own
+    files beside the geometry file.
+    """
     failures = list(records.failures)
     summaries = profile_summaries(task_name, records, session, failures)
     matrices = {m for spec in session.selection.specs.values() for m in spec.matrices}
@@ -75,6 +86,8 @@ def geometry_document(
         documents=records.documents,
         task=task_name,
         doc_ids=list(records.kept_ids),
+        output_dir=output_dir,
+        run_id=run_id,
     )
     pm = session.runner.pm
     for impl in pm.hook.lmc_aggregate_task.get_hookimpls():
@@ -85,7 +98,61 @@ def geometry_document(
             _report(failures, task_name, plugin, None, f"lmc_aggregate_task raised {exc!r}")
             continue
         document.update(extra or {})
+    _count_task_level(document, session, records)
     return document
+
+
+def _count_task_level(
+    document: dict[str, Any], session: GeometrySession, records: TaskRecords
+) -> None:
+    """``n_measured`` of a task-level metric: the documents its section says it used."""
+    for name, spec in session.selection.specs.items():
+        if not spec.task_level:
+            continue
+        value = task_level_value(document, name)
+        section = document.get(name) if isinstance(document.get(name), dict) else {}
+        used = section.get("n", records.n_documents) if value is not None else 0
+        document["n_measured"][name] = int(used)
+
+
+def task_level_value(document: dict[str, Any], name: str) -> float | None:
+    """The finite ``value`` of the section ``name`` of a geometry document, else None."""
+    section = document.get(name)
+    value = section.get("value") if isinstance(section, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value):
+        return float(value)
+    return None
+
+
+def add_task_level_values(
+    results: dict[str, Any], documents: dict[str, Any], session: GeometrySession
+) -> None:
+    """Put each task-level metric's value in lm-eval's results, once per task.
+
+    A task-level metric (`MetricSpec.task_level`) has no per-document value, so
+    lm-eval never sees it; its value, computed by its plugin's
+    ``lmc_aggregate_task`` (the section named like the metric, ``"value"``),
+    is written here under the task's first filter (``name,none``) with the
+    stderr ``"N/A"`` (one number: no spread over documents), before the
+    results are printed, saved or logged. Groups do not aggregate it.
+    """
+    table = results.get("results") or {}
+    for task_name, document in documents.items():
+        row = table.get(task_name)
+        if not isinstance(row, dict):
+            continue
+        keys = [k for k in row if "," in k and "_stderr" not in k]
+        filter_key = keys[0].split(",", 1)[1] if keys else "none"
+        for name, spec in session.selection.specs.items():
+            if not spec.task_level:
+                continue
+            value = task_level_value(document, name)
+            if value is None:
+                continue
+            row[f"{name},{filter_key}"] = value
+            row[f"{name}_stderr,{filter_key}"] = "N/A"
+            direction = results.setdefault("higher_is_better", {}).setdefault(task_name, {})
+            direction[name] = spec.higher_is_better
 
 
 def profile_summaries(
@@ -136,10 +203,15 @@ def _warn(task: str, plugin: str, doc_ids: list, error: str) -> None:
     )
 
 
-def geometry_documents(session: GeometrySession, results: dict[str, Any]) -> dict[str, Any]:
+def geometry_documents(
+    session: GeometrySession,
+    results: dict[str, Any],
+    output_dir: Path | None = None,
+    run_id: str = "",
+) -> dict[str, Any]:
     """Per task with measured documents, its geometry document (the file's content)."""
     return {
-        task_name: geometry_document(task_name, records, session, results)
+        task_name: geometry_document(task_name, records, session, results, output_dir, run_id)
         for task_name, records in sorted(session.records.items())
         if records.n_documents
     }

@@ -24,6 +24,7 @@ lm-eval seeds the global random generators and configures global logging in
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -227,6 +228,7 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         return record
     _record_model_type(results, run.model_type)
     samples = results.pop("samples", None) if run.log_samples else None
+    _geometry(config, tracker, session, results, record)  # before results are shown or saved
     if config.show_config:
         from lm_eval.utils import handle_non_serializable
 
@@ -298,15 +300,29 @@ def _log_to_wandb(wandb_logger: Any, results: dict, samples: dict | None) -> Non
         wandb_logger.run.finish()
 
 
-def _write_outputs(config, tracker, session, results, samples, record: RunRecord) -> None:
-    """lm-eval's results and samples files, then one geometry file per task."""
+def _geometry(config, tracker, session, results, record: RunRecord) -> None:
+    """The geometry documents (plugins told where outputs go); task-level values in results."""
     from lm_coupling.harness.outputs import (
+        add_task_level_values,
         geometry_documents,
         results_file_location,
-        write_geometry_file,
     )
 
-    record.geometry = geometry_documents(session, results)
+    directory = None
+    if config.output_path:
+        model_dir = str(tracker.general_config_tracker.model_name_sanitized)
+        directory = results_file_location(config.output_path, model_dir)
+    # lm-eval names its files when it saves them (after this); the plugins' files get the
+    # run's own timestamp, in lm-eval's format.
+    run_id = datetime.datetime.now().isoformat().replace(":", "-")
+    record.geometry = geometry_documents(session, results, directory, run_id)
+    add_task_level_values(results, record.geometry, session)
+
+
+def _write_outputs(config, tracker, session, results, samples, record: RunRecord) -> None:
+    """lm-eval's results and samples files, then one geometry file per task."""
+    from lm_coupling.harness.outputs import results_file_location, write_geometry_file
+
     if not config.output_path:
         return
     tracker.save_results_aggregated(results=results, samples=samples)

@@ -173,6 +173,7 @@ class GeometrySession:
         self._task_instances: dict[str, dict[int, list[Any]]] = {}
         self._warned: set[Any] = set()
         self._scored: set[DocumentId] = set()
+        self._completed: set[str] = set()  # tasks whose deferred metrics are computed
 
     def claim_first_batch(self) -> bool:
         """True the first time only: the run's first captured batch (preflight checks it)."""
@@ -472,6 +473,43 @@ class GeometrySession:
         self.store(plan.key, geometry, "alone")
         return geometry
 
+    def complete_task(
+        self, task_name: str, measure_alone: Callable[[DocumentPlan], DocumentGeometry]
+    ) -> None:
+        """Once per task, before lm-eval scores it: the deferred metrics' per-document values.
+
+        lm-eval runs every request of the run before it scores any document,
+        so every document of the task is measured here (a document lm-eval
+        answered from its cache is measured alone now); the plugins owning a
+        selected deferred metric (`MetricSpec.deferred`) then compute its
+        values and profiles from the task's documents (``lmc_complete_task``),
+        which lm-eval receives per document as it scores them.
+        """
+        if task_name in self._completed:
+            return
+        self._completed.add(task_name)
+        specs = self.selection.specs
+        deferred = [n for n in self.selection.metrics if specs[n].deferred]
+        if not deferred or self.runner is None:
+            return
+        docs: list[DocumentGeometry] = []
+        refs: list[DocumentRef] = []
+        seen: set[int] = set()
+        for doc_id in sorted(self._instances_of(task_name)):
+            plan = self.plan_for(task_name, doc_id)
+            if plan is None or plan.problem is not None or plan.key in self.failed_keys:
+                continue
+            geometry = self.geometry_for(plan, measure_alone)
+            if id(geometry) in seen:  # duplicate prompts share one measurement
+                continue
+            seen.add(id(geometry))
+            docs.append(geometry)
+            refs.append(DocumentRef(task_name, doc_id))
+        if docs:
+            self.runner.plugins.complete_task(
+                deferred, docs, refs, self.options_used(), self.runner.parts
+            )
+
     def document_values(
         self, plan: DocumentPlan, geometry: DocumentGeometry, record: bool
     ) -> dict[str, float]:
@@ -503,8 +541,10 @@ class GeometrySession:
         """The part of a measurement that belongs to ``plan``'s document."""
         specs = self.selection.specs
         metrics = [
-            n for n in self.selection.metrics if not specs[n].sampled or n in plan.sampled_metrics
-        ]
+            n
+            for n in self.selection.metrics
+            if (not specs[n].sampled or n in plan.sampled_metrics) and not specs[n].task_level
+        ]  # a task-level metric has no per-document value: its task's value is added at the end
         profiles = {p for n in metrics for p in specs[n].profiles}
         sampled = any(specs[n].sampled for n in metrics)
         return DocumentGeometry(

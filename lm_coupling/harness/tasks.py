@@ -138,6 +138,7 @@ def _with_geometry(
                     "process_results was called outside lm-eval's document loop, so the "
                     "document is unknown"
                 )
+            session.complete_task(task_name, measure_alone)  # deferred metrics, once per task
             plan = session.plan_for(task_name, doc_id)
             if plan is None:
                 return metrics

@@ -131,6 +131,44 @@ class PluginCalls:
                     continue
             self._keep(plugin, own, answer, failed, states, docs)
 
+    def complete_task(
+        self,
+        metrics: Sequence[str],
+        docs: list[DocumentGeometry],
+        refs: Sequence[DocumentRef],
+        options: Mapping[str, Any],
+        parts: Any,
+    ) -> None:
+        """Fill ``docs`` with each owning plugin's ``lmc_complete_task`` answer (deferred metrics).
+
+        The answer is checked as ``lmc_compute_batch``'s (one row per document);
+        a plugin that raises or answers badly makes its deferred metrics NaN on
+        the task's documents, reported like any plugin failure.
+        """
+        import types
+
+        states = types.SimpleNamespace(size=len(docs), documents=tuple((ref,) for ref in refs))
+        task = refs[0].task if refs else ""
+        for plugin, own in self.owners(metrics).items():
+            impl = self.implementation("lmc_complete_task", plugin)
+            if impl is None:
+                self.fail(plugin, own, states, docs, "it has no lmc_complete_task hook")
+                continue
+            kwargs = dict(
+                selected=own,
+                options=options,
+                documents=docs,
+                task=task,
+                doc_ids=[ref.doc_id for ref in refs],
+                parts=parts,
+            )
+            try:
+                result, error = _call(impl, kwargs), None
+            except Exception as exc:  # a plugin's failure is its own
+                result, error = None, f"lmc_complete_task raised {exc!r}"
+            answer, failed = self._check(plugin, own, result, len(docs), error)
+            self._keep(plugin, own, answer, failed, states, docs)
+
     def _row_by_row(self, plugin, own, impl, rows, states, docs, options) -> None:
         """Call the plugin on each row alone; fail only the rows that fail, one report per cause."""
         import dataclasses
@@ -204,7 +242,8 @@ class PluginCalls:
                         "it is ignored",
                     )
                     continue
-                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", per_row=None)
+                wide = kind == "profiles"  # summaries keep float32: never written, half the memory
+                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", None, wide)
                 if error is not None:
                     owner = [declared[name]] if kind == "profiles" else list(own)
                     failed.setdefault(error, []).extend(owner)
@@ -309,19 +348,26 @@ def _rows_of(reduced: Any, states: GeometryStates) -> list[tuple[GeometryStates,
     return out
 
 
-def _rows(tensor: Any, size: int, what: str, per_row: tuple | None) -> tuple[Any, str | None]:
+def _rows(
+    tensor: Any, size: int, what: str, per_row: tuple | None, wide: bool = True
+) -> tuple[Any, str | None]:
     """``(float64 rows on the host, None)``, or ``(None, error)`` for a wrong shape.
 
     ``per_row=()``: one number per row (``[B]``); None: any per-row shape (``[B, ...]``).
+    ``wide=False`` (plugin summaries) keeps float32 (and narrower floats) as float32.
     """
     import numpy as np
     import torch
 
     try:
         if isinstance(tensor, torch.Tensor):
-            array = tensor.detach().to("cpu", torch.float64).numpy()
+            narrow = not wide and tensor.is_floating_point() and tensor.dtype != torch.float64
+            dtype = torch.float32 if narrow else torch.float64
+            array = tensor.detach().to("cpu", dtype).numpy()
         else:
-            array = np.asarray(tensor, dtype=np.float64)
+            array = np.asarray(tensor)
+            narrow = not wide and array.dtype in (np.float32, np.float16)
+            array = array.astype(np.float32 if narrow else np.float64)
     except (TypeError, ValueError, RuntimeError) as exc:
         return None, f"{what} is not numeric ({exc!r})"
     if array.ndim == 0 or array.shape[0] != size:

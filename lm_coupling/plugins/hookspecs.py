@@ -15,6 +15,7 @@ The contract in prose, with a worked example package: docs/plugins.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lm_coupling.plugins.markers import hookspec
@@ -132,6 +133,8 @@ def lmc_aggregate_task(
     documents: Sequence[DocumentGeometry],
     task: str,
     doc_ids: Sequence[int],
+    output_dir: Path | None,
+    run_id: str,
 ) -> Mapping[str, Any] | None:
     """Write the plugin's own sections of a task's geometry file.
 
@@ -157,9 +160,52 @@ def lmc_aggregate_task(
             stays flat in N).
         task: the task's name.
         doc_ids: lm-eval's ``doc_id`` of each of ``documents`` (same order).
+        output_dir: the folder the task's geometry file is written to (None
+            when the run writes no files: no ``--output_path``); a plugin's
+            own files go there, named with ``run_id``.
+        run_id: the timestamp in the run's file names
+            (``geometry_<task>_<run_id>.json``).
 
     Returns:
-        Extra top-level entries for the geometry file, or None.
+        Extra top-level entries for the geometry file, or None. A
+        task-level metric (`MetricSpec.task_level`) returns its value as
+        ``{name: {"value": float, "n": documents used, ...}}``: lm-eval's
+        results and table get that value once per task.
+    """
+
+
+@hookspec
+def lmc_complete_task(
+    selected: Sequence[str],
+    options: Mapping[str, Any],
+    documents: Sequence[DocumentGeometry],
+    task: str,
+    doc_ids: Sequence[int],
+    parts: ModelParts,
+) -> Mapping[str, Mapping[str, Any]] | None:
+    """Compute the deferred metrics' per-document values once a task is measured.
+
+    Called once per task, for each plugin owning a selected deferred metric
+    (`MetricSpec.deferred`), after every document of the task has been
+    measured (lm-eval runs every request before it scores any document) and
+    before lm-eval scores the first one, so the values still reach lm-eval
+    per document. For read-outs through a quantity fitted on the task's own
+    sample (the Jacobian lens): the sampled documents' summaries are there
+    for every document's read.
+
+    Args:
+        selected: the plugin's deferred metrics among those being computed.
+        options: parsed ``--metric_args``.
+        documents: every measured document of the task (values, profiles,
+            summaries, the sampled ones' too). A plugin may delete its own
+            summaries from them once used (they are then not kept).
+        task: the task's name.
+        doc_ids: lm-eval's ``doc_id`` of each of ``documents``.
+        parts: the model's located blocks, final norm and unembedding.
+
+    Returns:
+        ``{"values": {name: [N]}, "profiles": {name: [N, ...]}}`` in the order
+        of ``documents`` (checked as ``lmc_compute_batch``'s answer), or None.
     """
 
 

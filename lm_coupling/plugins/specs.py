@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,6 +151,19 @@ class MetricSpec:
         profile_specs: `ProfileSpec` records of the profiles named in
             ``profiles`` (a record naming a profile not in ``profiles``
             adds it).
+        task_level: one value per task, not per document (a dataset
+            entropy): the plugin returns no per-document value for it, and
+            its ``lmc_aggregate_task`` returns a section named like the metric
+            holding ``"value"``, which lm-eval's results and table get once
+            per task (docs/plugins.md, "Task-level and deferred metrics").
+        deferred: its per-document values and profiles are computed by the
+            plugin's ``lmc_complete_task`` once every document of the task is
+            measured, before lm-eval scores the first one (a read-out through
+            a quantity fitted on the task's own sample, such as the Jacobian
+            lens), instead of by ``lmc_compute_batch``.
+        requires: metrics added to the selection when this one is selected:
+            names, or a function of the parsed options returning names (the
+            J-lens needs its fit unless a fitted lens is loaded).
     """
 
     name: str
@@ -168,7 +181,17 @@ class MetricSpec:
     unit: str = ""
     bounds: tuple[float, float] | None = None
     profile_specs: tuple[ProfileSpec, ...] = ()
+    task_level: bool = False
+    deferred: bool = False
+    requires: tuple[str, ...] | Callable[[Mapping[str, Any]], Iterable[str]] = field(
+        default=(), compare=False
+    )
     plugin: str = field(default="", compare=False)
+
+    def required(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """The metrics this one brings into the selection, given the parsed options."""
+        names = self.requires(options) if callable(self.requires) else self.requires
+        return tuple(names or ())
 
     def __post_init__(self) -> None:
         """Normalise the profiles to names plus one `ProfileSpec` each (see the attributes)."""

@@ -94,3 +94,14 @@ def test_lmeval_rows_have_finite_ratios_and_count_coupled_documents(quick_run):
             # --quick: lmc_arc_easy_offline, 2 documents, coupling_docs=all for "all"
             assert coupled == (2 if name == "all" else 0)
         assert float(rows[f"lm-eval plain bs={batch}"][1]) == 1.0
+
+
+@pytest.mark.slow
+def test_jlens_fit_rows_agree_with_the_naive_route(quick_run):
+    rows = _table(quick_run)
+    seconds, *_, diff = rows["J-lens fit engine, 1 doc (max|dJ| vs naive)"]
+    assert float(seconds) > 0
+    assert float(diff) < 1e-4  # the engine's J_l equals the whole-sequence backward rows
+    (naive,) = [cells for label, cells in rows.items() if label.startswith("J-lens fit naive")]
+    speed_up = float(naive[1])
+    assert math.isfinite(speed_up) and speed_up > 0

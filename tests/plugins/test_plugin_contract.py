@@ -310,3 +310,60 @@ def test_two_pair_reductions_are_refused(tiny_model):
     runner = _runner(tiny_model("gpt2"), "dense_norm,coupling", pm)
     with pytest.raises(ConfigurationError, match="different pair reductions"):
         runner.jacobian_request()
+
+
+# -- deferred metrics and required metrics ---------------------------------------------------
+
+
+class _Deferred:
+    """A deferred metric: each document's value is its summary minus the task's mean summary."""
+
+    def __init__(self, fail=False):
+        self.fail = fail
+
+    @hookimpl
+    def lmc_layer_reducer(self):
+        return None  # the summaries are given by the test
+
+    @hookimpl
+    def lmc_declare_metrics(self):
+        return [
+            MetricSpec(
+                "centred", "summary minus the task mean", frozenset({"hidden_states"}),
+                profiles=("centred",), deferred=True, requires=("lss",),
+            )
+        ]  # fmt: skip
+
+    @hookimpl
+    def lmc_complete_task(self, selected, documents, doc_ids):
+        if self.fail:
+            raise RuntimeError("complete boom")
+        s = torch.tensor([float(doc.summaries.pop("s")) for doc in documents])
+        centred = s - s.mean()
+        return {"values": {"centred": centred}, "profiles": {"centred": centred[:, None] * 2}}
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_deferred_metric_is_computed_from_the_whole_task(fail):
+    from lm_coupling.geometry import DocumentGeometry
+    from lm_coupling.plugins.calls import PluginCalls
+    from lm_coupling.states import DocumentRef
+
+    pm = _pm(deferred_plugin=_Deferred(fail))
+    selection = make_selection("centred", None, get_registry(pm))
+    assert selection.metrics == ("lss", "centred")  # brought in by MetricSpec.requires
+    docs = [DocumentGeometry(summaries={"s": float(v)}) for v in (1.0, 2.0, 6.0)]
+    refs = [DocumentRef("task", i) for i in (4, 5, 6)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        PluginCalls(pm, selection).complete_task(["centred"], docs, refs, {}, parts=None)
+    if not fail:
+        assert [d.values["centred"] for d in docs] == [-2.0, -1.0, 3.0]
+        assert [float(d.profiles["centred"][0]) for d in docs] == [-4.0, -2.0, 6.0]
+        assert all("s" not in d.summaries for d in docs)  # the plugin dropped its summaries
+        assert not [w for w in caught if issubclass(w.category, GeometryWarning)]
+        return
+    assert all(math.isnan(d.values["centred"]) for d in docs)
+    assert all(d.failures[0]["plugin"] == "deferred_plugin" for d in docs)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, GeometryWarning)]
+    assert "complete boom" in message and "documents 4, 5, 6" in message

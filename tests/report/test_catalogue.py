@@ -111,3 +111,14 @@ def test_unreadable_catalogue_is_a_clear_error():
     with pytest.raises(ValueError, match="unreadable catalogue.*axes are states, blocks, matrix"):
         recorded_catalogue(config)
     assert recorded_catalogue({"lm_coupling": {"metrics": ["lss"]}}) is None
+
+
+def test_task_level_is_recorded_only_when_true_and_read_back():
+    task = MetricSpec("per_task", "one value per task", frozenset({"hidden_states"}),
+                      task_level=True)  # fmt: skip
+    plain = MetricSpec("per_doc", "one value per document", frozenset({"hidden_states"}))
+    data = Catalogue.from_specs([task, plain]).to_json()
+    assert data["metrics"]["per_task"]["task_level"] is True
+    assert "task_level" not in data["metrics"]["per_doc"]  # earlier files stay as they are
+    back = Catalogue.from_json(json.loads(json.dumps(data)))
+    assert back.task_level_metrics() == ("per_task",)

@@ -1,33 +1,31 @@
-"""Built-in Jacobian lens: fit ``J_l`` on a sample (``jlens_fit``), read documents through it.
+"""Built-in Jacobian lens: fit ``J_l`` on a sample and read every document through it, in one run.
 
 Gurnee et al. (2026): ``lens_l(h) = W_U N(J_l h) + b``, ``J_l = E[d x^L_n / d x^l_n]``
 (math: ``lm_coupling.metrics.jacobian_lens``). Written against the public
-contract only, in two steps that the contract makes explicit:
+contract only:
 
-1. **Fit** (``--metrics jlens_fit``, a sampled metric): on the first
-   ``jlens_docs`` documents of each task, the engine's dense block Jacobians
-   (``JacobianRequest(dense=True)``) give each document's
-   ``d x^L_n / d x^l_n = (I + J^L) ... (I + J^{l+1})``; the task's lens is their
-   average, written at the end of the task to ``jlens_save`` (format below) and
-   summarised in the geometry file's ``jacobian_lens`` section.
-2. **Read** (``--metrics jlens_entropy,jlens_tv_to_target,jlens_fixation_depth
-   --metric_args jlens_path=FILE``): the lens is the run's lens (hook
-   ``lmc_lens``), so every measured document is read through the same fitted
-   ``J_l``, and the values are the lens metrics' own (the built-in lens
-   plugin's reducer and per-document reduction, not a copy).
+1. **Fit** (``jlens_fit``, a sampled metric, brought into the selection by
+   the reading metrics unless ``jlens_path`` is given): on ``jlens_docs``
+   documents of each task (the seeded sample), the engine's dense block
+   Jacobians (``JacobianRequest(dense=True)``) give each document's
+   ``d x^L_n / d x^l_n = (I + J^L) ... (I + J^{l+1})``; the task's lens is
+   their average.
+2. **Read** (``jlens_entropy``, ``jlens_tv_to_target``,
+   ``jlens_fixation_depth``: deferred metrics): while lm-eval's batches run,
+   the reducer keeps per document only what the read needs, ``x^l_n`` for
+   l = 0..L (``(L+1) d`` numbers) and the gold token; once the task is
+   measured (``lmc_complete_task``, before lm-eval scores it) the fitted lens
+   reads every document, exactly as if it had been fitted before the run,
+   with the lens plugin's own reducer and reduction (not a copy). With
+   ``jlens_path=FILE`` the lens is loaded instead of fitted (fit once per
+   model, reuse across tasks).
 
-Why not fit and read in one run: a lens metric's per-document value goes to
-lm-eval when the document's batch is read, before the sample that fits the
-lens is complete; reading early documents through a partial fit would make
-values depend on the batch order. So a run that reads needs a lens fitted
-before it starts (one fit per model, reused across tasks), and a run that
-selects the reading metrics without ``jlens_path`` is refused before any
-forward pass, saying how to fit one.
-
+The fitted lens is saved beside the geometry file
+(``jlens_<task>_<timestamp>.pt``), or where ``jlens_save`` says.
 Lens file (``torch.save``; load with ``torch.load(path, weights_only=True)``):
 ``{"format": "lm_coupling.jacobian_lens", "version": 1, "jacobians": [L+1, d, d]
 float32 (rows: output coordinates; J_L = I), "n_documents": int, "task": str,
-"n_layers": L, "d_model": d}``.
+"n_layers": L, "d_model": d}`` (docs/outputs.md).
 """
 
 from __future__ import annotations
@@ -61,11 +59,22 @@ def _optional_path(text: str) -> str | None:
     return None if text.lower() in ("", "none") else text
 
 
+def _lens_file(text: str) -> str | None:
+    """A lens file that exists (checked when the options are parsed, before any model loads)."""
+    path = _optional_path(text)
+    if path is not None and not Path(path).is_file():
+        raise ValueError(
+            f"{path} is not a file; leave jlens_path out to fit the lens in this run "
+            "(docs/metrics.md, 'The Jacobian lens')"
+        )
+    return path
+
+
 PATH = OptionSpec(
     "jlens_path",
     None,
-    "a fitted Jacobian lens file the jlens_* metrics read documents through (from jlens_fit)",
-    _optional_path,
+    "a fitted lens file to read documents through instead of fitting one in the run",
+    _lens_file,
 )
 DOCS = OptionSpec(
     "jlens_docs", DEFAULT_DOCS, "documents per task the Jacobian lens is fitted on", parse_doc_count
@@ -73,15 +82,36 @@ DOCS = OptionSpec(
 SAVE = OptionSpec(
     "jlens_save",
     None,
-    "where jlens_fit writes the task's lens: a folder (jlens_<task>.pt inside) or a .pt path",
+    "where the fitted lens is written: a folder (jlens_<task>.pt inside) or a .pt path "
+    "(default: beside the geometry file)",
     _optional_path,
 )
+
+
+def _fit_unless_loaded(options) -> tuple[str, ...]:
+    """The reading metrics need the fit in the run unless a fitted lens is loaded."""
+    return () if options.get(PATH.name) else (FIT,)
+
+
+def _reading_spec(name: str, description: str, label: str, profile: bool) -> MetricSpec:
+    return MetricSpec(
+        name,
+        description,
+        frozenset({"hidden_states"}),
+        options=(PATH, DOCS, SAVE),
+        profiles=(name,) if profile else (),
+        higher_is_better=False if profile else None,
+        opt_in=True,
+        label=label,
+        bounds=UNIT_INTERVAL,
+        deferred=True,
+        requires=_fit_unless_loaded,
+    )
 
 
 @hookimpl
 def lmc_declare_metrics():
     """Declare jlens_fit and the three J-lens metrics."""
-    read = frozenset({"lens"})
     return [
         MetricSpec(
             FIT,
@@ -94,36 +124,23 @@ def lmc_declare_metrics():
             opt_in=True,
             label="J-lens fit: ||dx^L/dx^l||_F / sqrt(d)",
         ),
-        MetricSpec(
+        _reading_spec(
             "jlens_entropy",
             "mean over layers of the Jacobian-lens entropy H(P^l)/ln V at the target position",
-            read,
-            options=(PATH,),
-            profiles=("jlens_entropy",),
-            higher_is_better=False,
-            opt_in=True,
-            label="J-lens entropy",
-            bounds=UNIT_INTERVAL,
+            "J-lens entropy",
+            True,
         ),
-        MetricSpec(
+        _reading_spec(
             "jlens_tv_to_target",
             "mean over layers of 1 - P^l(gold token) under the Jacobian lens",
-            read,
-            options=(PATH,),
-            profiles=("jlens_tv_to_target",),
-            higher_is_better=False,
-            opt_in=True,
-            label="J-lens TV to target",
-            bounds=UNIT_INTERVAL,
+            "J-lens TV to target",
+            True,
         ),
-        MetricSpec(
+        _reading_spec(
             "jlens_fixation_depth",
             "smallest l/L after which the Jacobian lens's top-1 token no longer changes",
-            read,
-            options=(PATH,),
-            opt_in=True,
-            label="J-lens fixation depth",
-            bounds=UNIT_INTERVAL,
+            "J-lens fixation depth",
+            False,
         ),
     ]
 
@@ -186,8 +203,8 @@ def load_lens(path: str | Path, n_layers: int, d_model: int) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigurationError(
-            f"jlens_path={path} is not a file; fit a lens first with --metrics jlens_fit "
-            "--metric_args jlens_save=FOLDER (docs/metrics.md, 'The Jacobian lens')"
+            f"jlens_path={path} is not a file; leave jlens_path out to fit the lens in the run "
+            "(jlens_fit then comes in by itself; docs/metrics.md, 'The Jacobian lens')"
         )
     record = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(record, dict) or record.get("format") != FORMAT:
@@ -206,45 +223,32 @@ def _reading(selected) -> list[str]:
     return [name for name in READ if name in selected]
 
 
-@hookimpl
-def lmc_lens(selected, options, parts: ModelParts):
-    """The run's lens: the fitted J-lens when a jlens_* metric is selected.
+STATES, TARGET = "jlens_states", "jlens_target"
+"""The reducer's per-document summaries: ``x^l_n`` for l = 0..L, and the gold token."""
 
-    Raises:
-        ConfigurationError: no ``jlens_path``, or a logit-lens metric selected
-            in the same run (a run has one lens; the J-lens would replace it).
-    """
-    reading = _reading(selected)
-    if not reading:
-        return None
-    from lm_coupling.errors import ConfigurationError
 
-    clash = [name for name in READ.values() if name in selected]
-    if clash:
-        raise ConfigurationError(
-            f"{', '.join(reading)} read documents through the Jacobian lens, which becomes the "
-            f"run's lens, so {', '.join(clash)} would read it too: measure the logit lens and "
-            "the J-lens in separate runs"
-        )
-    path = options.get(PATH.name)
-    if path is None:
-        raise ConfigurationError(
-            f"{', '.join(reading)} need a fitted lens: fit one with --metrics jlens_fit "
-            "--metric_args jlens_docs=N,jlens_save=FOLDER, then pass jlens_path=FILE "
-            "(docs/metrics.md, 'The Jacobian lens')"
-        )
-    record = load_lens(path, parts.n_layers, parts.d_model)
-    return JacobianLens(record["jacobians"].to(parts.input_device), parts)
+class StatesAtTarget:
+    """Keeps ``x^l_n`` of every row for l = 0..L (``[B, L+1, d]``) and the gold tokens."""
+
+    def __init__(self, batch: BatchInfo):
+        self.target = batch.target_tokens
+        self.columns: list = []
+
+    def update(self, view) -> None:
+        """Keep the rows at n of state ``x^l``."""
+        self.columns.append(view.at_n.detach())
+
+    def finalize(self) -> dict[str, Any]:
+        """``{"jlens_states": [B, L+1, d], "jlens_target": [B]}``."""
+        import torch
+
+        return {STATES: torch.stack(self.columns, dim=1), TARGET: self.target.clone()}
 
 
 @hookimpl
 def lmc_layer_reducer(selected, batch: BatchInfo):
-    """The built-in lens reducer, on the run's lens (the J-lens)."""
-    if not _reading(selected):
-        return None
-    from lm_coupling.plugins.builtin.lens import LensReducer
-
-    return LensReducer(batch)
+    """Keep what the read needs: the states at n and the gold token."""
+    return StatesAtTarget(batch) if _reading(selected) else None
 
 
 @hookimpl
@@ -279,49 +283,136 @@ def _fit_batch(states) -> dict[str, Any]:
 
 @hookimpl
 def lmc_compute_batch(selected, states, reduced):
-    """J-lens values through the lens plugin's own reduction; the fit's per-document products."""
+    """The fit's per-document products; for the read, the states it needs (as summaries)."""
     out: dict[str, dict] = {"values": {}, "profiles": {}, "summaries": {}}
     if FIT in selected and states.jacobians:
         out.update(_fit_batch(states))
-    reading = _reading(selected)
-    if reading and reduced is not None:
-        from lm_coupling.plugins.builtin import lens
-
-        shared = lens.lmc_compute_batch(selected=[READ[n] for n in reading], reduced=reduced)
-        back = {lens_name: name for name, lens_name in READ.items()}
-        for kind in ("values", "profiles"):
-            out[kind].update({back[k]: v for k, v in shared.get(kind, {}).items()})
+    if _reading(selected) and reduced is not None:
+        out["summaries"] = {STATES: reduced[STATES], TARGET: reduced[TARGET]}
     return out
 
 
-@hookimpl
-def lmc_aggregate_task(selected, options, documents, task):
-    """Average the sample's total Jacobians into the task's lens; save it; summarise it."""
-    if FIT not in selected and not _reading(selected):
-        return None
-    section: dict[str, Any] = {"format": FORMAT, "version": VERSION}
-    if _reading(selected):
-        section["read_through"] = str(options.get(PATH.name))
-    if FIT in selected:
-        section.update(_fit_section(documents, options, task))
-    return {"jacobian_lens": section}
-
-
-def _fit_section(documents, options, task: str) -> dict[str, Any]:
+def fitted_lens(documents) -> tuple[torch.Tensor | None, int, int]:
+    """``(J [L+1, d, d] float64, documents fitted on, left out)`` from the sample's products."""
     import numpy as np
     import torch
 
     rows = [doc.summaries.get(FIT) for doc in documents]
     rows = [np.asarray(r) for r in rows if r is not None]
     kept = [r for r in rows if np.isfinite(r).all()]
-    out: dict[str, Any] = {"fitted_on": len(kept), "left_out": len(rows) - len(kept)}
     if not kept:
+        return None, 0, len(rows)
+    J = torch.from_numpy(np.mean(np.stack(kept).astype(np.float64), axis=0))
+    return J, len(kept), len(rows) - len(kept)
+
+
+def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 64) -> dict:
+    """The lens metrics of documents read through ``lens``, with the lens plugin's own code.
+
+    Args:
+        lens: the fitted lens.
+        states: ``[N, L+1, d]`` ``x^l_n`` of each document (host or device).
+        targets: ``[N]`` the gold tokens (-1: none).
+        selected: the J-lens metrics wanted.
+        chunk: documents read at once (bounds the ``[chunk, V]`` logits).
+
+    Returns:
+        ``{"values": {name: [N]}, "profiles": {name: [N, L+1]}}``.
+    """
+    import types
+
+    import torch
+
+    from lm_coupling.plugins.builtin import lens as lens_plugin
+    from lm_coupling.states import LayerView
+
+    parts = lens.parts
+    shared = [READ[name] for name in selected]
+    back = {lens_name: name for name, lens_name in READ.items()}
+    out: dict[str, dict[str, list]] = {"values": {}, "profiles": {}}
+    for start in range(0, states.shape[0], chunk):
+        rows = states[start : start + chunk].to(parts.input_device)
+        target = targets[start : start + chunk].to(torch.long)
+        batch = types.SimpleNamespace(target_tokens=target, vocab_size=parts.vocab_size)
+        reducer = lens_plugin.LensReducer(batch)
+        with torch.no_grad():
+            for layer in range(rows.shape[1]):
+                logits = lens.logits(layer, rows[:, layer])
+                reducer.update(LayerView(layer=layer, logits=logits))
+        answer = lens_plugin.lmc_compute_batch(selected=shared, reduced=reducer.finalize())
+        for kind in ("values", "profiles"):
+            for name, tensor in answer.get(kind, {}).items():
+                out[kind].setdefault(back[name], []).append(tensor.detach().cpu())
+    return {kind: {k: torch.cat(v) for k, v in part.items()} for kind, part in out.items()}
+
+
+@hookimpl
+def lmc_complete_task(selected, options, documents, parts: ModelParts):
+    """Fit the task's lens from its sample (or load it), then read every document through it.
+
+    Raises:
+        ValueError: no sampled document gave a finite fit (the read is then NaN
+            on the task, reported as this plugin's failure).
+    """
+    reading = _reading(selected)
+    if not reading:
+        return None
+    import numpy as np
+    import torch
+
+    path = options.get(PATH.name)
+    if path is not None:
+        J = load_lens(path, parts.n_layers, parts.d_model)["jacobians"]
+    else:
+        J, fitted, _ = fitted_lens(documents)
+        if J is None:
+            raise ValueError(
+                "no document of the fit's sample (jlens_docs) gave finite Jacobians, so no "
+                "lens was fitted"
+            )
+    weight = next(parts.blocks[0].parameters(), None)
+    wide = weight is not None and weight.dtype == torch.float64
+    dtype = torch.float64 if wide else torch.float32  # as capture reduces: float64 stays
+    lens = JacobianLens(J.to(parts.input_device, dtype), parts)
+    blank = np.full((parts.n_layers + 1, parts.d_model), np.nan)
+    states, targets = [], []
+    for doc in documents:  # the read's inputs leave the documents: they are not kept
+        state, target = doc.summaries.pop(STATES, None), doc.summaries.pop(TARGET, None)
+        if state is None:
+            state, target = blank, -1
+        states.append(torch.as_tensor(np.asarray(state), dtype=dtype))
+        targets.append(int(np.asarray(target).reshape(-1)[0]))
+    return read_through(lens, torch.stack(states), torch.tensor(targets), reading)
+
+
+@hookimpl
+def lmc_aggregate_task(selected, options, documents, task, output_dir, run_id):
+    """Average the sample's total Jacobians into the task's lens; save it; summarise it."""
+    if FIT not in selected and not _reading(selected):
+        return None
+    section: dict[str, Any] = {"format": FORMAT, "version": VERSION}
+    path = options.get(PATH.name)
+    if _reading(selected):
+        section["read_through"] = str(path) if path else "fitted in this run"
+    if FIT in selected:
+        section.update(_fit_section(documents, options, task, output_dir, run_id))
+    return {"jacobian_lens": section}
+
+
+def _fit_section(documents, options, task: str, output_dir, run_id: str) -> dict[str, Any]:
+    import torch
+
+    J, fitted, left_out = fitted_lens(documents)
+    out: dict[str, Any] = {"fitted_on": fitted, "left_out": left_out}
+    if J is None:
         out["saved"] = None
         return out
-    J = torch.from_numpy(np.mean(np.stack(kept).astype(np.float64), axis=0)).float()
+    J = J.float()
     d = J.shape[-1]
     gain = torch.linalg.matrix_norm(J) / d**0.5
     out["gain_profile"] = [float(g) for g in gain]  # ||J_l||_F / sqrt(d), l = 0..L
     save = options.get(SAVE.name)
-    out["saved"] = str(save_lens(save, J, len(kept), task)) if save else None
+    if save is None and output_dir is not None:  # beside the geometry file
+        save = Path(output_dir) / f"jlens_{task}_{run_id or 'run'}.pt"
+    out["saved"] = str(save_lens(save, J, fitted, task)) if save else None
     return out

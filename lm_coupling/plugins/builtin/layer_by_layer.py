@@ -109,6 +109,7 @@ def lmc_declare_metrics():
             options=(ALPHA, STANDARDIZE, POOLING),
             label="dataset entropy",
             unit="nats",
+            task_level=True,
         ),
     ]
 
