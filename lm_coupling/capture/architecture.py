@@ -548,6 +548,20 @@ def _logit_transform(config, override) -> tuple[float, float | None]:
     return scale, softcap
 
 
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The transformers model inside a PEFT wrapper, else ``model`` itself.
+
+    ``PeftModel.get_base_model()`` (peft's public API) returns the causal LM with
+    its adapter layers in place, so the parts located in it are the ones the
+    wrapper runs. Without unwrapping, the search depends on how the installed
+    peft forwards attribute look-ups (peft 0.10 on transformers 4.56 hides the
+    final norm from it).
+    """
+    getter = getattr(model, "get_base_model", None)
+    inner = getter() if callable(getter) else None
+    return inner if isinstance(inner, nn.Module) and inner is not model else model
+
+
 def locate_model_parts(model: nn.Module) -> ModelParts:
     """Find the blocks, final norm, unembedding and input embedding of a causal LM.
 
@@ -565,6 +579,7 @@ def locate_model_parts(model: nn.Module) -> ModelParts:
             could not be located; the message says what was looked for, what was
             found, and how to add an override.
     """
+    model = _unwrapped(model)
     config = _text_config(model)
     model_type = str(getattr(config, "model_type", None) or type(model).__name__)
     override = _OVERRIDES.get(model_type, {})
