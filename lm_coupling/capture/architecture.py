@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from lm_coupling.capture.block_calls import call_sites
 from lm_coupling.capture.transformers_adapter import module_with_child_replaced
 from lm_coupling.errors import UnsupportedModelError
 
@@ -65,6 +66,9 @@ _OVERRIDES: dict[str, dict[str, str | tuple[str, ...] | float | None]] = {
         "blocks": "model.decoder.layers",
         "final_norm": ("model.decoder.final_layer_norm", "model.decoder.project_out"),
     },
+    # HRM (looped depth): the last call is the high-level stack's last layer, whose
+    # output the stack's own final norm reads out (capture/block_calls.py).
+    "hrm_text": {"final_norm": ("model.H_module.final_norm",)},
 }
 
 
@@ -157,7 +161,9 @@ class ModelParts:
 
     Attributes:
         model_type: ``config.model_type``.
-        blocks: the L decoder blocks, in order.
+        blocks: the L decoder blocks, in order; for a model whose blocks run more
+            than once per forward pass, one call site per call, in call order
+            (``capture.block_calls.CallSite``; docs/design.md).
         final_norm: the final norm N (or a composition of modules applied
             before the unembedding); None means N is the identity.
         unembed_weight: ``W_U [V, d]`` (tied to the input embedding in some models).
@@ -426,6 +432,12 @@ def _locate_blocks(model, model_type, override, decoder, n_layers) -> list[nn.Mo
             )
         return list(blocks)
     found = _find_blocks(decoder, n_layers)
+    if found is None or (n_layers is not None and len(found[1]) != n_layers):
+        # no list of num_hidden_layers blocks: blocks called more than once (looped
+        # depth, HRM) give one call site per call, in call order
+        sites = call_sites(model, decoder, n_layers)
+        if sites:
+            return list(sites)
     if found is None:
         raise _unsupported(
             model,

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.capture.block_calls import is_unrolled
 from lm_coupling.capture.differentiable import untransformable_modules
 from lm_coupling.capture.jacobian_calls import (
     compute_dtype,
@@ -282,7 +283,9 @@ def readout_problems(
             "unembed(final_norm(x^L)) differs from the model's logits at the last position by "
             f"up to {difference:.3g} (the logits reach {float(own.abs().max()):.3g})"
         )
-    if composition:
+    if composition and not is_unrolled(parts.blocks):
+        # calls of blocks that run more than once need not compose (HRM sums its two
+        # levels' states between stacks); their read-out check above still holds
         for i in range(parts.n_layers - 1):
             out, nxt = outputs[i][0], inputs[i + 1][0] if inputs[i + 1] else None
             if nxt is None or nxt.shape != out.shape or not torch.allclose(out, nxt):

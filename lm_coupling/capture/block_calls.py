@@ -1,0 +1,231 @@
+"""Blocks called more than once per forward pass: one call site per call, in call order.
+
+Some causal LMs run a block module several times in one forward pass: looped
+depth (HRM's low- and high-level stacks, ``hrm_text``: each stack's layers run
+``L_cycles`` resp. once per high-level cycle) or weights shared between
+depths. Their ``num_hidden_layers`` counts calls, not modules. The convention
+of lm-coupling (docs/design.md, "Blocks called more than once"): the
+trajectory follows the calls in order, x^0 the input of the first call and
+x^l the output of call l, and the block Jacobian of call l is
+``J^l = d out_l / d in_l`` at the last token with the prefix held fixed, taken
+at that call's own recorded input (the sequence replay,
+``capture.jacobian_sequence``); coupling couples calls.
+
+A :class:`CallSite` stands for one call: ``ModelParts.blocks`` lists one per
+call, so every consumer (the collector's hooks, the engine's recording and
+replays) sees L distinct blocks. A hook registered on a call site fires only
+on its call of the shared module: one dispatcher hook pair on each repeated
+module counts its calls since the decoder's forward began and runs the hooks
+of the site whose turn it is. Calling a site directly (the engine's replay)
+runs the module once, outside the count.
+
+The dispatcher hooks stay on the model's modules for the model's lifetime (the
+model's function is unchanged: they run the sites' hooks and return what
+those return, nothing when a site has none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import weakref
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["CallSite", "call_sites", "is_unrolled"]
+
+PROBE_TOKENS = 2
+"""Length of the probe prompt that finds the order of the calls."""
+
+_DISPATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""block module -> its `_Dispatch`."""
+
+_RESETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""decoder -> the dispatchers its forward pre-hook resets."""
+
+_ORDER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""decoder -> the call order the probe found (a list of modules; empty: no unrolling)."""
+
+
+class CallSite(nn.Module):
+    """Call ``call`` (0-based) of ``block`` within one forward pass of the model.
+
+    Its parameters are the block's (the child ``block``); calling it runs the
+    block once, outside the dispatcher's count. Hooks registered on it fire
+    when the model's forward pass reaches this call.
+    """
+
+    def __init__(self, block: nn.Module, call: int, dispatch: _Dispatch):
+        super().__init__()
+        self.block = block
+        self.call = call
+        object.__setattr__(self, "_dispatch", dispatch)  # not a child module
+
+    def forward(self, *args, **kwargs):
+        """The block's forward on these arguments (one call)."""
+        with self._dispatch.direct():
+            return self.block(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        """``call=i`` beside the block in the module's repr."""
+        return f"call={self.call}"
+
+
+class _Dispatch:
+    """The hooks on one repeated module: count its calls, run the current site's hooks."""
+
+    def __init__(self, block: nn.Module):
+        self.sites: list[CallSite] = []
+        self.count = 0
+        self.current: list[CallSite | None] = []
+        self.suspended = 0
+        block.register_forward_pre_hook(self._pre, with_kwargs=True)
+        block.register_forward_hook(self._post, with_kwargs=True)
+
+    def site(self, block: nn.Module, call: int) -> CallSite:
+        while len(self.sites) <= call:
+            self.sites.append(CallSite(block, len(self.sites), self))
+        return self.sites[call]
+
+    def reset(self) -> None:
+        self.count = 0
+        self.current.clear()
+
+    @contextlib.contextmanager
+    def direct(self) -> Iterator[None]:
+        self.suspended += 1
+        try:
+            yield
+        finally:
+            self.suspended -= 1
+
+    def _pre(self, module, args, kwargs):
+        if self.suspended:
+            return None
+        index, self.count = self.count, self.count + 1
+        site = self.sites[index] if index < len(self.sites) else None
+        self.current.append(site)
+        if site is None:
+            return None
+        # torch keeps a module's hooks in these dictionaries (ids of with_kwargs hooks apart)
+        for key, hook in list(site._forward_pre_hooks.items()):
+            if key in site._forward_pre_hooks_with_kwargs:
+                result = hook(site, args, kwargs)
+                if result is not None:
+                    args, kwargs = result
+            else:
+                result = hook(site, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+        return args, kwargs
+
+    def _post(self, module, args, kwargs, output):
+        if self.suspended:
+            return None
+        site = self.current.pop() if self.current else None
+        if site is None:
+            return None
+        for key, hook in list(site._forward_hooks.items()):
+            if key in site._forward_hooks_with_kwargs:
+                result = hook(site, args, kwargs, output)
+            else:
+                result = hook(site, args, output)
+            if result is not None:
+                output = result
+        return output
+
+
+def is_unrolled(blocks: list[nn.Module]) -> bool:
+    """Whether ``blocks`` are call sites (a model whose blocks run more than once)."""
+    return any(isinstance(b, CallSite) for b in blocks)
+
+
+def _top_lists(decoder: nn.Module) -> list[nn.ModuleList]:
+    """The non-empty ``nn.ModuleList``s under the decoder not nested in another one."""
+    found: list[tuple[str, nn.ModuleList]] = []
+    for name, module in decoder.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            if not any(name.startswith(f"{outer}.") for outer, _ in found):
+                found.append((name, module))
+    return [m for _, m in found]
+
+
+def _accepts_use_cache(model: nn.Module) -> bool:
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == "use_cache" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _call_order(model: nn.Module, decoder: nn.Module) -> list[nn.Module]:
+    """The elements of the decoder's top-level module lists in the order one forward calls them."""
+    if decoder in _ORDER:
+        return _ORDER[decoder]
+    members = {id(m): m for lst in _top_lists(decoder) for m in lst}
+    order: list[nn.Module] = []
+    handles = [
+        m.register_forward_pre_hook(lambda module, args: order.append(module))
+        for m in members.values()
+    ]
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    ids = torch.arange(1, PROBE_TOKENS + 1, device=device)[None]
+    training = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(ids, **({"use_cache": False} if _accepts_use_cache(model) else {}))
+    except Exception:  # noqa: BLE001 - a model the probe cannot run: the generic rule decides
+        order = []
+    finally:
+        for handle in handles:
+            handle.remove()
+        for module, flag in training.items():
+            module.training = flag
+    _ORDER[decoder] = order
+    return order
+
+
+def call_sites(model: nn.Module, decoder: nn.Module, n_layers: int | None) -> list[CallSite]:
+    """One :class:`CallSite` per block call, in call order, or ``[]`` where none is needed.
+
+    A short forward pass (``PROBE_TOKENS`` tokens, once per decoder) records
+    the order in which the elements of the decoder's top-level
+    ``nn.ModuleList``s run. The blocks are unrolled into calls when a module
+    runs more than once or modules of several lists run, and the number of
+    calls is the config's ``num_hidden_layers`` (``n_layers``; HRM counts its
+    calls there). Otherwise ``[]``: the generic rule locates the blocks.
+    """
+    order = _call_order(model, decoder)
+    if not order or (n_layers is not None and len(order) != n_layers):
+        return []
+    repeated = len({id(m) for m in order}) < len(order)
+    lists = {id(lst) for lst in _top_lists(decoder) if any(m is x for m in lst for x in order)}
+    if not repeated and len(lists) < 2:
+        return []
+    sites, seen = [], {}
+    for module in order:
+        dispatch = _DISPATCH.get(module)
+        if dispatch is None:
+            dispatch = _DISPATCH[module] = _Dispatch(module)
+        call = seen.get(id(module), 0)
+        seen[id(module)] = call + 1
+        sites.append(dispatch.site(module, call))
+    _register_reset(decoder, [_DISPATCH[m] for m in {id(m): m for m in order}.values()])
+    return sites
+
+
+def _register_reset(decoder: nn.Module, dispatchers: list[_Dispatch]) -> None:
+    """Reset the dispatchers' counts whenever the decoder's forward begins (once per decoder)."""
+    if decoder in _RESETS:
+        return
+    _RESETS[decoder] = dispatchers
+
+    def reset(module, args):
+        for dispatch in _RESETS.get(module, ()):
+            dispatch.reset()
+
+    decoder.register_forward_pre_hook(reset, prepend=True)
