@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from lm_coupling.capture.block_calls import call_sites
+from lm_coupling.capture.block_calls import (
+    StreamReadout,
+    call_sites,
+    hyper_connection_streams,
+    stream_sites,
+)
 from lm_coupling.capture.transformers_adapter import module_with_child_replaced
 from lm_coupling.errors import UnsupportedModelError
 
@@ -604,6 +609,11 @@ def locate_model_parts(model: nn.Module) -> ModelParts:
         if transforms:
             modules = ([final_norm] if final_norm is not None else []) + transforms
             final_norm = nn.Sequential(*modules)
+    streams = hyper_connection_streams(model, decoder, hidden)
+    if streams is not None:  # hyper-connections: the k streams flattened are the state
+        blocks = stream_sites(blocks, streams, decoder)
+        final_norm = StreamReadout(streams, decoder.hc_head, final_norm)
+        hidden = streams.k * streams.d
     return ModelParts(
         model_type=model_type,
         blocks=blocks,
@@ -611,7 +621,7 @@ def locate_model_parts(model: nn.Module) -> ModelParts:
         unembed_weight=head.weight,
         unembed_bias=bias if isinstance(bias, torch.Tensor) else None,
         embedding=embedding,
-        hidden_size=getattr(config, "hidden_size", None),
+        hidden_size=hidden,
         logit_scale=scale,
         logit_softcap=float(softcap) if softcap else None,
     )

@@ -30,11 +30,12 @@ import contextlib
 import inspect
 import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-__all__ = ["CallSite", "call_sites", "is_unrolled"]
+__all__ = ["CallSite", "StreamReadout", "Streams", "call_sites", "is_unrolled", "stream_sites"]
 
 PROBE_TOKENS = 2
 """Length of the probe prompt that finds the order of the calls."""
@@ -63,20 +64,65 @@ class CallSite(nn.Module):
         self.call = call
         object.__setattr__(self, "_dispatch", dispatch)  # not a child module
 
+    @property
+    def streams(self) -> Streams | None:
+        """The residual streams the site flattens (None: one stream)."""
+        return self._dispatch.streams
+
     def forward(self, *args, **kwargs):
-        """The block's forward on these arguments (one call)."""
+        """The block's forward on these arguments (one call); flattened streams in and out."""
+        streams = self._dispatch.streams
+        if streams is not None:
+            args, kwargs = _map_hidden(args, kwargs, streams.unflatten)
         with self._dispatch.direct():
-            return self.block(*args, **kwargs)
+            out = self.block(*args, **kwargs)
+        return out if streams is None else _map_output(out, streams.flatten)
 
     def extra_repr(self) -> str:
-        """``call=i`` beside the block in the module's repr."""
-        return f"call={self.call}"
+        """``call=i`` (and the streams) beside the block in the module's repr."""
+        streams = self._dispatch.streams
+        return f"call={self.call}" + ("" if streams is None else f", streams={streams.k}")
+
+
+@dataclass(frozen=True)
+class Streams:
+    """k residual streams of width d, ``[..., k, d]``, seen as one state ``[..., k d]``."""
+
+    k: int
+    d: int
+
+    def flatten(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., k, d] -> [..., k d]`` (stream i is columns ``i d .. (i+1) d - 1``)."""
+        return hidden.flatten(-2)
+
+    def unflatten(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., k d] -> [..., k, d]``."""
+        return hidden.unflatten(-1, (self.k, self.d))
+
+
+def _map_hidden(args: tuple, kwargs: dict, fn) -> tuple[tuple, dict]:
+    """Apply ``fn`` to a block call's hidden states (first argument or ``hidden_states``)."""
+    if args and isinstance(args[0], torch.Tensor):
+        return (fn(args[0]), *args[1:]), kwargs
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
+    return args, kwargs
+
+
+def _map_output(output, fn):
+    """Apply ``fn`` to a block's returned hidden states (a tensor or a tuple's first item)."""
+    if isinstance(output, torch.Tensor):
+        return fn(output)
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        return (fn(output[0]), *output[1:])
+    raise TypeError(f"a block with several residual streams returned {type(output).__name__}")
 
 
 class _Dispatch:
     """The hooks on one repeated module: count its calls, run the current site's hooks."""
 
-    def __init__(self, block: nn.Module):
+    def __init__(self, block: nn.Module, streams: Streams | None = None):
+        self.streams = streams
         self.sites: list[CallSite] = []
         self.count = 0
         self.current: list[CallSite | None] = []
@@ -109,6 +155,8 @@ class _Dispatch:
         self.current.append(site)
         if site is None:
             return None
+        if self.streams is not None:
+            args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
         # torch keeps a module's hooks in these dictionaries (ids of with_kwargs hooks apart)
         for key, hook in list(site._forward_pre_hooks.items()):
             if key in site._forward_pre_hooks_with_kwargs:
@@ -119,6 +167,8 @@ class _Dispatch:
                 result = hook(site, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
+        if self.streams is not None:
+            args, kwargs = _map_hidden(args, kwargs, self.streams.unflatten)
         return args, kwargs
 
     def _post(self, module, args, kwargs, output):
@@ -127,19 +177,26 @@ class _Dispatch:
         site = self.current.pop() if self.current else None
         if site is None:
             return None
+        changed = False
+        if self.streams is not None:
+            args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
+            output = _map_output(output, self.streams.flatten)
         for key, hook in list(site._forward_hooks.items()):
             if key in site._forward_hooks_with_kwargs:
                 result = hook(site, args, kwargs, output)
             else:
                 result = hook(site, args, output)
             if result is not None:
-                output = result
+                output, changed = result, True
+        if self.streams is not None:
+            return _map_output(output, self.streams.unflatten) if changed else None
         return output
 
 
 def is_unrolled(blocks: list[nn.Module]) -> bool:
-    """Whether ``blocks`` are call sites (a model whose blocks run more than once)."""
-    return any(isinstance(b, CallSite) for b in blocks)
+    """Whether ``blocks`` hold several calls of one module (blocks run more than once)."""
+    sites = [b.block for b in blocks if isinstance(b, CallSite)]
+    return len({id(m) for m in sites}) < len(sites)
 
 
 def _top_lists(decoder: nn.Module) -> list[nn.ModuleList]:
@@ -229,3 +286,53 @@ def _register_reset(decoder: nn.Module, dispatchers: list[_Dispatch]) -> None:
             dispatch.reset()
 
     decoder.register_forward_pre_hook(reset, prepend=True)
+
+
+# -- several residual streams (hyper-connections) ----------------------------------------------
+def hyper_connection_streams(model: nn.Module, decoder: nn.Module, d: int | None) -> Streams | None:
+    """The streams of a model with hyper-connections (DeepSeek-V4, HY-V4), else None.
+
+    Recognised by the decoder's ``hc_head`` module (the model's own collapse of
+    the ``[B, T, k, d]`` streams before its final norm) and ``config.hc_mult = k``.
+    """
+    config = getattr(model, "config", None)
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    k = getattr(config, "hc_mult", None)
+    head = getattr(decoder, "hc_head", None)
+    if not isinstance(k, int) or k < 2 or not isinstance(head, nn.Module) or not d:
+        return None
+    return Streams(k, d)
+
+
+def stream_sites(blocks: list[nn.Module], streams: Streams, decoder: nn.Module) -> list[CallSite]:
+    """One site per block that shows (and takes) its k streams as one ``[B, T, k d]`` state."""
+    sites = []
+    for block in blocks:
+        dispatch = _DISPATCH.get(block)
+        if dispatch is None:
+            dispatch = _DISPATCH[block] = _Dispatch(block, streams)
+        sites.append(dispatch.site(block, 0))
+    _register_reset(decoder, [_DISPATCH[b] for b in blocks])
+    return sites
+
+
+class StreamReadout(nn.Module):
+    """The model's own read-out of the streams: ``norm(hc_head(unflatten(x)))``.
+
+    ``x [..., k d]`` is the flattened stream state; ``hc_head`` is the model's
+    collapse of the k streams into one (DeepSeek-V4's ``DeepseekV4HyperHead``:
+    a dynamic, input-dependent mix), ``norm`` its final norm (None: identity).
+    """
+
+    def __init__(self, streams: Streams, head: nn.Module, norm: nn.Module | None):
+        super().__init__()
+        self.streams = streams
+        self.head = head
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The state the model's unembedding reads, ``[..., d]``."""
+        lead = x.shape[:-1]
+        rows = self.streams.unflatten(x.reshape(-1, 1, x.shape[-1]))  # [N, 1, k, d]
+        collapsed = self.head(rows).reshape(*lead, self.streams.d)
+        return collapsed if self.norm is None else self.norm(collapsed)

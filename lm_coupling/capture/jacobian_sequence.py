@@ -145,7 +145,10 @@ def cache_replay_problem(model: nn.Module) -> str:
         return _cache_replay_mismatch(model)
     except LmCouplingError as error:  # the cache replay cannot even run on the probe
         return f"the cache replay fails on a probe prompt ({error})"
-    except RuntimeError as error:  # e.g. a cache whose rows are not one per position
+    except (RuntimeError, AttributeError, TypeError, ValueError) as error:
+        # e.g. a cache whose rows are not one per position, or cache layers of the
+        # model's own kind that the engine's plain key/value cache lacks (DeepSeek-V4's
+        # compressor layers: AttributeError)
         return f"the cache replay fails on a probe prompt ({type(error).__name__}: {error})"
 
 

@@ -8,6 +8,12 @@ each call's input and output in call order, and ``J`` of each call is taken by
 reverse-mode autograd through that module on its recorded whole-sequence
 input with the last row variable (the diagonal block at the last position).
 
+DeepSeek-V4's hyper-connections pass k streams ``[B, T, k, d]`` between its
+blocks; the state is the k streams flattened, ``x^l`` in R^{k d}, read out
+through the model's own collapse (``hc_head``) and final norm; J^l is
+``k d x k d``. The independent check flattens the streams recorded from the
+model's own layers.
+
 Zamba-2 shares one attention block between depths, but each use sits inside
 its own hybrid layer (``model.layers``), so its blocks are the hybrid layers,
 each called once: the same independent check holds with the layers as blocks.
@@ -47,7 +53,26 @@ _SIZES = dict(
 )  # fmt: skip
 
 
+_V4 = dict(
+    hidden_size=16, num_hidden_layers=2, num_key_value_heads=1, head_dim=16, q_lora_rank=16,
+    o_lora_rank=16, o_groups=2, qk_rope_head_dim=8, moe_intermediate_size=16, n_routed_experts=4,
+    num_experts_per_tok=2, index_n_heads=2, index_head_dim=8, index_topk=4, sliding_window=6,
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+    mlp_layer_types=["hash_moe", "moe"], hc_mult=2,
+)  # fmt: skip
+"""DeepSeek-V4: both attention kinds (compressed sparse with its indexer, heavily compressed),
+hash-routed and learned-routed experts, k = 2 hyper-connection streams of d = 16."""
+
+
 def build(model_type: str) -> transformers.PreTrainedModel:
+    if model_type == "deepseek_v4":  # float64 needs the eager experts (no grouped_mm)
+        config = transformers.AutoConfig.for_model(model_type, **{**_SIZES, **_V4})
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, attn_implementation="eager", experts_implementation="eager"
+        )
+        return model.to(torch.float64).eval()
     if model_type == "hrm_text":
         extra = dict(num_hidden_layers=2, H_cycles=2, L_cycles=2, num_key_value_heads=4)
     else:  # zamba2: hybrid (shared attention + Mamba-2) and Mamba-2 layers
@@ -81,6 +106,11 @@ def _layer_modules(model) -> list[torch.nn.Module]:
     return list(model.model.layers)
 
 
+def _flat(hidden: torch.Tensor) -> torch.Tensor:
+    """``[..., k, d] -> [..., k d]`` for hyper-connection streams; one stream unchanged."""
+    return hidden.flatten(-2) if hidden.dim() == 4 else hidden
+
+
 def independent_calls(model, ids: torch.Tensor) -> list[tuple]:
     """Per call, in call order: (module, args, kwargs, output) of one prompt alone, no cache."""
     calls: list[list] = []
@@ -112,21 +142,21 @@ def independent_jacobians(calls) -> torch.Tensor:
         X = (args[0] if args else kwargs["hidden_states"]).detach()
 
         def f(x, X=X, module=module, args=args, kwargs=kwargs):
-            rows = torch.cat([X[:, :-1], x[None, None]], dim=1)
+            rows = torch.cat([X[:, :-1], x.view(1, 1, *X.shape[2:])], dim=1)
             if args:
                 y = module(rows, *args[1:], **kwargs)
             else:
                 y = module(**{**kwargs, "hidden_states": rows})
-            return block_output_hidden(y)[0, -1] - x
+            return _flat(block_output_hidden(y))[0, -1] - x
 
-        out.append(torch.autograd.functional.jacobian(f, X[0, -1]))
+        out.append(torch.autograd.functional.jacobian(f, _flat(X)[0, -1]))
     return torch.stack(out)
 
 
 def independent_trajectory(calls) -> torch.Tensor:
     """``[L+1, d]``: the first call's input, then every call's output, at the last position."""
     first = calls[0][1][0] if calls[0][1] else calls[0][2]["hidden_states"]
-    return torch.stack([first[0, -1], *[c[3][0, -1] for c in calls]])
+    return torch.stack([_flat(first)[0, -1], *[_flat(c[3])[0, -1] for c in calls]])
 
 
 def coupling_of(A: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
@@ -148,7 +178,7 @@ def test_hrm_is_unrolled_into_its_calls(models):
     assert probe.replay[0] == "sequence" and "more than once" in probe.replay[1]
 
 
-@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2"])
+@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", "deepseek_v4"])
 def test_coupling_of_calls_equals_the_independent_jacobians(model_type, models, one_thread):
     model = models(model_type)
     parts = locate_model_parts(model)
@@ -183,7 +213,7 @@ class _Keep:
         return self
 
 
-@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2"])
+@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", "deepseek_v4"])
 def test_trajectory_of_a_padded_batch_follows_the_calls(model_type, models, one_thread):
     model = models(model_type)
     parts = locate_model_parts(model)
@@ -207,9 +237,29 @@ def test_trajectory_of_a_padded_batch_follows_the_calls(model_type, models, one_
         reference = independent_trajectory(calls)
         torch.testing.assert_close(states[row], reference, rtol=0, atol=1e-10)
         torch.testing.assert_close(keep.logits[-1][row], logits, rtol=0, atol=1e-8)
+        if model_type == "deepseek_v4":  # every state read out by the model's own modules
+            base, (k, d) = model.model, (model.config.hc_mult, model.config.hidden_size)
+            with torch.no_grad():
+                own = model.lm_head(base.norm(base.hc_head(reference.view(1, -1, k, d))))[0]
+            torch.testing.assert_close(
+                torch.stack([lg[row] for lg in keep.logits]), own, rtol=0, atol=1e-8
+            )
         torch.testing.assert_close(
             line_shape_score(states[row]), line_shape_score(reference), rtol=0, atol=1e-10
         )
+
+
+def test_hyper_connection_streams_are_one_flattened_state(models):
+    model = models("deepseek_v4")
+    parts = locate_model_parts(model)
+    k, d = model.config.hc_mult, model.config.hidden_size
+    assert (parts.n_layers, parts.d_model) == (2, k * d)
+    assert not is_unrolled(parts.blocks)
+    assert [b.block for b in parts.blocks] == list(model.model.layers)
+    assert readout_problems(model, parts, PROMPTS[-1]) == []  # read-out and composition
+    probe = preflight.check_model(model, parts, make_selection("coupling,lss"))
+    assert probe.hidden_shape == (1, preflight.PROBE_TOKENS, k * d)
+    assert probe.replay[0] == "sequence"
 
 
 def test_attention_metrics_are_refused_on_repeated_calls(models):
