@@ -4,12 +4,13 @@ Two moments, each one call from `CouplingHFLM`:
 
 - `check_model`, at model load (before any request): the model must be
   causal (a token's states may not depend on later tokens) and its blocks
-  must pass one residual stream ``[B, T, d]`` (not Gemma-3n's AltUp streams
-  nor DeepSeek-V4's hyper-connection streams). A model that fails (a BERT
-  loaded as ``BertLMHeadModel``) stops the run with a message saying what
-  was found. Any cache is fine for the Jacobian metrics: where the model's
-  cache holds more than keys and values (Mamba, hybrids, linear attention,
-  indexer attention) or there is none, the engine replays whole sequences
+  must pass one residual stream ``[B, T, d]`` (not Gemma-3n's AltUp
+  streams; hyper-connection streams arrive flattened, ``capture.block_calls``).
+  A model that fails (a BERT loaded as ``BertLMHeadModel``) stops the run
+  with a message saying what was found. Any cache is fine for the Jacobian
+  metrics: where the model's cache holds more than keys and values (Mamba,
+  hybrids, linear attention, indexer attention) or there is none, the
+  engine replays whole sequences
   (``capture.jacobian_sequence``); ``ModelProbe.replay`` says which replay.
 - `check_first_batch`, on the first captured batch: the lens read-out of the
   last block's output, ``unembed(final_norm(x^L))``, must reproduce the
@@ -208,9 +209,10 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
         raise UnsupportedModelError(
             f"{name} passes hidden states of shape {list(probe.hidden_shape)} between its "
             f"blocks, not one residual stream [B, T, d]: {_streams(model, probe.hidden_shape)}. "
-            "The trajectory, lens and coupling of lm-coupling are defined on one stream x^l "
-            "(docs/architectures.md, 'Conventions'), so none of its metrics can "
-            "run on this model"
+            "The trajectory, lens and coupling of lm-coupling are defined on one state x^l "
+            "per block; streams [B, T, k, d] with the model's own collapse module (hc_head) "
+            "are measured flattened, this layout is not yet (docs/architectures.md, "
+            "'Conventions'), so none of its metrics can run on this model"
         )
     return dataclasses.replace(probe, replay=choose_replay(model))
 
