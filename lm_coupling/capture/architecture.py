@@ -26,7 +26,7 @@ from torch import nn
 from lm_coupling.capture.block_calls import (
     StreamReadout,
     call_sites,
-    hyper_connection_streams,
+    residual_streams,
     stream_sites,
 )
 from lm_coupling.capture.transformers_adapter import module_with_child_replaced
@@ -609,10 +609,11 @@ def locate_model_parts(model: nn.Module) -> ModelParts:
         if transforms:
             modules = ([final_norm] if final_norm is not None else []) + transforms
             final_norm = nn.Sequential(*modules)
-    streams = hyper_connection_streams(model, decoder, hidden)
-    if streams is not None:  # hyper-connections: the k streams flattened are the state
+    several = residual_streams(model, decoder, hidden)
+    if several is not None:  # hyper-connections, AltUp: the k streams flattened are the state
+        streams, collapse = several
         blocks = stream_sites(blocks, streams, decoder)
-        final_norm = StreamReadout(streams, decoder.hc_head, final_norm)
+        final_norm = StreamReadout(streams, collapse, final_norm)
         hidden = streams.k * streams.d
     return ModelParts(
         model_type=model_type,

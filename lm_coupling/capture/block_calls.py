@@ -35,7 +35,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["CallSite", "StreamReadout", "Streams", "call_sites", "is_unrolled", "stream_sites"]
+__all__ = [
+    "AltUpCollapse",
+    "CallSite",
+    "StreamReadout",
+    "Streams",
+    "call_sites",
+    "is_unrolled",
+    "residual_streams",
+    "stream_sites",
+]
 
 PROBE_TOKENS = 2
 """Length of the probe prompt that finds the order of the calls."""
@@ -86,18 +95,26 @@ class CallSite(nn.Module):
 
 @dataclass(frozen=True)
 class Streams:
-    """k residual streams of width d, ``[..., k, d]``, seen as one state ``[..., k d]``."""
+    """k residual streams of width d, ``[..., k, d]``, seen as one state ``[..., k d]``.
+
+    Stream i is columns ``i d .. (i + 1) d - 1`` of the flattened state.
+    """
 
     k: int
     d: int
+    leading: bool = False
+    """The streams axis comes first, ``[k, B, T, d]`` (Gemma-3n's AltUp)."""
 
     def flatten(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[..., k, d] -> [..., k d]`` (stream i is columns ``i d .. (i+1) d - 1``)."""
+        """``[..., k, d]`` (``[k, ..., d]`` if leading) ``-> [..., k d]``, stream-major."""
+        if self.leading:
+            hidden = hidden.movedim(0, -2)
         return hidden.flatten(-2)
 
     def unflatten(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``[..., k d] -> [..., k, d]``."""
-        return hidden.unflatten(-1, (self.k, self.d))
+        """``[..., k d] -> [..., k, d]`` (or ``[k, ..., d]``)."""
+        hidden = hidden.unflatten(-1, (self.k, self.d))
+        return hidden.movedim(-2, 0) if self.leading else hidden
 
 
 def _map_hidden(args: tuple, kwargs: dict, fn) -> tuple[tuple, dict]:
@@ -288,20 +305,60 @@ def _register_reset(decoder: nn.Module, dispatchers: list[_Dispatch]) -> None:
     decoder.register_forward_pre_hook(reset, prepend=True)
 
 
-# -- several residual streams (hyper-connections) ----------------------------------------------
-def hyper_connection_streams(model: nn.Module, decoder: nn.Module, d: int | None) -> Streams | None:
-    """The streams of a model with hyper-connections (DeepSeek-V4, HY-V4), else None.
+# -- several residual streams (hyper-connections, AltUp) ------------------------------------------
+def residual_streams(
+    model: nn.Module, decoder: nn.Module, d: int | None
+) -> tuple[Streams, nn.Module] | None:
+    """``(streams, collapse)`` of a model with several residual streams, else None.
 
-    Recognised by the decoder's ``hc_head`` module (the model's own collapse of
-    the ``[B, T, k, d]`` streams before its final norm) and ``config.hc_mult = k``.
+    Hyper-connections (DeepSeek-V4, HY-V4): the decoder's ``hc_head`` (the
+    model's own collapse of the ``[B, T, k, d]`` streams before its final
+    norm) and ``config.hc_mult = k``. AltUp (Gemma-3n): the decoder's
+    ``altup_unembed_projections`` and ``config.altup_num_inputs = k``, streams
+    ``[k, B, T, d]``, collapsed as the model does (:class:`AltUpCollapse`).
     """
     config = getattr(model, "config", None)
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not d:
+        return None
     k = getattr(config, "hc_mult", None)
     head = getattr(decoder, "hc_head", None)
-    if not isinstance(k, int) or k < 2 or not isinstance(head, nn.Module) or not d:
-        return None
-    return Streams(k, d)
+    if isinstance(k, int) and k >= 2 and isinstance(head, nn.Module):
+        return Streams(k, d), head
+    k = getattr(config, "altup_num_inputs", None)
+    projections = getattr(decoder, "altup_unembed_projections", None)
+    if isinstance(k, int) and k >= 2 and isinstance(projections, nn.ModuleList):
+        return Streams(k, d, leading=True), AltUpCollapse(projections)
+    return None
+
+
+class AltUpCollapse(nn.Module):
+    """Gemma-3n's collapse of its AltUp streams ``[k, ..., d]`` into one ``[..., d]``.
+
+    As ``Gemma3nTextModel.forward`` does after its last block: stream 0 as it
+    is; stream i through ``altup_unembed_projections[i - 1]``, rescaled to
+    stream 0's root-mean-square (``sqrt(max(mean(p^2), 1e-5))`` below); the
+    mean of the k. The first-batch check verifies that it reproduces the
+    model's logits (``harness.preflight.readout_problems``).
+    """
+
+    EPS = 1e-5
+
+    def __init__(self, projections: nn.ModuleList):
+        super().__init__()
+        self.projections = projections
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[k, ..., d] -> [..., d]``."""
+        target = torch.mean(hidden[0] ** 2, dim=-1, keepdim=True) ** 0.5
+        streams = [hidden[0]]
+        for i, projection in enumerate(self.projections, start=1):
+            projected = projection(hidden[i]).to(hidden.dtype)
+            magnitude = torch.sqrt(
+                torch.mean(projected**2, dim=-1, keepdim=True).clamp(min=self.EPS)
+            )
+            streams.append(projected * target / magnitude)
+        return torch.stack(streams).mean(dim=0)
 
 
 def stream_sites(blocks: list[nn.Module], streams: Streams, decoder: nn.Module) -> list[CallSite]:

@@ -21,6 +21,8 @@ each called once: the same independent check holds with the layers as blocks.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -76,7 +78,20 @@ _HY_V4 = dict(
 """HY-V4: indexed attention (a full indexer, then one sharing its top-k), dense and sparse
 experts, k = 2 hyper-connection streams of d = 16."""
 
-STREAMS = {"deepseek_v4": _V4, "hy_v4": _HY_V4}
+_GEMMA3N = dict(
+    hidden_size=16, intermediate_size=[32] * 4, num_hidden_layers=4, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=8, num_kv_shared_layers=2, vocab_size_per_layer_input=256,
+    hidden_size_per_layer_input=8, laurel_rank=4, altup_num_inputs=2,
+    activation_sparsity_pattern=[0.0] * 4, sliding_window=6,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+)  # fmt: skip
+"""Gemma-3n: k = 2 AltUp streams ``[k, B, T, d]``, per-layer inputs, local and global
+layers, the last two reading the keys and values of earlier layers (KV sharing)."""
+
+HYPER = {"deepseek_v4": _V4, "hy_v4": _HY_V4}
+STREAMS = {**HYPER, "gemma3n_text": _GEMMA3N}
+LEADING = {"gemma3n_text"}
+"""Models whose streams axis comes first (``[k, B, T, d]``)."""
 
 
 def build(model_type: str) -> transformers.PreTrainedModel:
@@ -84,8 +99,9 @@ def build(model_type: str) -> transformers.PreTrainedModel:
         sizes = {**_SIZES, **STREAMS[model_type]}
         config = transformers.AutoConfig.for_model(model_type, **sizes)
         torch.manual_seed(0)
+        extra = {} if model_type in LEADING else {"experts_implementation": "eager"}
         model = transformers.AutoModelForCausalLM.from_config(
-            config, attn_implementation="eager", experts_implementation="eager"
+            config, attn_implementation="eager", **extra
         )
         return model.to(torch.float64).eval()
     if model_type == "hrm_text":
@@ -121,9 +137,11 @@ def _layer_modules(model) -> list[torch.nn.Module]:
     return list(model.model.layers)
 
 
-def _flat(hidden: torch.Tensor) -> torch.Tensor:
-    """``[..., k, d] -> [..., k d]`` for hyper-connection streams; one stream unchanged."""
-    return hidden.flatten(-2) if hidden.dim() == 4 else hidden
+def _flat(hidden: torch.Tensor, leading: bool = False) -> torch.Tensor:
+    """``[B, T, k, d]`` (``[k, B, T, d]`` when ``leading``) ``-> [B, T, k d]``; one stream as is."""
+    if hidden.dim() != 4:
+        return hidden
+    return (hidden.movedim(0, -2) if leading else hidden).flatten(-2)
 
 
 def independent_calls(model, ids: torch.Tensor, mask: torch.Tensor | None = None) -> list[tuple]:
@@ -136,7 +154,10 @@ def independent_calls(model, ids: torch.Tensor, mask: torch.Tensor | None = None
     for module in _layer_modules(model):
 
         def pre(mod, args, kwargs):
-            calls.append([mod, args, dict(kwargs), None])
+            kwargs = dict(kwargs)
+            if "shared_kv_states" in kwargs:  # Gemma-3n's KV sharing: this call's snapshot
+                kwargs["shared_kv_states"] = copy.copy(kwargs["shared_kv_states"])
+            calls.append([mod, args, kwargs, None])
 
         def post(mod, args, kwargs, output):
             open_call = next(c for c in reversed(calls) if c[0] is mod and c[3] is None)
@@ -154,28 +175,31 @@ def independent_calls(model, ids: torch.Tensor, mask: torch.Tensor | None = None
             handle.remove()
 
 
-def independent_jacobians(calls) -> torch.Tensor:
+def independent_jacobians(calls, leading: bool = False) -> torch.Tensor:
     """``[L, d, d]``: each call's J at the last position, autograd on its own input."""
     out = []
     for module, args, kwargs, _ in calls:
         X = (args[0] if args else kwargs["hidden_states"]).detach()
+        axis = 2 if leading else 1  # the sequence axis
 
-        def f(x, X=X, module=module, args=args, kwargs=kwargs):
-            rows = torch.cat([X[:, :-1], x.view(1, 1, *X.shape[2:])], dim=1)
+        def f(x, X=X, module=module, args=args, kwargs=kwargs, axis=axis):
+            last = x.view(X.shape[0], 1, 1, -1) if leading else x.view(1, 1, *X.shape[2:])
+            rows = torch.cat([X.narrow(axis, 0, X.shape[axis] - 1), last], dim=axis)
             if args:
                 y = module(rows, *args[1:], **kwargs)
             else:
                 y = module(**{**kwargs, "hidden_states": rows})
-            return _flat(block_output_hidden(y))[0, -1] - x
+            return _flat(block_output_hidden(y), leading)[0, -1] - x
 
-        out.append(torch.autograd.functional.jacobian(f, _flat(X)[0, -1]))
+        out.append(torch.autograd.functional.jacobian(f, _flat(X, leading)[0, -1]))
     return torch.stack(out)
 
 
-def independent_trajectory(calls, row: int = 0, n: int = -1) -> torch.Tensor:
+def independent_trajectory(calls, row: int = 0, n: int = -1, leading=False) -> torch.Tensor:
     """``[L+1, d]``: the first call's input, then every call's output, at position n of a row."""
     first = calls[0][1][0] if calls[0][1] else calls[0][2]["hidden_states"]
-    return torch.stack([_flat(first)[row, n], *[_flat(c[3])[row, n] for c in calls]])
+    rest = [_flat(c[3], leading)[row, n] for c in calls]
+    return torch.stack([_flat(first, leading)[row, n], *rest])
 
 
 def coupling_of(A: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
@@ -197,7 +221,7 @@ def test_hrm_is_unrolled_into_its_calls(models):
     assert probe.replay[0] == "sequence" and "more than once" in probe.replay[1]
 
 
-@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", "deepseek_v4", "hy_v4"])
+@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", *STREAMS])
 def test_coupling_of_calls_equals_the_independent_jacobians(model_type, models, one_thread):
     model = models(model_type)
     parts = locate_model_parts(model)
@@ -206,7 +230,7 @@ def test_coupling_of_calls_equals_the_independent_jacobians(model_type, models, 
     (alone,) = engine.factors_batch(PROMPTS[:1])
     assert [f.replay for f in batched] == ["sequence"] * len(PROMPTS)
     for ids, factors in zip(PROMPTS, batched, strict=True):
-        J = independent_jacobians(independent_calls(model, ids)[0])
+        J = independent_jacobians(independent_calls(model, ids)[0], model_type in LEADING)
         assert J.shape[0] == parts.n_layers
         U, S, Vh = torch.linalg.svd(J)
         A = coupling_matrices_dense(J, U[..., :K], Vh.transpose(-1, -2)[..., :K])
@@ -231,7 +255,7 @@ class _Keep:
         return self
 
 
-@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", "deepseek_v4", "hy_v4"])
+@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", *STREAMS])
 def test_trajectory_of_a_padded_batch_follows_the_calls(model_type, models, one_thread):
     """The collector's states at n equal the model's own, recorded from its layers.
 
@@ -259,18 +283,17 @@ def test_trajectory_of_a_padded_batch_follows_the_calls(model_type, models, one_
     batch_calls, batch_logits = independent_calls(model, ids, mask)
     lens_tol = 1e-6 if model_type in STREAMS else 1e-8  # hc_head mixes the streams in float32
     for row, prompt in enumerate(PROMPTS):
-        reference = independent_trajectory(batch_calls, row, last[row])
+        reference = independent_trajectory(batch_calls, row, last[row], model_type in LEADING)
         torch.testing.assert_close(states[row], reference, rtol=0, atol=1e-10)
         torch.testing.assert_close(
             keep.logits[-1][row], batch_logits[row, last[row]], atol=lens_tol, rtol=0
         )
         if model_type != "hy_v4":  # padded rows equal each prompt alone (HC mixes in float32)
             calls, logits = independent_calls(model, prompt)
-            torch.testing.assert_close(
-                states[row], independent_trajectory(calls), rtol=0, atol=1e-6
-            )
+            alone = independent_trajectory(calls, leading=model_type in LEADING)
+            torch.testing.assert_close(states[row], alone, rtol=0, atol=1e-6)
             torch.testing.assert_close(keep.logits[-1][row], logits, rtol=0, atol=1e-6)
-        if model_type in STREAMS:  # every state read out by the model's own modules
+        if model_type in HYPER:  # every state read out by the model's own modules
             base, (k, d) = model.model, (model.config.hc_mult, model.config.hidden_size)
             with torch.no_grad():
                 own = model.lm_head(base.norm(base.hc_head(reference.view(1, -1, k, d))))[0]
@@ -283,11 +306,12 @@ def test_trajectory_of_a_padded_batch_follows_the_calls(model_type, models, one_
 
 
 @pytest.mark.parametrize("model_type", list(STREAMS))
-def test_hyper_connection_streams_are_one_flattened_state(model_type, models):
+def test_several_streams_are_one_flattened_state(model_type, models):
     model = models(model_type)
     parts = locate_model_parts(model)
-    k, d = model.config.hc_mult, model.config.hidden_size
-    assert (parts.n_layers, parts.d_model) == (2, k * d)
+    config = model.config
+    k, d = getattr(config, "hc_mult", None) or config.altup_num_inputs, config.hidden_size
+    assert (parts.n_layers, parts.d_model) == (config.num_hidden_layers, k * d)
     assert not is_unrolled(parts.blocks)
     assert [b.block for b in parts.blocks] == list(model.model.layers)
     assert readout_problems(model, parts, PROMPTS[-1]) == []  # read-out and composition
