@@ -297,15 +297,14 @@ def _block_records(model, parts, ids):
 
 def _block_classes(blocks) -> list[str]:
     """The blocks' class names; ``Name (n calls)`` where calls of one module are unrolled."""
+    from lm_coupling.capture.block_calls import is_unrolled
+
+    modules = [getattr(b, "block", b) if type(b).__name__ == "CallSite" else b for b in blocks]
+    if not is_unrolled(blocks):
+        return sorted({type(m).__name__ for m in modules})
     calls: dict[str, int] = {}
-    unrolled = False
-    for block in blocks:
-        inner = getattr(block, "block", None) if type(block).__name__ == "CallSite" else None
-        unrolled = unrolled or inner is not None
-        name = type(inner if inner is not None else block).__name__
-        calls[name] = calls.get(name, 0) + 1
-    if not unrolled:
-        return sorted(calls)
+    for module in modules:
+        calls[type(module).__name__] = calls.get(type(module).__name__, 0) + 1
     return sorted(f"{name} ({count} calls)" for name, count in calls.items())
 
 
@@ -560,14 +559,13 @@ def render(results: list[Result], version: str, seconds: float) -> str:
         "inside each hybrid layer, and the hybrid layers are the located blocks: each runs",
         "once, and no convention is needed.",
         "",
-        "**Several residual streams.** Hyper-connections (DeepSeek-V4, HY-V4: `[B, T, k, d]`",
-        "between blocks): the residual state is the k streams, so x^l is the k streams",
-        "flattened (k d wide), J^l is the block's k d x k d Jacobian, and the lens reads each",
-        "state through the model's own collapse (`hc_head`) and final norm (docs/design.md,",
-        "'Conventions'). Gemma-3n's AltUp (`[k, B, T, d]`, with per-layer inputs) is still",
-        "refused under its own name; the convention it would use is the same: x^l the k",
-        "streams flattened, read out through the model's own un-embedding projections,",
-        "magnitude matching and average of the streams, then its final norm.",
+        "**Several residual streams** (hyper-connections: DeepSeek-V4, HY-V4, `[B, T, k, d]`",
+        "between blocks; AltUp: Gemma-3n, `[k, B, T, d]`): the residual state is the k",
+        "streams, so x^l is the k streams flattened (k d wide), J^l is the block's k d x k d",
+        "Jacobian, and the lens reads each state through the model's own collapse of the",
+        "streams (`hc_head`; AltUp's un-embedding projections, magnitude matching and mean)",
+        "and final norm (docs/design.md, 'Conventions'); `d_model` is k d. Other inputs of a",
+        "block (Gemma-3n's per-layer inputs and shared keys and values) are held fixed.",
         "",
     ]
     return "\n".join(lines)

@@ -4,8 +4,8 @@ Two moments, each one call from `CouplingHFLM`:
 
 - `check_model`, at model load (before any request): the model must be
   causal (a token's states may not depend on later tokens) and its blocks
-  must pass one residual stream ``[B, T, d]`` (not Gemma-3n's AltUp
-  streams; hyper-connection streams arrive flattened, ``capture.block_calls``).
+  must pass one state ``[B, T, d]`` (several residual streams, hyper-connections
+  and Gemma-3n's AltUp, arrive flattened, ``capture.block_calls``).
   A model that fails (a BERT loaded as ``BertLMHeadModel``) stops the run
   with a message saying what was found. Any cache is fine for the Jacobian
   metrics: where the model's cache holds more than keys and values (Mamba,
@@ -174,6 +174,15 @@ def _streams(model: nn.Module, shape: tuple[int, ...]) -> str:
     return f"{len(shape) - 2} stream axes" if shape else ""
 
 
+_UNKNOWN_STREAMS = (
+    "The trajectory, lens and coupling of lm-coupling are defined on one state x^l per "
+    "block; several streams are measured as one, flattened, where the locator finds the "
+    "model's own collapse of them (its decoder's hc_head or altup_unembed_projections), "
+    "and it found none here (docs/architectures.md, 'Conventions'), so none of its "
+    "metrics can run on this model"
+)
+
+
 def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> ModelProbe:
     """Stop before any request when the model cannot give the selected metrics.
 
@@ -201,18 +210,13 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
         raise UnsupportedModelError(
             f"{name} passes hidden states {probe.hidden_shape[-1]} wide between its blocks, "
             f"{probe.hidden_shape[-1] // parts.d_model} times its width d = {parts.d_model}: "
-            f"{several}. The trajectory, lens and coupling of lm-coupling are defined on one "
-            "stream x^l (docs/architectures.md, 'Conventions'), so none of its metrics can "
-            "run on this model"
+            f"{several}. {_UNKNOWN_STREAMS}"
         )
     if probe.hidden_shape and len(probe.hidden_shape) != 3:
         raise UnsupportedModelError(
             f"{name} passes hidden states of shape {list(probe.hidden_shape)} between its "
             f"blocks, not one residual stream [B, T, d]: {_streams(model, probe.hidden_shape)}. "
-            "The trajectory, lens and coupling of lm-coupling are defined on one state x^l "
-            "per block; streams [B, T, k, d] with the model's own collapse module (hc_head) "
-            "are measured flattened, this layout is not yet (docs/architectures.md, "
-            "'Conventions'), so none of its metrics can run on this model"
+            f"{_UNKNOWN_STREAMS}"
         )
     return dataclasses.replace(probe, replay=choose_replay(model))
 
