@@ -295,6 +295,19 @@ def _block_records(model, parts, ids):
     return records, outputs
 
 
+def _block_classes(blocks) -> list[str]:
+    """The blocks' class names; ``Name (n calls)`` where calls of one module are unrolled."""
+    from lm_coupling.capture.block_calls import is_unrolled
+
+    modules = [getattr(b, "block", b) if type(b).__name__ == "CallSite" else b for b in blocks]
+    if not is_unrolled(blocks):
+        return sorted({type(m).__name__ for m in modules})
+    calls: dict[str, int] = {}
+    for module in modules:
+        calls[type(module).__name__] = calls.get(type(module).__name__, 0) + 1
+    return sorted(f"{name} ({count} calls)" for name, count in calls.items())
+
+
 def reference_jacobians(model, parts, ids):
     """``[L, d, d]`` J^l at the last position: autograd through the whole sequence, no engine."""
     import torch
@@ -401,7 +414,7 @@ def check(model_type: str) -> Result:
     selection = make_selection(METRICS)
     try:
         parts = locate_model_parts(model)
-        result.blocks = sorted({type(b).__name__ for b in parts.blocks})
+        result.blocks = _block_classes(parts.blocks)
         preflight.check_model(model, parts, selection)
         probe_ids = torch.tensor(PROMPTS[-1])
         preflight.check_readout(model, parts, probe_ids, selection)
@@ -533,20 +546,26 @@ def render(results: list[Result], version: str, seconds: float) -> str:
         )
     lines += [
         "",
-        "## Conventions for the architectures still refused",
+        "## Conventions",
         "",
-        "**Several residual streams** (Gemma-3n's AltUp, DeepSeek-V4-style hyper-connections:",
-        "hidden states `[B, T, k, d]` or `[k, B, T, d]` between blocks): the trajectory, lens",
-        "and coupling are defined on one stream x^l. The convention lm-coupling would use is",
-        "the combination of the streams the model itself reads out at the end (AltUp's",
-        "un-embedding average, the hyper-connections' output mix), applied to every block's",
-        "output, with the block Jacobian taken from that combination's input to it; until",
-        "it is implemented these models are refused under their own name.",
+        "**Blocks called more than once per forward pass** (looped depth: HRM's low- and",
+        "high-level stacks): `num_hidden_layers` counts calls, and so does lm-coupling. The",
+        "trajectory follows the calls in order (x^0 the first call's input, x^l the output",
+        "of call l), J^l is the Jacobian of call l at that call's own recorded input (the",
+        "sequence replay, prefix fixed), and coupling couples calls (docs/design.md,",
+        "'Conventions'); `block classes` then counts the calls per class. The independent",
+        "check records each call of the model's own layer modules in call order",
+        "(tests/capture/test_block_calls.py). Zamba-2's shared attention block is called",
+        "inside each hybrid layer, and the hybrid layers are the located blocks: each runs",
+        "once, and no convention is needed.",
         "",
-        "**Blocks called more than once per forward pass** (Zamba-2's shared blocks, looped",
-        "depth): the trajectory would follow the calls in order (a state per call) and",
-        "coupling would couple calls, not modules; until then they are refused with the",
-        "number of calls per block.",
+        "**Several residual streams** (hyper-connections: DeepSeek-V4, HY-V4, `[B, T, k, d]`",
+        "between blocks; AltUp: Gemma-3n, `[k, B, T, d]`): the residual state is the k",
+        "streams, so x^l is the k streams flattened (k d wide), J^l is the block's k d x k d",
+        "Jacobian, and the lens reads each state through the model's own collapse of the",
+        "streams (`hc_head`; AltUp's un-embedding projections, magnitude matching and mean)",
+        "and final norm (docs/design.md, 'Conventions'); `d_model` is k d. Other inputs of a",
+        "block (Gemma-3n's per-layer inputs and shared keys and values) are held fixed.",
         "",
     ]
     return "\n".join(lines)

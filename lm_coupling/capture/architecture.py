@@ -23,6 +23,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from lm_coupling.capture.block_calls import (
+    StreamReadout,
+    call_sites,
+    residual_streams,
+    stream_sites,
+)
 from lm_coupling.capture.transformers_adapter import module_with_child_replaced
 from lm_coupling.errors import UnsupportedModelError
 
@@ -65,6 +71,9 @@ _OVERRIDES: dict[str, dict[str, str | tuple[str, ...] | float | None]] = {
         "blocks": "model.decoder.layers",
         "final_norm": ("model.decoder.final_layer_norm", "model.decoder.project_out"),
     },
+    # HRM (looped depth): the last call is the high-level stack's last layer, whose
+    # output the stack's own final norm reads out (capture/block_calls.py).
+    "hrm_text": {"final_norm": ("model.H_module.final_norm",)},
 }
 
 
@@ -157,7 +166,9 @@ class ModelParts:
 
     Attributes:
         model_type: ``config.model_type``.
-        blocks: the L decoder blocks, in order.
+        blocks: the L decoder blocks, in order; for a model whose blocks run more
+            than once per forward pass, one call site per call, in call order
+            (``capture.block_calls.CallSite``; docs/design.md).
         final_norm: the final norm N (or a composition of modules applied
             before the unembedding); None means N is the identity.
         unembed_weight: ``W_U [V, d]`` (tied to the input embedding in some models).
@@ -426,6 +437,12 @@ def _locate_blocks(model, model_type, override, decoder, n_layers) -> list[nn.Mo
             )
         return list(blocks)
     found = _find_blocks(decoder, n_layers)
+    if found is None or (n_layers is not None and len(found[1]) != n_layers):
+        # no list of num_hidden_layers blocks: blocks called more than once (looped
+        # depth, HRM) give one call site per call, in call order
+        sites = call_sites(model, decoder, n_layers)
+        if sites:
+            return list(sites)
     if found is None:
         raise _unsupported(
             model,
@@ -607,6 +624,12 @@ def locate_model_parts(model: nn.Module) -> ModelParts:
         if transforms:
             modules = ([final_norm] if final_norm is not None else []) + transforms
             final_norm = nn.Sequential(*modules)
+    several = residual_streams(model, decoder, hidden)
+    if several is not None:  # hyper-connections, AltUp: the k streams flattened are the state
+        streams, collapse = several
+        blocks = stream_sites(blocks, streams, decoder)
+        final_norm = StreamReadout(streams, collapse, final_norm)
+        hidden = streams.k * streams.d
     return ModelParts(
         model_type=model_type,
         blocks=blocks,
@@ -614,7 +637,7 @@ def locate_model_parts(model: nn.Module) -> ModelParts:
         unembed_weight=head.weight,
         unembed_bias=bias if isinstance(bias, torch.Tensor) else None,
         embedding=embedding,
-        hidden_size=getattr(config, "hidden_size", None),
+        hidden_size=hidden,
         logit_scale=scale,
         logit_softcap=float(softcap) if softcap else None,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from lm_coupling.capture import transformers_adapter as adapter
+from lm_coupling.capture.block_calls import is_unrolled
 from lm_coupling.errors import ConfigurationError, UnsupportedModelError
 
 __all__ = ["EAGER_FIX", "attention_implementation", "attention_modules", "check_attentions"]
@@ -59,6 +60,12 @@ def attention_modules(blocks: list[nn.Module]) -> list[nn.Module]:
     Raises:
         UnsupportedModelError: a block has no such submodule.
     """
+    if is_unrolled(blocks):
+        raise UnsupportedModelError(
+            "the model's blocks run more than once per forward pass (looped depth): the "
+            "attention probabilities of each call are not taken; metrics that read "
+            "attentions do not support this model (the trajectory and Jacobian metrics do)"
+        )
     found = []
     for index, block in enumerate(blocks, start=1):
         candidates = [

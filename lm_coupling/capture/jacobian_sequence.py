@@ -101,10 +101,19 @@ def cache_replay_problem(model: nn.Module) -> str:
     recurrent, convolution or scan state (Mamba, hybrids, linear attention),
     an indexer (sparse attention), or no cache at all rules it out; so does
     a cache replay of a probe prompt that differs from the model's own
-    forward pass (:func:`_cache_replay_mismatch`).
+    forward pass (:func:`_cache_replay_mismatch`), as do blocks that run more
+    than once per forward pass (``capture.block_calls``: every call is
+    replayed on its own recorded whole-sequence input).
     """
+    from lm_coupling.capture.architecture import locate_model_parts
+    from lm_coupling.capture.block_calls import is_unrolled
     from lm_coupling.capture.transformers_adapter import make_model_cache
 
+    if is_unrolled(locate_model_parts(model).blocks):
+        return (
+            "its blocks run more than once per forward pass (looped depth): each call is "
+            "replayed on the inputs recorded for that call"
+        )
     if not accepts_argument(model, "use_cache"):
         return f"{type(model).__name__}.forward takes no use_cache argument (no cache)"
     try:
@@ -136,7 +145,10 @@ def cache_replay_problem(model: nn.Module) -> str:
         return _cache_replay_mismatch(model)
     except LmCouplingError as error:  # the cache replay cannot even run on the probe
         return f"the cache replay fails on a probe prompt ({error})"
-    except RuntimeError as error:  # e.g. a cache whose rows are not one per position
+    except (RuntimeError, AttributeError, TypeError, ValueError) as error:
+        # e.g. a cache whose rows are not one per position, or cache layers of the
+        # model's own kind that the engine's plain key/value cache lacks (DeepSeek-V4's
+        # compressor layers: AttributeError)
         return f"the cache replay fails on a probe prompt ({type(error).__name__}: {error})"
 
 

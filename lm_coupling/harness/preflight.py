@@ -4,12 +4,13 @@ Two moments, each one call from `CouplingHFLM`:
 
 - `check_model`, at model load (before any request): the model must be
   causal (a token's states may not depend on later tokens) and its blocks
-  must pass one residual stream ``[B, T, d]`` (not Gemma-3n's AltUp streams
-  nor DeepSeek-V4's hyper-connection streams). A model that fails (a BERT
-  loaded as ``BertLMHeadModel``) stops the run with a message saying what
-  was found. Any cache is fine for the Jacobian metrics: where the model's
-  cache holds more than keys and values (Mamba, hybrids, linear attention,
-  indexer attention) or there is none, the engine replays whole sequences
+  must pass one state ``[B, T, d]`` (several residual streams, hyper-connections
+  and Gemma-3n's AltUp, arrive flattened, ``capture.block_calls``).
+  A model that fails (a BERT loaded as ``BertLMHeadModel``) stops the run
+  with a message saying what was found. Any cache is fine for the Jacobian
+  metrics: where the model's cache holds more than keys and values (Mamba,
+  hybrids, linear attention, indexer attention) or there is none, the
+  engine replays whole sequences
   (``capture.jacobian_sequence``); ``ModelProbe.replay`` says which replay.
 - `check_first_batch`, on the first captured batch: the lens read-out of the
   last block's output, ``unembed(final_norm(x^L))``, must reproduce the
@@ -37,6 +38,7 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden
+from lm_coupling.capture.block_calls import is_unrolled
 from lm_coupling.capture.differentiable import untransformable_modules
 from lm_coupling.capture.jacobian_calls import (
     compute_dtype,
@@ -172,6 +174,15 @@ def _streams(model: nn.Module, shape: tuple[int, ...]) -> str:
     return f"{len(shape) - 2} stream axes" if shape else ""
 
 
+_UNKNOWN_STREAMS = (
+    "The trajectory, lens and coupling of lm-coupling are defined on one state x^l per "
+    "block; several streams are measured as one, flattened, where the locator finds the "
+    "model's own collapse of them (its decoder's hc_head or altup_unembed_projections), "
+    "and it found none here (docs/architectures.md, 'Conventions'), so none of its "
+    "metrics can run on this model"
+)
+
+
 def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> ModelProbe:
     """Stop before any request when the model cannot give the selected metrics.
 
@@ -199,17 +210,13 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
         raise UnsupportedModelError(
             f"{name} passes hidden states {probe.hidden_shape[-1]} wide between its blocks, "
             f"{probe.hidden_shape[-1] // parts.d_model} times its width d = {parts.d_model}: "
-            f"{several}. The trajectory, lens and coupling of lm-coupling are defined on one "
-            "stream x^l (docs/architectures.md, 'Conventions'), so none of its metrics can "
-            "run on this model"
+            f"{several}. {_UNKNOWN_STREAMS}"
         )
     if probe.hidden_shape and len(probe.hidden_shape) != 3:
         raise UnsupportedModelError(
             f"{name} passes hidden states of shape {list(probe.hidden_shape)} between its "
             f"blocks, not one residual stream [B, T, d]: {_streams(model, probe.hidden_shape)}. "
-            "The trajectory, lens and coupling of lm-coupling are defined on one stream x^l "
-            "(docs/architectures.md, 'Conventions'), so none of its metrics can "
-            "run on this model"
+            f"{_UNKNOWN_STREAMS}"
         )
     return dataclasses.replace(probe, replay=choose_replay(model))
 
@@ -282,7 +289,9 @@ def readout_problems(
             "unembed(final_norm(x^L)) differs from the model's logits at the last position by "
             f"up to {difference:.3g} (the logits reach {float(own.abs().max()):.3g})"
         )
-    if composition:
+    if composition and not is_unrolled(parts.blocks):
+        # calls of blocks that run more than once need not compose (HRM sums its two
+        # levels' states between stacks); their read-out check above still holds
         for i in range(parts.n_layers - 1):
             out, nxt = outputs[i][0], inputs[i + 1][0] if inputs[i + 1] else None
             if nxt is None or nxt.shape != out.shape or not torch.allclose(out, nxt):

@@ -19,8 +19,8 @@ allows it), with each attention implementation it supports:
 
 Models whose cache holds more than keys and values (Mamba, hybrids, linear
 attention, RG-LRU) are replayed on the whole sequence
-(``capture.jacobian_sequence``); architectures no metric is defined on
-(several residual streams) are refused at load, naming the architecture.
+(``capture.jacobian_sequence``); Gemma-3n's AltUp streams are measured as one
+state, the k streams flattened (``capture.block_calls``).
 """
 
 from __future__ import annotations
@@ -203,8 +203,7 @@ TABLE: dict[str, Arch] = {
         | {"intermediate_size": [128] * 4, "activation_sparsity_pattern": [0.0] * 4}
         | {"layer_types": LOCAL_GLOBAL, "sliding_window": WINDOW},
         dtype=F32,
-        refused="not one residual stream",
-        note="AltUp streams and per-layer inputs between blocks",
+        note="AltUp streams [k, B, T, d] (the state: the k streams flattened), per-layer inputs",
     ),
 }
 """Architectures the suite checks (model_type must exist in the installed transformers)."""
@@ -301,7 +300,8 @@ def reference_coupling(J: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def test_coupling_equals_the_whole_sequence_jacobian(name, attn, models, one_thread):
     model = models(name, attn)
     parts = locate_model_parts(model)
-    assert (parts.n_layers, parts.d_model) == (4, 64)
+    streams = getattr(model.config, "altup_num_inputs", 1)  # the state: k streams flattened
+    assert (parts.n_layers, parts.d_model) == (4, 64 * streams)
     assert readout_problems(model, parts, PROMPTS[-1]) == []
     engine = JacobianEngine(model, parts, pair_reduction=pair_reduction, k_max=K, method="dense")
     batched = engine.factors_batch(PROMPTS)

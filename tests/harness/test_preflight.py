@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -98,7 +99,8 @@ def test_mamba_is_accepted_for_coupling_through_the_sequence_replay(tokenizer, p
 
 
 def test_several_residual_streams_are_named_by_architecture(tokenizer):
-    """Gemma-3n's AltUp streams are refused under their own name, not as hyper-connections."""
+    """Gemma-3n's AltUp streams are one flattened state; a view of its blocks that keeps
+    them apart is refused under AltUp's name, not as hyper-connections."""
     config = transformers.Gemma3nTextConfig(
         vocab_size=len(tokenizer), vocab_size_per_layer_input=len(tokenizer),
         hidden_size=32, intermediate_size=[64] * 2, num_hidden_layers=2,
@@ -108,8 +110,12 @@ def test_several_residual_streams_are_named_by_architecture(tokenizer):
     )  # fmt: skip
     model = _from_config(config)
     parts = locate_model_parts(model)
+    probe = preflight.check_model(model, parts, TRAJECTORY)
+    assert probe.hidden_shape == (1, preflight.PROBE_TOKENS, 2 * 32) and parts.d_model == 64
+    # the model's own layers, streams apart ([k, B, T, d]): no metric is defined on them
+    apart = dataclasses.replace(parts, blocks=list(model.model.layers), hidden_size=32)
     with pytest.raises(UnsupportedModelError) as info:
-        preflight.check_model(model, parts, TRAJECTORY)
+        preflight.check_model(model, apart, TRAJECTORY)
     message = str(info.value)
     assert "AltUp streams and per-layer inputs (Gemma-3n)" in message
     assert "hyper-connection" not in message and "none of its metrics can run" in message
