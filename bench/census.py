@@ -73,7 +73,7 @@ TINY = dict(
     moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
     topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
     v_head_dim=16, mamba_d_state=8, mamba_n_heads=4, mamba_d_head=32, mamba_d_ssm=128,
-    mamba_n_groups=1,
+    mamba_n_groups=1, index_topk=CHUNK,
     mamba_chunk_size=CHUNK, mamba_expand=2, mamba_d_conv=4, state_size=8, ssm_state_size=8,
     linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
     linear_value_head_dim=16, lru_width=64, initializer_range=0.05,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -46,8 +47,13 @@ def _configs(model: nn.Module) -> list:
 FORWARD_AD_ATTENTION = ("eager", "sdpa")
 """Attention implementations differentiated as they are (SDPA through its math backend)."""
 
-_OWN_SDPA_BRANCH = ('_attn_implementation == "sdpa"', '_attn_implementation != "sdpa"')
-"""Source text of a modeling module that tests the attention's name itself (Falcon)."""
+_OWN_SDPA_BRANCH = re.compile(
+    r"""_attn_implementation\s*(?:[!=]=|(?:not\s+)?in)\s*[^:\n]*["']sdpa["']"""
+)
+"""Source text of a modeling module that tests the attention's name itself: Falcon's
+``_attn_implementation == "sdpa"``, and DeepSeek-V3.2-style indexer attention's
+``_attn_implementation in ("eager", "sdpa")``, which applies the indexer's top-k mask
+under those names only (under another name it hands the indices to a kernel instead)."""
 
 
 def _module_source(module_name: str) -> str:
@@ -79,7 +85,7 @@ def _dispatches_by_name(model: nn.Module) -> bool:
     # transformers' modeling modules, and remote-code ones (``transformers_modules.*``).
     sources = [_module_source(n) for n in sorted(names) if n.startswith("transformers")]
     uses = any("ALL_ATTENTION_FUNCTIONS" in source for source in sources)
-    return uses and not any(t in source for source in sources for t in _OWN_SDPA_BRANCH)
+    return uses and not any(_OWN_SDPA_BRANCH.search(source) for source in sources)
 
 
 def _engine_attention(current, forced: str | None, split: bool):

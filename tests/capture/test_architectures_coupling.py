@@ -33,6 +33,7 @@ import transformers
 from fixtures.census import census
 
 from lm_coupling.capture.architecture import locate_model_parts
+from lm_coupling.capture.engine_mode import engine_mode
 from lm_coupling.capture.jacobian import JacobianEngine
 from lm_coupling.capture.jacobian_calls import _truncated_prefix
 from lm_coupling.errors import UnsupportedModelError
@@ -357,6 +358,31 @@ def test_fused_experts_of_a_default_load_go_through_forward_mode(one_thread):
     assert model.config._experts_implementation == "grouped_mm"
     S = torch.linalg.svdvals(reference_jacobians(model, parts, ids))[:, : K + 1]
     torch.testing.assert_close(factors.S, S, rtol=1e-4, atol=1e-4 * float(S.max()))
+
+
+def test_indexer_attention_keeps_its_top_k_mask_inside_the_engine(one_thread):
+    """DeepSeek-V3.2's indexer masks all but its top-k keys under "eager"/"sdpa" only.
+
+    Under another attention name the model hands the indices to a sparse kernel
+    instead, so the engine must keep "sdpa" (not its split-prefix name) for it;
+    with top-k 4 below every prompt's length the selection changes the function.
+    """
+    model = census.build("deepseek_v32")
+    assert model.config.index_topk < min(len(p) for p in PROMPTS)
+    parts = locate_model_parts(model)
+    with engine_mode(model):
+        assert model.config._attn_implementation == "sdpa"
+    engine = JacobianEngine(model, parts, pair_reduction=pair_reduction, k_max=K, method="dense")
+    prompts = [PROMPTS[0], PROMPTS[3]]
+    tol = 1e-6 if next(model.parameters()).dtype == F64 else 2e-4
+    for ids, factors in zip(prompts, engine.factors_batch(prompts), strict=True):
+        S, c = reference_coupling(reference_jacobians(model, parts, ids))
+        torch.testing.assert_close(factors.S, S, rtol=tol, atol=tol * float(S.max()))
+        torch.testing.assert_close(coupling_of(factors.A, factors.S), c, rtol=0, atol=tol * 10)
+    dense = census.build("deepseek_v32", index_topk=64)  # every key selected
+    reference = reference_jacobians(model, parts, PROMPTS[3])
+    other = reference_jacobians(dense, locate_model_parts(dense), PROMPTS[3])
+    assert float((other - reference).abs().max()) > 1e-3
 
 
 REFUSED = [name for name, arch in TABLE.items() if arch.refused]
