@@ -541,6 +541,9 @@ def _logit_transform(config, override) -> tuple[float, float | None]:
     scaling = getattr(config, "logits_scaling", None)
     if scaling:
         scale /= float(scaling)
+    mup = getattr(config, "logits_mup_width_multiplier", None)  # Inkling: lm_head(x / m)
+    if mup:
+        scale /= float(mup)
     softcap = getattr(config, "final_logit_softcapping", None)
     if softcap is None:
         softcap = getattr(config, "logits_soft_cap", None)  # RecurrentGemma
