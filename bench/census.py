@@ -133,6 +133,7 @@ OVERRIDES: dict[str, dict] = {
                      attention_head_size=16, feed_forward_size=128, local_attn_chunk_length=CHUNK,
                      lsh_attn_chunk_length=CHUNK, num_buckets=2, hash_seed=0),
     "xlnet": dict(d_head=16),
+    "zaya": dict(num_experts_per_tok=1),
     "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"] * 2),
     "cohere_compass_text": dict(rope_parameters={
         "full_attention": dict(rope_type="default", rope_theta=10000.0),
@@ -627,6 +628,9 @@ def render(results: list[Result], version: str, seconds: float) -> str:
         '`replay` is how the engine replayed the blocks (docs/engine.md, "Replays"):',
         "`cache` (token n against the frozen prefix keys/values) or `sequence` (the whole",
         "prompt, rows before n fixed: recurrent-state caches, no cache, indexer attention).",
+        "A `failed` row whose reason starts with `tiny-config build` is the census's own",
+        "configuration problem (its tiny model does not run on its own), not an lm-coupling",
+        "finding; every other `failed` row is lm-coupling's.",
         "",
         f"**{counts['verified']} of {len(text)} text causal LMs run verified**; "
         + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()) if k != "verified")

@@ -48,6 +48,7 @@ FINAL_NORM_NAMES = (
     "layernorm",  # CTRL
     "ln",  # Megatron-BERT (on its encoder)
     "out_norm",  # xLSTM
+    "LayerNorm",  # RoBERTa-PreLayerNorm (on the model), XLM-RoBERTa-XL (on its encoder)
 )
 """Attribute names of the final norm on the decoder, tried in order (the first-batch
 check verifies that the one found reproduces the model's logits)."""
