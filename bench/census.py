@@ -675,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated model types (default: all)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per model type")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model type")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--workers", type=int, default=1, help="model types run at once")
     parser.add_argument(
