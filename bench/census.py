@@ -11,7 +11,8 @@ child process each, with a time limit):
 2. run lm-coupling's library path for ``--metrics coupling,lss,logit_lens_entropy``
    as ``lm_eval --model hf-coupling`` runs it: ``locate_model_parts``, the load
    and first-batch checks of ``harness.preflight``, the streamed metrics of a
-   right-padded batch of four documents through ``GeometryRunner.capture``,
+   right-padded batch of four documents through ``GeometryRunner.capture``
+   (no attention mask, as lm-eval's HFLM scores a batch),
    and the Jacobian metrics through ``GeometryRunner.compute_sampled_batch``
    (the four documents in one batch, and the first alone);
 3. recompute coupling and LSS of each document independently: ``J^l`` by
@@ -71,22 +72,22 @@ TINY = dict(
     num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2,
     moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
     topk_group=1, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-    v_head_dim=16, mamba_d_state=8, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+    v_head_dim=16, mamba_d_state=8, mamba_n_heads=4, mamba_d_head=32, mamba_d_ssm=128,
+    mamba_n_groups=1, index_topk=CHUNK,
     mamba_chunk_size=CHUNK, mamba_expand=2, mamba_d_conv=4, state_size=8, ssm_state_size=8,
     linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
     linear_value_head_dim=16, lru_width=64, initializer_range=0.05,
 )  # fmt: skip
 """Tiny sizes under the usual config names (a config ignores the names it does not use)."""
 
-MINIMAL = dict(
-    vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-    intermediate_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-)  # fmt: skip
-"""Fallback sizes for a config that rejects one of ``TINY``'s names."""
+DROP = object()
+"""An ``OVERRIDES`` value: leave this ``TINY`` name out of the entry's config."""
+
 
 OVERRIDES: dict[str, dict] = {
     "bamba": dict(attn_layer_indices=[1, 3]),
     "codegen": dict(rotary_dim=8),
+    "gptj": dict(rotary_dim=8),
     "llama4": dict(attention_chunk_size=CHUNK),
     "llama4_text": dict(attention_chunk_size=CHUNK),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
@@ -97,13 +98,61 @@ OVERRIDES: dict[str, dict] = {
                          intermediate_size=[128] * 4, activation_sparsity_pattern=[0.0] * 4),
     "lfm2": dict(layer_types=["conv", "full_attention"] * 2),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"] * 2),
-    "qwen4_exp_text": dict(indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16,
-                           indexer_budget=4, indexer_compress_ratio=2),
+    "qwen4_exp_text": dict(head_dim=16, indexer_n_heads=2, indexer_kv_heads=1,
+                           indexer_head_dim=16, indexer_budget=4, indexer_compress_ratio=2),
+    "mamba2": dict(num_heads=4, head_dim=32, n_groups=1, state_size=8, expand=2,
+                   chunk_size=CHUNK),
+    "helium": dict(head_dim=16),
+    "ministral": dict(head_dim=16),
+    "hunyuan_v1_dense": dict(head_dim=16),
+    "hunyuan_v1_moe": dict(head_dim=16),
+    "dory": dict(head_dim=16, n_input_layers=1, n_recurrent_layers=2, n_output_layers=1,
+                 layer_types=["sliding_attention", "full_attention"] * 2),
+    "longcat_flash": dict(head_dim=8, zero_expert_num=2, moe_topk=2, expert_ffn_hidden_size=32,
+                          ffn_hidden_size=128),
+    "mimo_v2_flash": dict(head_dim=16, v_head_dim=16, num_key_value_heads=2, rope_parameters={
+        "full_attention": dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+        "sliding_attention": dict(rope_type="default", rope_theta=10000.0,
+                                  partial_rotary_factor=0.5)}),
+    "hy_v4": dict(head_dim=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+                  index_topk=4, index_head_dim=16, index_n_heads=2,
+                  indexer_types=["full", "shared", "full", "shared"]),
+    "dbrx": dict(d_model=64, n_heads=4, n_layers=4,
+                 attn_config=dict(kv_n_heads=4, rope_theta=10000.0, clip_qkv=8.0),
+                 ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
+    "xlstm": dict(num_heads=4, chunk_size=CHUNK, qk_dim_factor=1.0),
+    "prophetnet": dict(num_encoder_layers=4, num_decoder_layers=4, num_hidden_layers=DROP),
+    "bailing_hybrid": dict(head_dim=16),
+    "kimi_linear": dict(linear_head_dim=16, linear_num_heads=4),
+    "dots3_note_text": dict(head_dim=16, index_head_dim=16, index_n_heads=2, index_topk=4,
+                            shared_experts_intermediate_size=32, swa_num_attention_heads=4,
+                            swa_num_key_value_heads=4, swa_q_lora_rank=16, swa_kv_lora_rank=16,
+                            swa_head_dim=16, swa_qk_nope_head_dim=8, swa_v_head_dim=16),
+    "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"] * 2, axial_pos_shape=[4, 8],
+                     axial_pos_embds_dim=[32, 32], max_position_embeddings=32,
+                     attention_head_size=16, feed_forward_size=128, local_attn_chunk_length=CHUNK,
+                     lsh_attn_chunk_length=CHUNK, num_buckets=2, hash_seed=0),
+    "xlnet": dict(d_head=16),
+    "zaya": dict(num_experts_per_tok=1),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"] * 2),
+    "cohere_compass_text": dict(rope_parameters={
+        "full_attention": dict(rope_type="default", rope_theta=10000.0),
+        "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}),
 }  # fmt: skip
 """model_type -> config values replacing ``TINY``'s (architectures with their own names)."""
 
 DECODER = dict(is_decoder=True, causal=True)
 """What a BERT-style (or XLM) config needs to run as a causal decoder."""
+
+NOT_STANDALONE = {
+    "gemma4_assistant": "not a standalone LM: a drafting head that reads the target model's "
+    "shared key/value states (every layer kv-shared)",
+    "gemma4_unified_assistant": "not a standalone LM: a drafting head whose forward needs the "
+    "target model's inputs_embeds and shared_kv_states",
+    "dots3_note": "not text-only: the vision and audio config of Dots3NoteForCausalLM, whose "
+    "text model is the entry dots3_note_text",
+}
+"""model_type -> why the census skips an entry that is not a text model of its own."""
 
 NON_TEXT_KEYS = ("vision", "audio", "speech", "image", "encoder", "video", "visual")
 """A sub-config whose name contains one of these makes the entry not text-only."""
@@ -140,6 +189,8 @@ def _config(model_type: str):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    if model_type in NOT_STANDALONE:
+        raise Skip(NOT_STANDALONE[model_type])
     if "ConditionalGeneration" in mapped:
         raise Skip(f"not text-only: maps to {mapped}")
     cls = transformers.CONFIG_MAPPING[model_type]
@@ -153,15 +204,25 @@ def _config(model_type: str):
             text_type = transformers.AutoConfig.for_model(model_type).text_config.model_type
         sizes = _sizes(text_type)
         config = transformers.AutoConfig.for_model(model_type, text_config=sizes)
-        _keep_every_layer_kind(text_type, config.get_text_config())
+        kinds = _every_layer_kind(text_type, config.get_text_config())
+        if kinds is not None:
+            config.get_text_config().layer_types = kinds
         return config
+    sizes = _sizes(model_type)
     try:
-        config = transformers.AutoConfig.for_model(model_type, **_sizes(model_type))
-    except Exception:  # noqa: BLE001 - a config that rejects one of the generic names
-        config = transformers.AutoConfig.for_model(model_type, **MINIMAL)
+        config = transformers.AutoConfig.for_model(model_type, **sizes)
+    except Exception:  # noqa: BLE001 - a config that rejects a generic name it does not use
+        config = transformers.AutoConfig.for_model(model_type, **_known(model_type, sizes))
     if getattr(config, "is_encoder_decoder", False):
         raise Skip("not text-only: an encoder-decoder model")
-    _keep_every_layer_kind(model_type, config)
+    kinds = _every_layer_kind(model_type, config)
+    if kinds is not None:  # at construction: derived values (per-type RoPE) follow the list
+        try:
+            config = transformers.AutoConfig.for_model(
+                model_type, **{**sizes, "layer_types": kinds}
+            )
+        except Exception:  # noqa: BLE001 - a config that derives its list: set it afterwards
+            config.layer_types = kinds
     return config
 
 
@@ -169,7 +230,26 @@ def _sizes(model_type: str) -> dict:
     """``TINY``, the entry's ``OVERRIDES`` and its per-layer lists cut to 4 blocks."""
     sizes = {**TINY, **OVERRIDES.get(model_type, {})}
     sizes.update(_per_layer_lists(model_type, sizes))
-    return sizes
+    return {k: v for k, v in sizes.items() if v is not DROP}
+
+
+def _known(model_type: str, sizes: dict) -> dict:
+    """``sizes`` without the generic ``TINY`` names the entry's config does not define.
+
+    A config that rejects a name it does not use (xLSTM's read-only
+    ``v_head_dim``, XLNet's missing ``max_position_embeddings``) gets the
+    others; the entry's ``OVERRIDES`` always pass.
+    """
+    import transformers
+
+    cls = transformers.CONFIG_MAPPING[model_type]
+    names = set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "attribute_map", {}))
+    try:
+        names |= set(cls().to_dict())
+    except Exception:  # noqa: BLE001 - a config without valid defaults: its declared fields
+        pass
+    own = OVERRIDES.get(model_type, {})
+    return {k: v for k, v in sizes.items() if k in names or k in own}
 
 
 def _pattern(values: list, n: int) -> list:
@@ -194,7 +274,7 @@ def _per_layer_lists(model_type: str, sizes: dict) -> dict:
     except Exception:  # noqa: BLE001 - a config without defaults: nothing to cut
         return {}
     depth = getattr(default, "num_hidden_layers", None)
-    n = sizes["num_hidden_layers"]
+    n = TINY["num_hidden_layers"]
     if not isinstance(depth, int) or depth <= n:
         return {}
     return {
@@ -204,8 +284,10 @@ def _per_layer_lists(model_type: str, sizes: dict) -> dict:
     }
 
 
-def _keep_every_layer_kind(model_type: str, config) -> None:
-    """Give a 4-block config every kind of layer its default-depth config has.
+def _every_layer_kind(model_type: str, config) -> list | None:
+    """The ``layer_types`` giving a 4-block config every kind its default-depth config has.
+
+    ``None`` where ``config`` already has every kind (or no ``layer_types``).
 
     A config's default ``layer_types`` (e.g. LFM2's convolution and attention
     layers) may hold only one kind in its first four entries; the kinds then
@@ -214,17 +296,17 @@ def _keep_every_layer_kind(model_type: str, config) -> None:
     import transformers
 
     if model_type in OVERRIDES and "layer_types" in OVERRIDES[model_type]:
-        return
+        return None
     default = getattr(transformers.AutoConfig.for_model(model_type), "layer_types", None)
     current = getattr(config, "layer_types", None)
     if not isinstance(default, list) or not isinstance(current, list):
-        return
+        return None
     kinds = list(dict.fromkeys(default))
     if len(set(current)) >= len(kinds) or len(kinds) > len(current):
-        return
+        return None
     order = [k for k in kinds if k != default[-1]] + [default[-1]]
     n = len(current)
-    config.layer_types = [order[i % len(order)] for i in range(n - len(order))] + order
+    return [order[i % len(order)] for i in range(n - len(order))] + order
 
 
 def build(model_type: str, **extra):
@@ -248,9 +330,26 @@ def build(model_type: str, **extra):
             out = model(ids).logits
         if not bool(torch.isfinite(out).all()):
             raise ValueError("non-finite logits in float64")
-    except Exception:  # noqa: BLE001 - kernels without float64: the model runs in float32
+    except Exception as error:  # noqa: BLE001 - kernels without float64: the model runs in float32
         model = model.to(torch.float32)
+        try:  # the tiny model's own forward pass must run: else the census's config is at fault
+            with torch.no_grad():
+                model(ids)
+        except Exception as again:  # noqa: BLE001 - reported as a build failure, with both causes
+            raise BuildError(
+                f"the tiny model's own forward pass fails in float64 ({_short(error)}) and "
+                f"float32 ({type(again).__name__}: {_short(again)})"
+            ) from again
     return model
+
+
+class BuildError(Exception):
+    """The census's tiny model of an entry does not run on its own (a census config problem)."""
+
+
+def _short(error: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(error).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 PREPARE = {"xmod": lambda model: model.set_default_language("en_XX")}
@@ -376,16 +475,27 @@ def _library_values(model, parts, selection, prompts):
     runner = GeometryRunner(model, selection)
     lengths = [len(p) for p in prompts]
     ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long)
-    mask = torch.zeros_like(ids)
     for b, p in enumerate(prompts):
         ids[b, : len(p)] = torch.tensor(p)
-        mask[b, : len(p)] = 1
     last = torch.tensor(lengths) - 1
-    kwargs = {"attention_mask": mask} if _accepts(model, "attention_mask") else {}
+    # As HFLM's _model_call scores a right-padded batch: no attention mask (causal
+    # attention keeps the padding after n out of every measured state). A padding mask
+    # would be a different forward pass: with a sliding window, a padding query whose
+    # whole window is padding has no key left, and the eager attention of Gemma-2,
+    # Granite-SWA and VaultGemma then returns NaN there, which the next layer's
+    # 0 * NaN value product spreads to the row's real tokens (the model's own NaN).
     with runner.capture(last, torch.zeros_like(last), torch.full_like(last, -1)) as handle:
         with torch.no_grad():
-            model(ids.to(parts.input_device), **kwargs)
+            logits = model(ids.to(parts.input_device)).logits
+    own = torch.isfinite(logits[torch.arange(len(prompts)), last.to(logits.device)]).all(-1)
     streamed = runner.compute(handle)
+    for b, doc in enumerate(streamed):
+        missing = [name for name, value in doc.values.items() if not math.isfinite(value)]
+        if missing and not bool(own[b]):
+            raise ValueError(
+                f"the model's own logits of document {b} are not finite in the padded batch: "
+                f"{', '.join(missing)} missing because of the model, not lm-coupling"
+            )
     tensors = [torch.tensor(p) for p in prompts]
     batched = runner.compute_sampled_batch(tensors, errors="raise")
     alone = runner.compute_sampled_batch(tensors[:1], errors="raise")
@@ -406,6 +516,9 @@ def check(model_type: str) -> Result:
         model = build(model_type)
     except Skip as skip:
         return Result(model_type, "skipped", str(skip))
+    except Exception as error:  # noqa: BLE001 - the census's own build: a row, not lm-coupling's
+        reason = f"tiny-config build: {type(error).__name__}: {_short(error, 240)}"
+        return Result(model_type, "failed", reason, seconds=time.perf_counter() - start)
     if not preflight.probe_model(model, locate_model_parts(model)).causal:
         # BERT-style models in the causal-LM mapping run as decoders only with this flag.
         model = build(model_type, **DECODER)
@@ -429,8 +542,8 @@ def check(model_type: str) -> Result:
             l_ref = reference_lss(model, parts, ids)
             errors_c.append(abs(batched[b].values["coupling"] - c_ref))
             errors_l.append(abs(streamed[b].values["lss"] - l_ref))
-            if not math.isfinite(streamed[b].values["logit_lens_entropy"]):
-                raise AssertionError(f"logit_lens_entropy of document {b} is not finite")
+            if not math.isfinite(streamed[b].values["logit_lens_entropy"]):  # model: above
+                raise AssertionError(f"lm-coupling's logit_lens_entropy of document {b} is NaN")
         errors_c.append(abs(alone[0].values["coupling"] - batched[0].values["coupling"]))
         result.coupling_error = max(errors_c)
         result.lss_error = max(errors_l)
@@ -519,7 +632,8 @@ def render(results: list[Result], version: str, seconds: float) -> str:
         "of 8 to 16 tokens, every kind of layer its config defaults to), float64 where its",
         f"forward pass runs in float64, through `--metrics {METRICS}`: lm-coupling's",
         "load and first-batch checks, the streamed metrics of a right-padded batch of four",
-        "documents and the Jacobian metrics of the four in one batch and of the first alone.",
+        "documents (no attention mask, as lm-eval's HFLM scores a batch) and the Jacobian",
+        "metrics of the four in one batch and of the first alone.",
         "Coupling (K = 10) and LSS of each document are recomputed independently (autograd",
         "through each block called on the whole unpadded sequence recorded from the model's",
         "own forward pass: the diagonal block of the whole-sequence Jacobian at the last",
@@ -527,6 +641,9 @@ def render(results: list[Result], version: str, seconds: float) -> str:
         '`replay` is how the engine replayed the blocks (docs/engine.md, "Replays"):',
         "`cache` (token n against the frozen prefix keys/values) or `sequence` (the whole",
         "prompt, rows before n fixed: recurrent-state caches, no cache, indexer attention).",
+        "A `failed` row whose reason starts with `tiny-config build` is the census's own",
+        "configuration problem (its tiny model does not run on its own), not an lm-coupling",
+        "finding; every other `failed` row is lm-coupling's.",
         "",
         f"**{counts['verified']} of {len(text)} text causal LMs run verified**; "
         + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()) if k != "verified")
@@ -577,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="", help="comma-separated model types (default: all)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per model type")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per model type")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--workers", type=int, default=1, help="model types run at once")
     parser.add_argument(

@@ -53,6 +53,8 @@ FINAL_NORM_NAMES = (
     "ln_out",  # RWKV
     "layernorm",  # CTRL
     "ln",  # Megatron-BERT (on its encoder)
+    "out_norm",  # xLSTM
+    "LayerNorm",  # RoBERTa-PreLayerNorm (on the model), XLM-RoBERTa-XL (on its encoder)
 )
 """Attribute names of the final norm on the decoder, tried in order (the first-batch
 check verifies that the one found reproduces the model's logits)."""
@@ -106,8 +108,8 @@ def register_override(
         logit_scale: factor the model multiplies its logits by (when its config
             does not name it ``logit_scale``/``logits_scaling``).
         logit_softcap: ``c`` of a final ``c * tanh(z / c)`` soft-cap (when the
-            config does not name it ``final_logit_softcapping`` or
-            ``logits_soft_cap``); 0 for none.
+            config does not name it ``final_logit_softcapping``,
+            ``logits_soft_cap`` or ``output_logit_soft_cap``); 0 for none.
 
     Raises:
         TypeError: a path is not a string.
@@ -557,9 +559,14 @@ def _logit_transform(config, override) -> tuple[float, float | None]:
     scaling = getattr(config, "logits_scaling", None)
     if scaling:
         scale /= float(scaling)
+    mup = getattr(config, "logits_mup_width_multiplier", None)  # Inkling: lm_head(x / m)
+    if mup:
+        scale /= float(mup)
     softcap = getattr(config, "final_logit_softcapping", None)
     if softcap is None:
         softcap = getattr(config, "logits_soft_cap", None)  # RecurrentGemma
+    if softcap is None:
+        softcap = getattr(config, "output_logit_soft_cap", None)  # xLSTM
     scale = float(override.get("logit_scale", scale))
     softcap = override.get("logit_softcap", softcap)
     return scale, softcap

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 import warnings
 from collections.abc import Callable
@@ -219,8 +220,13 @@ def register_attention(name: str, attention: Callable) -> None:
     AttentionMaskInterface.register(name, sdpa_mask)
 
 
-_OWN_SDPA_BRANCH = ('_attn_implementation == "sdpa"', '_attn_implementation != "sdpa"')
-"""Source text of a modeling module that tests the attention's name itself (Falcon)."""
+_OWN_SDPA_BRANCH = re.compile(
+    r"""_attn_implementation\s*(?:[!=]=|(?:not\s+)?in)\s*[^:\n]*["']sdpa["']"""
+)
+"""Source text of a modeling module that tests the attention's name itself: Falcon's
+``_attn_implementation == "sdpa"``, and DeepSeek-V3.2-style indexer attention's
+``_attn_implementation in ("eager", "sdpa")``, which applies the indexer's top-k mask
+under those names only (under another name it hands the indices to a kernel instead)."""
 
 
 def _module_source(module_name: str) -> str:
@@ -252,13 +258,13 @@ def attention_dispatched_by_name(model: nn.Module) -> bool:
     Relies on: transformers' modeling modules select the attention function
     as ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (read in
     their source text: transformers has no flag for it), and a module that
-    branches on the name itself says ``_attn_implementation == "sdpa"`` (or
-    ``!=``) in its source.
+    branches on the name itself compares ``_attn_implementation`` with
+    ``"sdpa"`` in its source (``==``, ``!=``, ``in (...)``).
     """
     names = {type(m).__module__ for m in model.modules()}
     sources = [_module_source(n) for n in sorted(names) if n.startswith("transformers")]
     uses = any("ALL_ATTENTION_FUNCTIONS" in source for source in sources)
-    return uses and not any(t in source for source in sources for t in _OWN_SDPA_BRANCH)
+    return uses and not any(_OWN_SDPA_BRANCH.search(source) for source in sources)
 
 
 # -- modules the engine swaps -----------------------------------------------------------

@@ -183,6 +183,17 @@ _UNKNOWN_STREAMS = (
 )
 
 
+def _looks_ahead(model: nn.Module) -> str:
+    """What makes a non-causal model look ahead, for the refusal (from its config)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", "")
+    if model_type == "xlnet":
+        return "XLNet's permutation language model attends both ways without a perm_mask"
+    if getattr(config, "is_decoder", None) is False:
+        return "a BERT-style encoder: its *LMHeadModel/*ForCausalLM needs config.is_decoder=True"
+    return "its attention is not causal"
+
+
 def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> ModelProbe:
     """Stop before any request when the model cannot give the selected metrics.
 
@@ -197,7 +208,7 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
         raise UnsupportedModelError(
             f"{name} is not a causal decoder: changing the last token changed the logits of "
             f"earlier positions (by up to {probe.max_change:.3g}), so its attention looks "
-            "ahead (a BERT-style encoder; BertLMHeadModel needs config.is_decoder=True). "
+            f"ahead ({_looks_ahead(model)}). "
             "lm-coupling measures the states at the last context token, which would then "
             "depend on the answer being scored: none of its metrics can run on this model"
         )

@@ -1,9 +1,13 @@
 """``bench/census.py`` on a fixed sample, and ``docs/architectures.md`` as its rendering.
 
-The sample (GPT-2 and Llama: key/value caches; Mamba: every cache layer a
-recurrent state; Qwen3-Next: gated delta-rule layers beside attention; Jamba:
-blocks of two classes, Mamba and attention; OpenAI-GPT: no cache) runs as a
-user runs the script, in a subprocess; each must be verified: coupling and
+The sample (GPT-2 and Llama: key/value caches; Gemma-2: sliding windows
+shorter than the right-padded batch's padding, soft-capping; Mamba: every
+cache layer a recurrent state; Bamba: Mamba-2 layers beside attention;
+Qwen3-Next: gated delta-rule layers beside attention; Jamba: blocks of two
+classes, Mamba and attention; DeepSeek-V3.2: indexer attention keeping 4 keys
+of 8 to 16; xLSTM: mLSTM cells, a final norm and soft-cap of its own;
+OpenAI-GPT: no cache) runs as a user runs the script, in a subprocess; each
+must be verified: coupling and
 LSS equal the independent whole-sequence values to 1e-5, in a batch of four
 right-padded documents and alone.
 """
@@ -22,9 +26,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = {
     "gpt2": "cache",
     "llama": "cache",
+    "gemma2": "cache",
     "mamba": "sequence",
+    "bamba": "sequence",
     "qwen3_next": "sequence",
     "jamba": "sequence",
+    "deepseek_v32": "sequence",
+    "xlstm": "sequence",
     "openai-gpt": "sequence",
 }
 

@@ -4,7 +4,9 @@ Each model is a tiny random model of the installed transformers (4 blocks, d = 6
 the locator must find blocks of several classes in one ``ModuleList`` (Jamba,
 OLMo-hybrid), the decoder that holds them (ModernBERT-decoder), and read the lens
 out through a head transform (BERT-style ``cls.predictions.transform``,
-Electra's projection to the embedding width); the read-out must equal the
+Electra's projection to the embedding width) and through final norms and logit
+transforms under their own names (RoBERTa-PreLayerNorm, XLM-RoBERTa-XL, xLSTM,
+Inkling; built by the census's tiny-config builder); the read-out must equal the
 model's own logits. ``choose_replay`` must say why the cache replay cannot serve
 a model whose cache keeps recurrent states or an indexer.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from fixtures.census import census
 from torch import nn
 
 from lm_coupling.capture.architecture import locate_model_parts
@@ -120,3 +123,40 @@ def test_choose_replay_says_why_the_cache_cannot_serve(model_type, config, repla
     model = build(model_type, **config)
     chosen, reason = choose_replay(model)
     assert chosen == replay and why in reason
+
+
+def _model_norm(model):
+    return model.roberta_prelayernorm.LayerNorm
+
+
+def _encoder_norm(model):
+    return model.roberta.encoder.LayerNorm
+
+
+OWN_READOUTS = {
+    "roberta-prelayernorm": ({"is_decoder": True}, _model_norm),
+    "xlm-roberta-xl": ({"is_decoder": True}, _encoder_norm),
+    "xlstm": ({}, lambda model: model.backbone.out_norm),
+}
+
+
+@pytest.mark.parametrize("model_type", list(OWN_READOUTS))
+def test_final_norms_under_their_own_names_are_read_out(model_type, one_thread):
+    """A final LayerNorm on the model or its encoder, xLSTM's out_norm and output soft-cap."""
+    extra, norm = OWN_READOUTS[model_type]
+    model = census.build(model_type, **extra)
+    parts = locate_model_parts(model)
+    final = parts.final_norm
+    modules = list(final) if isinstance(final, nn.Sequential) else [final]
+    assert modules[0] is norm(model)
+    if model_type == "xlstm":
+        assert parts.logit_softcap == model.config.output_logit_soft_cap
+    assert readout_problems(model, parts, IDS) == []
+
+
+def test_inkling_reads_out_through_its_width_multiplier(one_thread):
+    """Inkling's logits are ``lm_head(x / m)``: the lens's logit scale is 1 / m."""
+    model = census.build("inkling_text")
+    parts = locate_model_parts(model)
+    assert parts.logit_scale == 1 / model.config.logits_mup_width_multiplier != 1
+    assert readout_problems(model, parts, IDS) == []

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import transformers
+from fixtures.census import census
 
-from lm_coupling.capture.architecture import block_output_hidden, locate_model_parts
+from lm_coupling.capture.architecture import locate_model_parts
+from lm_coupling.capture.engine_mode import engine_mode
 from lm_coupling.capture.jacobian import JacobianEngine
 from lm_coupling.capture.jacobian_calls import _truncated_prefix
 from lm_coupling.errors import UnsupportedModelError
@@ -43,7 +45,7 @@ from lm_coupling.selection import make_selection
 
 F64, F32 = torch.float64, torch.float32
 K = 4
-WINDOW = 6
+WINDOW = census.WINDOW
 LOCAL_GLOBAL = ["sliding_attention", "full_attention"] * 2
 
 _SIZES = dict(
@@ -210,13 +212,8 @@ TABLE: dict[str, Arch] = {
 
 COUPLED = [name for name, arch in TABLE.items() if not arch.refused]
 CASES = [(name, attn) for name in COUPLED for attn in TABLE[name].attention]
-PROMPTS = [
-    torch.tensor([5, 17, 42, 99, 3, 250, 77, 310]),
-    torch.tensor([11, 12, 400, 33, 8, 19, 240, 101, 7, 64, 2]),
-    torch.tensor([301, 4, 87, 150, 22, 9, 480, 36, 71, 13, 255, 6, 90]),
-    torch.tensor([44, 1, 310, 27, 199, 58, 3, 412, 81, 16, 230, 77, 5, 141, 62, 19]),
-]
-"""Four prompts of 8 to 16 tokens, all longer than the sliding windows (6) and chunks (4)."""
+PROMPTS = [torch.tensor(p) for p in census.PROMPTS]
+"""The census's four prompts of 8 to 16 tokens, longer than the sliding windows and chunks."""
 
 
 def build(name: str, attn: str, **config) -> transformers.PreTrainedModel:
@@ -246,42 +243,12 @@ def models():
 def reference_jacobians(model, parts, ids: torch.Tensor) -> torch.Tensor:
     """``[L, d, d]`` J^l at the last position by autograd through the whole sequence.
 
-    Independent of the engine: each block's call is recorded by a pre-hook on
-    the model's own forward pass (no cache), then the block is called on the
-    sequence with its last row replaced, outside any engine context.
+    The census's independent definition (``bench/census.py``): each block's
+    call is recorded by a pre-hook on the model's own forward pass (no cache),
+    then the block is called on the sequence with its last row replaced,
+    outside any engine context.
     """
-    records = {}
-
-    def hook(index):
-        def pre(module, args, kwargs):
-            records[index] = (args, dict(kwargs))
-
-        return pre
-
-    handles = [
-        b.register_forward_pre_hook(hook(i), with_kwargs=True) for i, b in enumerate(parts.blocks)
-    ]
-    try:
-        with torch.no_grad():
-            model(ids[None], use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
-    jacobians = []
-    for index, block in enumerate(parts.blocks):
-        args, kwargs = records[index]
-        X = (args[0] if args else kwargs["hidden_states"]).detach()
-
-        def f(x, X=X, args=args, kwargs=kwargs, block=block):
-            rows = torch.cat([X[:, :-1], x[None, None]], dim=1)
-            if args:
-                out = block(rows, *args[1:], **kwargs)
-            else:
-                out = block(**{**kwargs, "hidden_states": rows})
-            return block_output_hidden(out)[0, -1] - x
-
-        jacobians.append(torch.autograd.functional.jacobian(f, X[0, -1]))
-    return torch.stack(jacobians)
+    return census.reference_jacobians(model, parts, ids)
 
 
 def coupling_of(A: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
@@ -391,6 +358,31 @@ def test_fused_experts_of_a_default_load_go_through_forward_mode(one_thread):
     assert model.config._experts_implementation == "grouped_mm"
     S = torch.linalg.svdvals(reference_jacobians(model, parts, ids))[:, : K + 1]
     torch.testing.assert_close(factors.S, S, rtol=1e-4, atol=1e-4 * float(S.max()))
+
+
+def test_indexer_attention_keeps_its_top_k_mask_inside_the_engine(one_thread):
+    """DeepSeek-V3.2's indexer masks all but its top-k keys under "eager"/"sdpa" only.
+
+    Under another attention name the model hands the indices to a sparse kernel
+    instead, so the engine must keep "sdpa" (not its split-prefix name) for it;
+    with top-k 4 below every prompt's length the selection changes the function.
+    """
+    model = census.build("deepseek_v32")
+    assert model.config.index_topk < min(len(p) for p in PROMPTS)
+    parts = locate_model_parts(model)
+    with engine_mode(model):
+        assert model.config._attn_implementation == "sdpa"
+    engine = JacobianEngine(model, parts, pair_reduction=pair_reduction, k_max=K, method="dense")
+    prompts = [PROMPTS[0], PROMPTS[3]]
+    tol = 1e-6 if next(model.parameters()).dtype == F64 else 2e-4
+    for ids, factors in zip(prompts, engine.factors_batch(prompts), strict=True):
+        S, c = reference_coupling(reference_jacobians(model, parts, ids))
+        torch.testing.assert_close(factors.S, S, rtol=tol, atol=tol * float(S.max()))
+        torch.testing.assert_close(coupling_of(factors.A, factors.S), c, rtol=0, atol=tol * 10)
+    dense = census.build("deepseek_v32", index_topk=64)  # every key selected
+    reference = reference_jacobians(model, parts, PROMPTS[3])
+    other = reference_jacobians(dense, locate_model_parts(dense), PROMPTS[3])
+    assert float((other - reference).abs().max()) > 1e-3
 
 
 REFUSED = [name for name, arch in TABLE.items() if arch.refused]
