@@ -550,9 +550,10 @@ def training_dynamics(
             f"{target} vs {column}\n(ring: last step)" + (f"\n{zoomed}" if zoomed else ""),
             fontsize=9,
         )
-    axes[0][0].figure.suptitle(
+    figure = axes[0][0].figure
+    note = (
         "Checkpoints of one training run, per run: not independent samples, so no fit "
-        "or p-value (the across-model statistics take one checkpoint per model)",
-        fontsize=9,
+        "or p-value (the across-model statistics take one checkpoint per model)"
     )
+    figure.suptitle(panel_title(note, int(figure.get_figwidth() * 12)), fontsize=9)
     return axes
