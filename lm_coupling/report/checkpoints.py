@@ -141,7 +141,8 @@ def series_notes(board: pd.DataFrame, independence: Independence, shown: int = 1
     chosen = set(independence.used)
     n_rows, n_series = len(board), len(independence.series)
     lines = [
-        f"{n_rows} leaderboard rows are {independence.n_models} independent models: "
+        f"{n_rows} leaderboard rows are {independence.n_models} independent "
+        f"model{'' if independence.n_models == 1 else 's'}: "
         f"{n_series} model(s) have several checkpoints (or dtypes), and checkpoints of one "
         "run are not independent samples. The across-model statistics (correlations.csv, "
         "controls.csv, the primary test, the fig1a panels) count one row per model: its "

@@ -105,7 +105,8 @@ def write_summary(
     n_models = len(board) if independent is None else independent
     parts = [
         f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows, "
-        f"n = {n_models} independent models (a checkpoint series counts once). "
+        f"n = {n_models} independent model{'' if n_models == 1 else 's'} (a checkpoint "
+        "series counts once). "
         f"A fit, p-value or Holm adjustment is reported only for pairs measured on at "
         f"least {MIN_MODELS} independent models; rows below that say why in `reason`."
     ]
