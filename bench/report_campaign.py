@@ -7,16 +7,22 @@ clones of its files with the identity, shape, scores and geometry of each of
 first two are ARC-Challenge and HellaSwag in the Open LLM v1 setting), with a
 geometry file per task. Then it times:
 
-* ``lm-coupling report`` (`build_report`) with the default figure formats (PNG),
-  and with ``--svg`` PNG and SVG;
+* ``lm-coupling report`` (`build_report`) with the default figure formats (PNG)
+  and per-model figures (``auto``: none above 12 model rows), with ``--svg``
+  PNG and SVG, and with ``--all-figures`` every per-model figure
+  (``--per-model-figures all``);
 * the leaderboard refresh that follows every run (`refresh_leaderboard`) on a
   folder of ``--models`` rows, first with an empty index, then after one more run
-  (what the next run of a campaign pays).
+  (what the next run of a campaign pays); ``--refresh-sizes 10,50,100`` times
+  only the refresh, on folders of each size (is it independent of the size?).
+
+A ``--keep`` folder is reused: its real run (``real/runs``) is not run again.
 
 Usage::
 
     python bench/report_campaign.py                 # 50 x 10, PNG
     python bench/report_campaign.py --svg --keep /tmp/campaign
+    python bench/report_campaign.py --keep /tmp/campaign --refresh-sizes 10,50,100
 """
 
 from __future__ import annotations
@@ -90,6 +96,41 @@ def add_tasks(folder: Path, stamp: str, row: dict, tasks: list[str]) -> None:
     path.write_text(json.dumps(results))
 
 
+def real_runs(work: Path) -> list[Path]:
+    """The real lm_eval runs under ``work/real`` (made once, then reused)."""
+    found = sorted(p.parent for p in (work / "real" / "runs").rglob("results_*.json"))
+    return found or mr.run_lm_eval(work / "real")
+
+
+def refresh_sizes(work: Path, sizes: list[int], n_tasks: int) -> None:
+    """Time the refresh after one more run on folders of each size (index warm)."""
+    from lm_coupling.harness.outputs import refresh_leaderboard
+
+    template = real_runs(work)[0]
+    for size in sizes:
+        folder = work / f"refresh_{size}"
+        if not folder.exists():
+            write_campaign(folder, template, size, n_tasks)
+        timed(f"{size} models: refresh, first", lambda f=folder: refresh_leaderboard(f))
+        timed(f"{size} models: refresh, nothing changed", lambda f=folder: refresh_leaderboard(f))
+        one_more(folder, lambda f=folder: refresh_leaderboard(f), f"{size} models: ")
+
+
+def one_more(folder: Path, refresh, prefix: str = "") -> None:
+    """Add one more run to ``folder``, time ``refresh``, take the run away again."""
+    source = next(iter(sorted(folder.glob("m*__main"))))
+    stamp_file = next(source.glob("results_*.json"))
+    copy_dir = folder / "m999__main"
+    if copy_dir.exists():
+        shutil.rmtree(copy_dir)
+    shutil.copytree(source, copy_dir)
+    results = json.loads(stamp_file.read_text())
+    results["config"]["model_args"]["pretrained"] += "-next"
+    (copy_dir / stamp_file.name).write_text(json.dumps(results))
+    timed(prefix + "leaderboard refresh after one more run", refresh)
+    shutil.rmtree(copy_dir)
+
+
 def timed(label: str, call) -> float:
     """Run ``call`` once with its warnings silenced; print its wall and CPU seconds."""
     start, cpu = time.perf_counter(), time.process_time()
@@ -108,16 +149,27 @@ def main(argv=None) -> None:
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--svg", action="store_true", help="also time PNG + SVG figures")
     parser.add_argument("--keep", type=Path, default=None, help="build (or reuse) the folder here")
+    parser.add_argument(
+        "--all-figures", action="store_true", help="also time --per-model-figures all"
+    )
+    parser.add_argument(
+        "--refresh-sizes", default="", help="comma list of folder sizes: time only the refresh"
+    )
     args = parser.parse_args(argv)
     from lm_coupling.harness.outputs import refresh_leaderboard
     from lm_coupling.report.build import build_report
 
     work = args.keep or Path(tempfile.mkdtemp(prefix="lmc-campaign-"))
+    print(machine_line("cpu"))
+    if args.refresh_sizes:
+        sizes = [int(n) for n in args.refresh_sizes.split(",")]
+        refresh_sizes(work, sizes, args.tasks)
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+        return
     folder = work / "results"
     if not folder.exists():
-        real = mr.run_lm_eval(work / "real")
-        write_campaign(folder, real[0], args.models, args.tasks)
-    print(machine_line("cpu"))
+        write_campaign(folder, real_runs(work)[0], args.models, args.tasks)
     print(f"{args.models} models x {args.tasks} tasks in {folder}", flush=True)
     takes_formats = "figure_formats" in inspect.signature(build_report).parameters
     report = lambda formats: (  # noqa: E731
@@ -129,19 +181,14 @@ def main(argv=None) -> None:
           lambda: report("png"))  # fmt: skip
     if args.svg and takes_formats:
         timed("report, PNG and SVG", lambda: report("png,svg"))
+    if args.all_figures:
+        timed(
+            "report, every per-model figure (PNG)",
+            lambda: build_report(folder, out_dir=work / "report", per_model_figures="all"),
+        )
     timed("leaderboard refresh, first", lambda: refresh_leaderboard(folder))
     timed("leaderboard refresh, nothing changed", lambda: refresh_leaderboard(folder))
-    one_more = next(iter(sorted(folder.glob("m*__main"))))
-    stamp_file = next(one_more.glob("results_*.json"))
-    copy_dir = folder / "m999__main"
-    if copy_dir.exists():
-        shutil.rmtree(copy_dir)
-    shutil.copytree(one_more, copy_dir)
-    results = json.loads(stamp_file.read_text())
-    results["config"]["model_args"]["pretrained"] += "-next"
-    (copy_dir / stamp_file.name).write_text(json.dumps(results))
-    timed("leaderboard refresh after one more run", lambda: refresh_leaderboard(folder))
-    shutil.rmtree(copy_dir)
+    one_more(folder, lambda: refresh_leaderboard(folder))
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -33,6 +33,13 @@ are never renamed without a new version listed here):
   ``<metric>__n``) are integers; ``provenance.csv`` gains ``setting`` and
   the status "other setting"; ``score_sources.csv`` gains ``setting``;
   ``geometry_long.csv``'s ``n`` is an integer; new ``timings.csv``.
+- ``lm_coupling.report/4``: the across-model statistics (``correlations.csv``,
+  ``controls.csv``) count one row per independent model: a checkpoint
+  series (rows of one ``model`` at several revisions or dtypes) contributes
+  one row, its last checkpoint by default (``--checkpoint``), so ``n`` counts
+  models, not rows; new ``checkpoints.csv`` (every checkpoint of every
+  series, with ``across_models`` marking the row the statistics took;
+  `lm_coupling.report.checkpoints`). ``leaderboard.csv`` is unchanged.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from lm_coupling.catalogue import Catalogue
 
-SCHEMA_VERSION = "lm_coupling.report/3"
+SCHEMA_VERSION = "lm_coupling.report/4"
 
 
 @dataclass(frozen=True)

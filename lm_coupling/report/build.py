@@ -13,7 +13,9 @@ from matplotlib.figure import Figure
 from lm_coupling.catalogue import Catalogue
 from lm_coupling.report import figures as fig
 from lm_coupling.report.benchmarks import benchmark_of
+from lm_coupling.report.checkpoints import independent_rows, series_notes, series_table
 from lm_coupling.report.controls import controls_table
+from lm_coupling.report.coupling_grid import coupling_grid
 from lm_coupling.report.leaderboard import (
     benchmark_scores,
     build_leaderboard,
@@ -54,6 +56,8 @@ class ReportResult:
     controls: pd.DataFrame | None = None
     within_model: pd.DataFrame | None = None
     timings: pd.DataFrame | None = None
+    checkpoints: pd.DataFrame | None = None
+    n_independent: int = 0
     primary_metric: str | None = None
     primary_target: str | None = None
     figures: list[Path] = field(default_factory=list)
@@ -89,7 +93,8 @@ def check_figure_formats(formats: str | tuple[str, ...] | list[str]) -> tuple[st
 def _save(owner, out_dir: Path, name: str, formats: tuple[str, ...] = ("png",)) -> list[Path]:
     """Save a figure (or the figure of an axes) in ``formats`` under ``out_dir/figures``."""
     figure = owner if isinstance(owner, Figure) else owner.figure
-    figure.canvas.draw()  # constrained layout settles equal-aspect axes on a second pass
+    if any(ax.get_aspect() != "auto" for ax in figure.axes):
+        figure.canvas.draw()  # constrained layout settles equal-aspect axes on a second pass
     paths = [out_dir / "figures" / f"{name}.{ext}" for ext in formats]
     for path in paths:
         figure.savefig(path, format=path.suffix[1:])
@@ -123,6 +128,49 @@ def _n_layers(geo: dict[str, Any], catalogue: Catalogue) -> int:
     return 1
 
 
+PER_MODEL_CHOICES = ("auto", "all", "none")
+"""``--per-model-figures``: auto draws them for at most `PER_MODEL_AUTO` model rows."""
+
+PER_MODEL_AUTO = 12
+"""Model rows up to which ``auto`` draws every per-model figure (about 0.3 s CPU each)."""
+
+
+def check_per_model(choice: str) -> str:
+    """``choice`` if it is one of `PER_MODEL_CHOICES`.
+
+    Raises:
+        ReportInputError: any other value.
+    """
+    if choice not in PER_MODEL_CHOICES:
+        raise ReportInputError(
+            f"per-model figures {choice!r}: give one of {', '.join(PER_MODEL_CHOICES)}"
+        )
+    return choice
+
+
+def draws_per_model(choice: str, n_rows: int) -> bool:
+    """Whether the per-model figures are drawn for a report of ``n_rows`` model rows."""
+    return choice == "all" or (choice == "auto" and n_rows <= PER_MODEL_AUTO)
+
+
+def per_model_note(choice: str, n_rows: int) -> str:
+    """The summary's note when the per-model figures were not drawn ("" when they were)."""
+    if draws_per_model(choice, n_rows):
+        return ""
+    why = (
+        f"{n_rows} model rows, more than {PER_MODEL_AUTO}"
+        if choice == "auto"
+        else "--per-model-figures none"
+    )
+    return (
+        f"Per-model figures (profiles_<model>.png, coupling_<model>.png) not drawn ({why}): "
+        "profiles_overlay.png draws every model's profiles and geometry_long.csv holds "
+        "them; coupling_matrices.png draws every model's coupling matrix on one colour "
+        "scale (the matrices are in the geometry files). `--per-model-figures all` "
+        "draws them (about 0.3 s of CPU each)."
+    )
+
+
 def _per_model_figures(
     geometry: list[dict[str, Any]], out_dir: Path, catalogue: Catalogue, formats
 ) -> list[Path]:
@@ -143,6 +191,20 @@ def _per_model_figures(
             heatmap = fig.coupling_figure(matrix, k, title)
             paths += _save(heatmap, out_dir, f"coupling_{slug}", formats)
     return paths
+
+
+def _coupling_grid_figure(geometry: list[dict[str, Any]], out_dir: Path, formats) -> list[Path]:
+    """Every model's coupling matrix on one figure (when the per-model figures are not drawn)."""
+    task = _figure_task(geometry)
+    entries = []
+    for geo in [g for g in geometry if str(g.get("task")) == task]:
+        matrix = ((geo.get("matrices") or {}).get("coupling") or {}).get("mean")
+        if matrix:
+            model, revision, _ = tuple(geo["identity"])
+            label = fig.short_name(str(model)) + ("" if revision == "main" else f"@{revision}")
+            entries.append(dict(label=label, matrix=matrix, k=(geo.get("coupling") or {}).get("k")))
+    figure = coupling_grid(entries, str(task)) if entries else None
+    return _save(figure, out_dir, "coupling_matrices", formats) if figure is not None else []
 
 
 def _overlay_figure(
@@ -180,8 +242,19 @@ def emergence_columns(board: pd.DataFrame, primary: str | None, catalogue: Catal
 
 
 def _figures(
-    board, corr, primary, target, sets, geometry, out_dir: Path, catalogue, formats
+    board,
+    models,
+    corr,
+    primary,
+    target,
+    sets,
+    geometry,
+    out_dir: Path,
+    catalogue,
+    formats,
+    per_model: bool = True,
 ) -> list[Path]:
+    """Every figure; ``models`` (one row per independent model) feeds the fig1a panels."""
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
     paths = []
     if corr is not None and target is not None:
@@ -191,11 +264,14 @@ def _figures(
             used = sets.used.get(row["metric"], "")
             tasks = f"{len(used.split(';'))} task(s)" if used else "each model's own tasks (mixed)"
             ax = fig.metric_vs_score(
-                board, row["metric"], target, fit=row, tasks=tasks, catalogue=catalogue
+                models, row["metric"], target, fit=row, tasks=tasks, catalogue=catalogue
             )
             name = f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}"
             paths += _save(ax, out_dir, name, formats)
-    paths += _per_model_figures(geometry, out_dir, catalogue, formats)
+    if per_model:
+        paths += _per_model_figures(geometry, out_dir, catalogue, formats)
+    else:
+        paths += _coupling_grid_figure(geometry, out_dir, formats)
     paths += _overlay_figure(geometry, out_dir, catalogue, formats)
     for identity, geo in with_tokenwise(geometry).items():
         axes = tokenwise_figure(geo, f"{identity[0]} {identity[1]} ({geo.get('task')})")
@@ -251,6 +327,8 @@ def build_report(
     primary: str = "coupling",
     seed: int = 0,
     figure_formats: str | tuple[str, ...] = ("png",),
+    checkpoint: str = "last",
+    per_model_figures: str = "auto",
 ) -> ReportResult:
     """Read a results folder and write the report (see docs/report.md).
 
@@ -263,14 +341,22 @@ def build_report(
         seed: bootstrap seed.
         figure_formats: formats of every figure (`FIGURE_FORMATS`; PNG alone by
             default, ``("png", "svg")`` for vector copies too).
+        checkpoint: the row a checkpoint series contributes to the across-model
+            statistics: ``"last"`` (default), ``"first"`` or a revision name
+            (`lm_coupling.report.checkpoints`).
+        per_model_figures: ``"auto"`` (default: each model's profiles and
+            coupling figures when the report has at most `PER_MODEL_AUTO`
+            model rows), ``"all"`` or ``"none"``.
 
     Returns:
         The tables and paths written.
 
     Raises:
-        ReportInputError: missing folder, no readable results file, or a bad scores CSV.
+        ReportInputError: missing folder, no readable results file, a bad scores
+            CSV, or a ``checkpoint`` revision that some series lacks.
     """
     formats = check_figure_formats(figure_formats)
+    check_per_model(per_model_figures)
     loaded = load_results(results_dir)
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -303,20 +389,29 @@ def build_report(
     result.notes = task_set_notes(board, sets, targets) + result.notes
     result.notes += setting_notes(board, selected)
     result.notes += _score_notes(sources, scores_csv)
+    independence = independent_rows(board, checkpoint)
+    models = board.loc[independence.used].reset_index(drop=True)  # one row per model
+    result.n_independent = independence.n_models
     result.primary_metric = resolve_primary(metrics, primary)
-    result.primary_target = primary_target(board, targets)
-    if len(board) < MIN_MODELS:
+    result.primary_target = primary_target(models, targets)
+    if independence.n_models < MIN_MODELS:
         result.notes.append(
-            f"{len(board)} model row(s): at least {MIN_MODELS} are needed for any fit or "
-            "p-value, so the statistics tables are descriptive only (every row says why)."
+            f"{len(board)} model row(s): at least {MIN_MODELS} independent models are needed "
+            f"for any fit or p-value and these rows hold {independence.n_models}, so the "
+            "statistics tables are descriptive only (every row says why)."
         )
     if result.primary_target is None:
         result.notes.append("Statistics skipped: no task score was found.")
     else:
         result.correlations = correlations(
-            board, metrics, targets, primary, seed, result.primary_target, sets.used
+            models, metrics, targets, primary, seed, result.primary_target, sets.used
         )
-        result.controls = controls_table(board, metrics, result.primary_target, seed)
+        result.controls = controls_table(models, metrics, result.primary_target, seed)
+    note = per_model_note(per_model_figures, len(board))
+    if note:
+        result.notes.append(note)
+    if independence.series:
+        result.checkpoints = series_table(board, independence, [*targets, *metrics])
     used = provenance[provenance["status"] != OTHER_SETTING]
     wm = within_model(loaded.runs, set(zip(used["file"], used["task"], strict=True)))
     result.within_model = wm if len(wm) else None
@@ -331,12 +426,14 @@ def build_report(
         "controls": result.controls,
         "within_model": result.within_model,
         "timings": result.timings,
+        "checkpoints": result.checkpoints,
     }
     for name, table in tables.items():
         if table is not None:
             table.to_csv(out / f"{name}.csv", index=False)
     result.figures = _figures(
         board,
+        models,
         result.correlations,
         result.primary_metric,
         result.primary_target,
@@ -345,6 +442,7 @@ def build_report(
         out,
         loaded.catalogue,
         formats,
+        draws_per_model(per_model_figures, len(board)),
     )
     result.summary = write_summary(
         out,
@@ -353,5 +451,7 @@ def build_report(
         result.notes,
         result.primary_target,
         timings_markdown(timed, coupling_docs_of(loaded.geometry)),
+        independent=independence.n_models,
+        checkpoints=series_notes(board, independence),
     )
     return result

@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # the parser is built for `lm-coupling --help`: no statsmodel
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the report arguments: RESULTS_DIR, --out, --scores, --primary, --seed, formats."""
+    """Add the report arguments: RESULTS_DIR, --out, --scores, --primary, --seed, and options."""
     parser.add_argument(
         "results_dir",
         metavar="RESULTS_DIR",
@@ -36,17 +36,34 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     parser.add_argument(
+        "--checkpoint",
+        default="last",
+        metavar="WHICH",
+        help="the checkpoint a series of one model (revisions, steps) contributes to the "
+        "across-model statistics: last (default; main counts as last), first, or a "
+        "revision name every series has (e.g. step1000)",
+    )
+    parser.add_argument(
         "--figure-formats",
         default="png",
         metavar="LIST",
         help="comma list of figure formats: png, svg, pdf (default: png)",
+    )
+    parser.add_argument(
+        "--per-model-figures",
+        default="auto",
+        choices=("auto", "all", "none"),
+        help="each model's profiles and coupling figures: auto (default: drawn when the "
+        "report has at most 12 model rows), all, none",
     )
     return parser
 
 
 def format_result(result: ReportResult) -> str:
     """A short human summary of a report."""
-    lines = [f"lm-coupling report: {len(result.leaderboard)} model row(s) -> {result.out_dir}"]
+    rows, models = len(result.leaderboard), result.n_independent
+    counted = f" ({models} independent model(s))" if models != rows else ""
+    lines = [f"lm-coupling report: {rows} model row(s){counted} -> {result.out_dir}"]
     if result.correlations is not None:
         prim = result.correlations[result.correlations["primary"]]
         for row in prim.to_dict("records"):
@@ -81,6 +98,8 @@ def run_report(args: argparse.Namespace) -> int:
             primary=args.primary,
             seed=getattr(args, "seed", 0),
             figure_formats=getattr(args, "figure_formats", "png"),
+            checkpoint=getattr(args, "checkpoint", "last"),
+            per_model_figures=getattr(args, "per_model_figures", "auto"),
         )
     for item in caught:
         if any(str(item.message) in note for note in result.notes):

@@ -43,7 +43,7 @@ from lm_coupling.catalogue import Catalogue
 from lm_coupling.report.benchmarks import AVERAGE, BENCHMARK_COLUMNS, BOUNDARY_COLUMN, parse_step
 from lm_coupling.report.boundary import boundary_layer, boundary_profile
 from lm_coupling.report.labels import place_labels
-from lm_coupling.report.stats import spans_decades
+from lm_coupling.report.stats import ALPHA, significant, spans_decades
 
 FIGSIZE = (6.0, 4.5)
 FLAT_SPAN = 0.05
@@ -131,8 +131,34 @@ def _label_zoom(ax: Axes, name: str, axis: str, catalogue: Catalogue | None = No
     return f" ({zoom_note(max(low, 0.0), min(high, 1.0))})"
 
 
-def _short(model: str) -> str:
+def zoom_span_text(ax: Axes, names: Mapping[str, str], catalogue: Catalogue | None = None) -> str:
+    """How far a panel's [0, 1] axes are zoomed: ``zoomed: y-axis spans 1.2 of 100 points``.
+
+    For each axis (``"x"``/``"y"`` -> column name) showing a [0, 1] quantity
+    on less than its whole range, the visible span in points (hundredths of
+    [0, 1]). A spread of 1.2 points drawn across the whole panel looks like
+    structure; the callers put this line in the panel's title, where it is
+    read with the fit, and where it never covers a point. "" when no axis
+    is zoomed.
+    """
+    parts = []
+    for axis in ("y", "x"):
+        name = names.get(axis)
+        if name is None or not is_unit_quantity(name, catalogue):
+            continue
+        low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
+        low, high = max(min(low, high), 0.0), min(max(low, high), 1.0)
+        if low > 0.0 or high < 1.0:
+            parts.append(f"{axis}-axis spans {100 * (high - low):.2g} of 100 points")
+    return panel_title("zoomed: " + "; ".join(parts), 48) if parts else ""
+
+
+def short_name(model: str) -> str:
+    """The last part of a model's name or path (``fam/tiny`` -> ``tiny``)."""
     return model.rstrip("/").split("/")[-1]
+
+
+_short = short_name
 
 
 def integer_layer_axis(ax: Axes, first: int, last: int, axis: str = "x") -> None:
@@ -157,7 +183,8 @@ def _fit_text(metric: str, target: str, fit: Mapping | None, n: int) -> str:
         return f"no fit: {reason.split(':')[0] or 'not fitted'}"
     text = (
         f"OLS R^2 = {fit['r2']:.3f}, p (HC3) = {fit['p_hc3']:.2g}, "
-        f"Holm p = {fit.get('p_holm', math.nan):.2g}, n = {int(fit['n'])}; "
+        f"Holm p = {fit.get('p_holm', math.nan):.2g}"
+        f"{'' if significant(fit) else ' (n.s.)'}, n = {int(fit['n'])} models; "
         f"Spearman rho = {fit['spearman_rho']:.2f}"
     )
     return text
@@ -219,21 +246,27 @@ def metric_vs_score(
     if fitted and len(data):
         lo, hi = data[metric].min(), data[metric].max()
         xs = np.geomspace(lo, hi, 100) if log_x else np.linspace(lo, hi, 100)
-        ax.plot(xs, fit["intercept"] + fit["slope"] * xs, color="tab:red", label="OLS")
+        ys = fit["intercept"] + fit["slope"] * xs
+        if significant(fit):
+            ax.plot(xs, ys, color="tab:red", label="OLS")
+        else:  # drawn as what it is: a line that the data do not support
+            label = f"OLS, n.s. (Holm p >= {ALPHA:g})"
+            ax.plot(xs, ys, color="grey", linestyle="--", linewidth=1, label=label)
+            old = ax.get_legend()
+            title = old.get_title().get_text() if old is not None else ""
+            ax.legend(fontsize=7, title=title or None, title_fontsize=7)
         if fit.get("influential"):
             _ring_influential(ax, data, metric, target, fit)
     task_note = f"; geometry over {tasks}" if tasks else ""
-    ax.set_title(
-        f"{metric} vs {target}{task_note}\n{_fit_text(metric, target, fit, len(data))}",
-        fontsize=8,
-        wrap=True,
-    )
+    title = f"{metric} vs {target}{task_note}\n{_fit_text(metric, target, fit, len(data))}"
     if not log_x:
         ax.ticklabel_format(axis="x", useOffset=False)
     ax.ticklabel_format(axis="y", useOffset=False)
     zoom_x = _label_zoom(ax, metric, "x", catalogue)
     ax.set_xlabel(metric + (" (log scale)" if log_x else zoom_x))
     ax.set_ylabel(target + _label_zoom(ax, target, "y", catalogue))
+    zoomed = zoom_span_text(ax, {"y": target} if log_x else {"x": metric, "y": target}, catalogue)
+    ax.set_title(title + (f"\n{zoomed}" if zoomed else ""), fontsize=8, wrap=True)
     place_labels(ax, data[metric].to_numpy(float), data[target].to_numpy(float), labels)
     return ax
 
@@ -472,7 +505,10 @@ def training_dynamics(
     order and its last one ringed, so that the path from initialisation to
     the trained model reads left to right or right to left (the papers'
     emergence plots). A metric whose values span more than two decades
-    (expodistance at initialisation) gets a log axis.
+    (expodistance at initialisation) gets a log axis. No line is fitted and
+    no p-value given: the checkpoints of one run are not independent samples
+    (`lm_coupling.report.checkpoints`); a zoomed [0, 1] axis says by how much
+    (`zoom_span_text`).
 
     Returns:
         The ``2 x (len(metrics) + 1)`` axes array (the bottom-left one holds the legend).
@@ -489,7 +525,8 @@ def training_dynamics(
             ax.set_yscale("log")
         ax.set_xlabel("training step")
         ax.set_ylabel(_label_zoom(ax, column, "y", catalogue).strip(" ()"), fontsize=7)
-        ax.set_title(f"{column} over training", fontsize=9)
+        zoomed = zoom_span_text(ax, {"y": column}, catalogue)
+        ax.set_title(f"{column} over training" + (f"\n{zoomed}" if zoomed else ""), fontsize=9)
     handles, names = axes[0][0].get_legend_handles_labels()
     legend_ax = axes[1][0]
     legend_ax.set_axis_off()
@@ -507,5 +544,16 @@ def training_dynamics(
             ax.set_xscale("log")
         ax.set_xlabel(column + _label_zoom(ax, column, "x", catalogue), fontsize=8)
         ax.set_ylabel(target + _label_zoom(ax, target, "y", catalogue), fontsize=8)
-        ax.set_title(f"{target} vs {column}\n(ring: last step)", fontsize=9)
+        log = ax.get_xscale() == "log"
+        zoomed = zoom_span_text(ax, {"y": target} if log else {"x": column, "y": target}, catalogue)
+        ax.set_title(
+            f"{target} vs {column}\n(ring: last step)" + (f"\n{zoomed}" if zoomed else ""),
+            fontsize=9,
+        )
+    figure = axes[0][0].figure
+    note = (
+        "Checkpoints of one training run, per run: not independent samples, so no fit "
+        "or p-value (the across-model statistics take one checkpoint per model)"
+    )
+    figure.suptitle(panel_title(note, int(figure.get_figwidth() * 12)), fontsize=9)
     return axes

@@ -90,6 +90,8 @@ def place_labels(
         taken.add(Bbox.from_bounds(x - MARKER_PX, y - MARKER_PX, 2 * MARKER_PX, 2 * MARKER_PX))
     if ax.get_legend() is not None:
         taken.add(ax.get_legend().get_window_extent(renderer))
+    for note in ax.texts:  # notes already on the panel
+        taken.add(note.get_window_extent(renderer))
     placed, skipped = [], 0
     order = np.argsort(points[:, 0]) if len(points) else []
     for i in order:

@@ -46,7 +46,7 @@ def primary_sentence(correlations: pd.DataFrame) -> str:
             f"(> 1); without it R^2 = {row['r2_without']:.3f}: read the rank statistics."
         )
     return (
-        f"Primary test: across {int(row['n'])} models, {row['target']} score = "
+        f"Primary test: across {int(row['n'])} independent models, {row['target']} score = "
         f"{row['intercept']:.4g} + {row['slope']:.4g} x {row['metric']} (OLS, R^2 = "
         f"{row['r2']:.3f}; HC3 p = {row['p_hc3']:.3g}, 95% CI of the slope "
         f"[{row['ci_low']:.4g}, {row['ci_high']:.4g}]; Holm-adjusted p = {row['p_holm']:.3g}). "
@@ -86,21 +86,29 @@ def write_summary(
     notes: list[str],
     primary_target: str | None = AVERAGE,
     timings: str = "",
+    independent: int | None = None,
+    checkpoints: list[str] | None = None,
 ) -> Path:
     """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path.
 
     Notes that start with ``WARNING`` (settings that differ, models measured
     on different task sets) come first, under their own heading; then the
     headline table, the settings of each row, the primary test, the timings
-    section (``timings``, see `lm_coupling.report.timings`) and the rest.
+    section (``timings``, see `lm_coupling.report.timings`), the checkpoint
+    series (``checkpoints``: which checkpoint the across-model statistics
+    took, `lm_coupling.report.checkpoints`) and the rest. ``independent`` is
+    the number of independent models (default: one per row).
     """
     board = pd.read_csv(out_dir / "leaderboard.csv")
     wanted = ("model", "revision", "dtype", primary_target, primary_metric)
     cols = [c for c in dict.fromkeys(wanted) if c and c in board.columns]
+    n_models = len(board) if independent is None else independent
     parts = [
-        f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows. "
+        f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows, "
+        f"n = {n_models} independent model{'' if n_models == 1 else 's'} (a checkpoint "
+        "series counts once). "
         f"A fit, p-value or Holm adjustment is reported only for pairs measured on at "
-        f"least {MIN_MODELS} models; rows below that say why in `reason`."
+        f"least {MIN_MODELS} independent models; rows below that say why in `reason`."
     ]
     warned = [n for n in notes if n.startswith("WARNING")]
     if warned:
@@ -115,6 +123,8 @@ def write_summary(
             "## Primary test\n\n"
             + primary_sentence(pd.read_csv(corr_path, keep_default_na=True).fillna({"reason": ""}))
         )
+    if checkpoints:
+        parts.append("## Checkpoints\n\n" + "\n".join(f"- {c}" for c in checkpoints))
     if timings:
         parts.append("## Time spent on geometry\n\n" + timings)
     others = [n for n in notes if not n.startswith("WARNING")]

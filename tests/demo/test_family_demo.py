@@ -51,3 +51,16 @@ def test_report_draws_geometry_and_accuracy_over_training(family_report):
     assert not (report / "figures" / "emergence.svg").exists()  # PNG alone by default
     assert "emergence" in (report / "summary.md").read_text()
     assert str(report) in stdout
+
+
+def test_checkpoints_of_one_run_are_one_model_with_a_series_of_their_own(family_report):
+    """Issue 27, item 7: two checkpoints of one run are n = 1 model, not 2, and no p-value."""
+    report, _ = family_report
+    summary = (report / "summary.md").read_text()
+    assert "2 model rows, n = 1 independent model (" in summary
+    assert "the statistics take step2" in summary  # the last checkpoint, named
+    corr = pd.read_csv(report / "correlations.csv")
+    assert (corr["n"] <= 1).all() and corr["p_hc3"].isna().all()
+    series = pd.read_csv(report / "checkpoints.csv")
+    assert sorted(series["step"].unique()) == [0, 2]
+    assert set(series.loc[series["across_models"], "revision"]) == {"step2"}

@@ -184,3 +184,43 @@ def test_metric_vs_score_labels_zoomed_unit_axes():
     assert "zoomed" in ax.get_xlabel() and "zoomed" in ax.get_ylabel()
     ax = fig.metric_vs_score(board, "lss", "average")
     assert "zoomed" not in ax.get_xlabel()  # LSS is not a [0, 1] quantity
+
+
+def test_a_fit_that_is_not_significant_is_drawn_dashed_and_zoom_is_stated():
+    rng = np.random.default_rng(1)
+    board = pd.DataFrame(
+        dict(
+            model=[f"m{i}" for i in range(8)],
+            revision=["main"] * 8,
+            lss=np.linspace(1.5, 2.5, 8),
+            average=0.25 + 0.012 * rng.random(8),  # noise within 1.2 points
+        )
+    )
+    row = correlations(board, ["lss"], ["average"], "lss").iloc[0]
+    assert row["p_holm"] >= 0.05
+    ax = fig.metric_vs_score(board, "lss", "average", fit=row)
+    ax.figure.canvas.draw()
+    line = next(line for line in ax.get_lines() if "OLS" in line.get_label())
+    assert "n.s." in line.get_label() and line.get_linestyle() == "--"
+    assert line.get_color() == "grey"
+    assert "(n.s.)" in ax.get_title()
+    low, high = ax.get_ylim()
+    assert f"y-axis spans {100 * (high - low):.2g} of 100 points" in ax.get_title()
+    assert "x-axis" not in ax.get_title()  # LSS is not a [0, 1] quantity: nothing to zoom
+    assert layout_problems(ax.figure) == []
+    strong = board.assign(average=0.2 + 0.1 * board["lss"])
+    row = correlations(strong, ["lss"], ["average"], "lss").iloc[0]
+    ax = fig.metric_vs_score(strong, "lss", "average", fit=row)
+    line = next(line for line in ax.get_lines() if line.get_label() == "OLS")
+    assert line.get_linestyle() == "-" and "n.s." not in ax.get_title()
+
+
+def test_training_dynamics_says_no_p_value_and_how_far_it_zooms():
+    board = _board(6).assign(average=0.25 + 0.002 * np.arange(6))
+    axes = fig.training_dynamics(board, ["expodistance"], "average")
+    title = axes[0][0].get_title()
+    low, high = axes[0][0].get_ylim()
+    assert f"y-axis spans {100 * (high - low):.2g} of 100 points" in title
+    suptitle = axes[0][0].figure.get_suptitle()
+    assert "not independent" in suptitle and "no fit or p-value" in suptitle
+    assert layout_problems(axes[0][0].figure) == []

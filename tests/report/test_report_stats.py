@@ -181,3 +181,22 @@ def test_benchmark_of_offline_names():
     assert benchmark_of("lmc_arc_challenge_offline").column == "arc"
     assert benchmark_of("truthfulqa_mc2").metric == "acc"
     assert benchmark_of("arc_easy") is None
+
+
+def test_holm_matches_statsmodels_with_ties_and_nan():
+    from statsmodels.stats.multitest import multipletests
+
+    from lm_coupling.report.stats import holm_adjust
+
+    rng = np.random.default_rng(5)
+    for m in (1, 2, 3, 7, 25):
+        for _ in range(50):
+            p = rng.random(m) ** 3
+            p[rng.integers(m)] = p[0]  # a tie
+            np.testing.assert_allclose(
+                holm_adjust(p), multipletests(p, method="holm")[1], rtol=0, atol=1e-15
+            )
+    series = pd.Series([0.01, np.nan, 0.04, 0.03])
+    out = holm(series)
+    assert math.isnan(out[1])
+    np.testing.assert_allclose(out[[0, 2, 3]], multipletests([0.01, 0.04, 0.03], method="holm")[1])

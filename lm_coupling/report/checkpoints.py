@@ -1,0 +1,210 @@
+"""Checkpoint series: which leaderboard rows are independent models.
+
+A leaderboard row is one (model, revision, dtype) (docs/report.md, "Rows").
+Rows that share ``model`` are versions of one model: the checkpoints of one
+training run (``revision=step1000``, the family demo's ``<size>/step<N>``
+folders, Pythia's hub revisions) or one checkpoint in two dtypes. Successive
+checkpoints of one run are not independent samples, so the across-model
+statistics (`lm_coupling.report.stats`, `lm_coupling.report.controls`, the
+summary's primary test, the Figure 1a panels) count **one row per model**:
+by default its last checkpoint (``checkpoint="last"``), or its first
+(``"first"``), or a named revision (``"step1000"``) that every series must
+have.
+
+Order within a series: revisions naming a training step (`parse_step`) by
+step, then other named revisions (by name), then ``main`` (the hub's final
+model) last. Several dtypes of the chosen checkpoint: the first in
+leaderboard order (dtype name order).
+
+A series (a model with two or more rows) gets its own analysis instead,
+``checkpoints.csv`` (`series_table`) and ``emergence.png``: each quantity
+against the step, per run, with no p-value (the checkpoints of one run are
+not independent draws, so a test that assumes they are would be wrong).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from lm_coupling.report.benchmarks import SCHEMA_VERSION, parse_step
+from lm_coupling.report.loading import ReportInputError
+
+CHECKPOINT_RULES = ("last", "first")
+"""Named rules for the checkpoint a series contributes; any other value is a revision name."""
+
+SERIES_COLUMNS = [
+    "schema_version",
+    "model",
+    "revision",
+    "dtype",
+    "step",
+    "position",
+    "n_checkpoints",
+    "across_models",
+    "quantity",
+    "value",
+]
+
+
+def revision_order(revision: object) -> tuple[int, float, str]:
+    """Sort key of a revision within a series: steps by step, other names, then ``main`` last."""
+    text = str(revision)
+    step = parse_step(text)
+    if step is not None:
+        return (0, float(step), text)
+    if text == "main":
+        return (2, math.inf, text)
+    return (1, math.inf, text)
+
+
+@dataclass
+class Independence:
+    """Which rows of a leaderboard the across-model statistics use.
+
+    Attributes:
+        rule: the checkpoint rule (``last``, ``first`` or a revision name).
+        used: the leaderboard index of the rows used, one per model.
+        series: per model with two or more rows: its rows' index in series
+            order (`revision_order`, then dtype).
+    """
+
+    rule: str
+    used: list[int]
+    series: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def n_models(self) -> int:
+        """Independent models: the rows the across-model statistics count."""
+        return len(self.used)
+
+
+def independent_rows(board: pd.DataFrame, checkpoint: str = "last") -> Independence:
+    """One row per model (``model`` column): the checkpoint ``checkpoint`` names.
+
+    Args:
+        board: the leaderboard.
+        checkpoint: ``"last"`` (default), ``"first"`` or a revision name.
+
+    Raises:
+        ReportInputError: an empty rule, or a revision name that some series lacks.
+    """
+    rule = str(checkpoint).strip()
+    if not rule:
+        raise ReportInputError(
+            "--checkpoint is empty: give last, first or a revision name such as step1000"
+        )
+    used, series, lacking = [], {}, []
+    for model, rows in board.groupby("model", sort=False):
+        pairs = zip(rows["revision"], rows["dtype"], strict=True)
+        keys = [(revision_order(r), str(d)) for r, d in pairs]
+        order = [i for _, i in sorted(zip(keys, rows.index, strict=True))]
+        if len(order) == 1:
+            used.append(order[0])
+            continue
+        series[str(model)] = order
+        if rule == "last":
+            last = revision_order(board.at[order[-1], "revision"])
+            used.append(next(i for i in order if revision_order(board.at[i, "revision"]) == last))
+        elif rule == "first":
+            used.append(order[0])
+        else:
+            hit = [i for i in order if str(board.at[i, "revision"]) == rule]
+            if hit:
+                used.append(hit[0])
+            else:
+                lacking.append(f"{model} ({', '.join(_revisions(board, order))})")
+    if lacking:
+        raise ReportInputError(
+            f"--checkpoint {rule}: no such revision in {len(lacking)} checkpoint series: "
+            f"{'; '.join(lacking)}. Give last, first or a revision every series has."
+        )
+    return Independence(rule, sorted(used), series)
+
+
+def _revisions(board: pd.DataFrame, order: list[int]) -> list[str]:
+    return list(dict.fromkeys(str(board.at[i, "revision"]) for i in order))
+
+
+def _label(board: pd.DataFrame, index: int) -> str:
+    revision, dtype = str(board.at[index, "revision"]), str(board.at[index, "dtype"])
+    dtypes = board.loc[board["model"] == board.at[index, "model"], "dtype"].nunique()
+    return revision + (f" ({dtype})" if dtypes > 1 else "")
+
+
+def series_notes(board: pd.DataFrame, independence: Independence, shown: int = 10) -> list[str]:
+    """Sentences for ``summary.md``: each series and the checkpoint the statistics took."""
+    if not independence.series:
+        return []
+    chosen = set(independence.used)
+    n_rows, n_series = len(board), len(independence.series)
+    lines = [
+        f"{n_rows} leaderboard rows are {independence.n_models} independent "
+        f"model{'' if independence.n_models == 1 else 's'}: "
+        f"{n_series} model(s) have several checkpoints (or dtypes), and checkpoints of one "
+        "run are not independent samples. The across-model statistics (correlations.csv, "
+        "controls.csv, the primary test, the fig1a panels) count one row per model: its "
+        f"{_rule_words(independence.rule)}. Each series is drawn against the step in "
+        "emergence.png and tabulated in checkpoints.csv, with no p-value."
+    ]
+    for model, order in list(independence.series.items())[:shown]:
+        taken = next(i for i in order if i in chosen)
+        revisions = _revisions(board, order)
+        listed = ", ".join(
+            revisions if len(revisions) <= 6 else [*revisions[:3], "...", *revisions[-2:]]
+        )
+        lines.append(
+            f"{model}: {len(order)} rows ({listed}); the statistics take {_label(board, taken)}."
+        )
+    if n_series > shown:
+        lines.append(f"... and {n_series - shown} more series (checkpoints.csv, `across_models`).")
+    return lines
+
+
+def _rule_words(rule: str) -> str:
+    if rule == "last":
+        return "last checkpoint (`main` counts as the last; `--checkpoint` to choose another)"
+    if rule == "first":
+        return "first checkpoint (`--checkpoint first`)"
+    return f"revision {rule} (`--checkpoint {rule}`)"
+
+
+def series_table(
+    board: pd.DataFrame, independence: Independence, quantities: list[str]
+) -> pd.DataFrame:
+    """``checkpoints.csv``: every checkpoint of every series, one row per quantity.
+
+    Columns `SERIES_COLUMNS`: the row's identity and ``step`` (empty when the
+    revision names none), its ``position`` in the series (1 = first) of
+    ``n_checkpoints``, ``across_models`` (True for the checkpoint the
+    across-model statistics use), and ``quantity``/``value`` for each score
+    and geometry column in ``quantities`` (missing values left out). No
+    statistic across checkpoints is computed here: see the module docstring.
+    """
+    chosen = set(independence.used)
+    rows = []
+    for order in independence.series.values():
+        for position, index in enumerate(order, start=1):
+            for quantity in quantities:
+                value = pd.to_numeric(board.at[index, quantity], errors="coerce")
+                if pd.isna(value):
+                    continue
+                rows.append(
+                    dict(
+                        model=board.at[index, "model"],
+                        revision=board.at[index, "revision"],
+                        dtype=board.at[index, "dtype"],
+                        step=parse_step(str(board.at[index, "revision"])),
+                        position=position,
+                        n_checkpoints=len(order),
+                        across_models=index in chosen,
+                        quantity=quantity,
+                        value=float(value),
+                    )
+                )
+    table = pd.DataFrame(rows, columns=[c for c in SERIES_COLUMNS if c != "schema_version"])
+    table["step"] = table["step"].astype("Int64")
+    table.insert(0, "schema_version", SCHEMA_VERSION)
+    return table
