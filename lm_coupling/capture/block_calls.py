@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from lm_coupling.capture.transformers_adapter import forward_hooks
+
 __all__ = [
     "AltUpCollapse",
     "CallSite",
@@ -71,7 +73,7 @@ class CallSite(nn.Module):
         super().__init__()
         self.block = block
         self.call = call
-        object.__setattr__(self, "_dispatch", dispatch)  # not a child module
+        self._dispatch = dispatch  # not an nn.Module: an attribute, not a child
 
     @property
     def streams(self) -> Streams | None:
@@ -174,9 +176,8 @@ class _Dispatch:
             return None
         if self.streams is not None:
             args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
-        # torch keeps a module's hooks in these dictionaries (ids of with_kwargs hooks apart)
-        for key, hook in list(site._forward_pre_hooks.items()):
-            if key in site._forward_pre_hooks_with_kwargs:
+        for hook, with_kwargs in forward_hooks(site, pre=True):
+            if with_kwargs:
                 result = hook(site, args, kwargs)
                 if result is not None:
                     args, kwargs = result
@@ -198,8 +199,8 @@ class _Dispatch:
         if self.streams is not None:
             args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
             output = _map_output(output, self.streams.flatten)
-        for key, hook in list(site._forward_hooks.items()):
-            if key in site._forward_hooks_with_kwargs:
+        for hook, with_kwargs in forward_hooks(site, pre=False):
+            if with_kwargs:
                 result = hook(site, args, kwargs, output)
             else:
                 result = hook(site, args, output)

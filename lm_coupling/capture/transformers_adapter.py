@@ -307,6 +307,25 @@ def module_with_child_replaced(module: nn.Module, name: str, child: nn.Module) -
     return head
 
 
+def forward_hooks(module: nn.Module, pre: bool) -> list[tuple[Callable, bool]]:
+    """The forward (``pre=False``) or forward-pre hooks registered on ``module``, in order.
+
+    Each as ``(hook, with_kwargs)``, so that a dispatcher can run the hooks of a
+    module that is not itself called (a call site of a block run several times,
+    ``capture.block_calls``) as torch would.
+
+    Relies on: ``torch.nn.Module`` keeps its hooks in the ordered dictionaries
+    ``_forward_pre_hooks`` / ``_forward_hooks`` (handle id -> hook) and the ids
+    of hooks registered ``with_kwargs=True`` in ``_forward_pre_hooks_with_kwargs``
+    / ``_forward_hooks_with_kwargs`` (torch has no public accessor).
+    """
+    if pre:
+        hooks, with_kwargs = module._forward_pre_hooks, module._forward_pre_hooks_with_kwargs
+    else:
+        hooks, with_kwargs = module._forward_hooks, module._forward_hooks_with_kwargs
+    return [(hook, key in with_kwargs) for key, hook in list(hooks.items())]
+
+
 def loaded_from(model: Any) -> str:
     """The path or hub id a model was loaded from (``config.name_or_path``; empty if built).
 

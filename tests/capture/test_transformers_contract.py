@@ -202,6 +202,25 @@ def test_module_with_child_replaced_runs_the_parent_forward_with_the_new_child()
     )
 
 
+def test_forward_hooks_are_the_registered_hooks_in_order_with_their_kind():
+    module = torch.nn.Linear(2, 2)
+
+    def plain(*args):
+        return None
+
+    def keyed(*args):
+        return None
+
+    module.register_forward_pre_hook(plain)
+    module.register_forward_pre_hook(keyed, with_kwargs=True)
+    module.register_forward_hook(keyed, with_kwargs=True)
+    module.register_forward_hook(plain)
+    pre = tfa.forward_hooks(module, pre=True)
+    post = tfa.forward_hooks(module, pre=False)
+    assert pre == [(plain, False), (keyed, True)], _broke("forward_hooks", pre)
+    assert post == [(keyed, True), (plain, False)], _broke("forward_hooks", post)
+
+
 def test_loaded_from_is_the_path_of_from_pretrained_and_empty_for_a_built_model(tmp_path):
     model = _small("gpt2")
     assert tfa.loaded_from(model) == "", _broke("loaded_from", "a built model has a path")
