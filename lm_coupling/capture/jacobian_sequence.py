@@ -107,7 +107,12 @@ def cache_replay_problem(model: nn.Module) -> str:
     """
     from lm_coupling.capture.architecture import locate_model_parts
     from lm_coupling.capture.block_calls import is_unrolled
-    from lm_coupling.capture.transformers_adapter import make_model_cache
+    from lm_coupling.capture.transformers_adapter import (
+        cache_layers,
+        layer_keys_values,
+        make_model_cache,
+        output_cache,
+    )
 
     if is_unrolled(locate_model_parts(model).blocks):
         return (
@@ -133,14 +138,13 @@ def cache_replay_problem(model: nn.Module) -> str:
     ids = torch.ones(1, 2, dtype=torch.long, device=device)
     with torch.no_grad():
         out = model(ids, use_cache=True)
-    found = getattr(out, "past_key_values", None)
-    inner = getattr(found, "self_attention_cache", found)
-    layers = getattr(inner, "layers", None)
+    found = output_cache(out)
+    layers = cache_layers(found)
     if not layers:
         return f"with use_cache=True it returns {type(found).__name__}, not a cache with layers"
     kinds = [_layer_kind(layer) for layer in layers]
-    if any(kinds) or not all(getattr(layer, "keys", None) is not None for layer in layers):
-        return f"its {type(inner).__name__} holds more than keys and values"
+    if any(kinds) or not all(layer_keys_values(layer) is not None for layer in layers):
+        return f"its {type(found).__name__} holds more than keys and values"
     try:
         return _cache_replay_mismatch(model)
     except LmCouplingError as error:  # the cache replay cannot even run on the probe

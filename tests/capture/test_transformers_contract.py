@@ -190,6 +190,35 @@ def test_a_coupling_run_prints_no_deprecation_from_the_packages_own_calls(model_
     assert torch.isfinite(factors.S).all()
 
 
+@pytest.mark.parametrize("model_type", ["gpt2", "llama"])
+def test_choosing_the_replay_logs_no_deprecated_cache_name(model_type):
+    """transformers 5.2x logs (``warning_once``, not a warning) when an output's cache is
+    read under its old name; the engine's replay probe reads the declared field."""
+    import logging
+
+    from lm_coupling.capture.jacobian_sequence import choose_replay
+
+    clear = getattr(logging.Logger.warning_once, "cache_clear", None)  # transformers' "once"
+    if clear is not None:
+        clear()
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(level=logging.WARNING)
+    logger = logging.getLogger("transformers")
+    logger.addHandler(handler)
+    try:
+        replay, why = choose_replay(_small(model_type))
+    finally:
+        logger.removeHandler(handler)
+    assert replay == "cache", why
+    deprecated = [r.getMessage() for r in records if "deprecated" in r.getMessage()]
+    assert not deprecated, deprecated
+
+
 def test_module_with_child_replaced_runs_the_parent_forward_with_the_new_child():
     torch.manual_seed(0)
     parent = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
