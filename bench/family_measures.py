@@ -195,15 +195,15 @@ def draw(rows: list[dict], figure: Path, note: str) -> None:
             run = sorted((r for r in checkpoints if r["size"] == size), key=lambda r: r["step"])
             colour, marker = styles.get(size, ("C2", "^"))
             values = [r[column] for r in run]
-            over.plot([r["step"] + 1 for r in run], values, marker=marker, color=colour, ms=4)
+            scores = [r["score"] for r in run]
+            steps = [r["step"] + 1 for r in run]
+            for k in range(len(run) - 1):  # dotted across a gap of unmeasured checkpoints
+                style = ":" if steps[k + 1] / steps[k] > 3 else "-"
+                over.plot(steps[k : k + 2], values[k : k + 2], style, color=colour)
+                against.plot(scores[k : k + 2], values[k : k + 2], style, color=colour, lw=0.6)
+            over.plot(steps, values, marker, color=colour, ms=4)
             against.plot(
-                [r["score"] for r in run],
-                values,
-                marker=marker,
-                color=colour,
-                ms=4,
-                lw=0.6,
-                label=f"{size}: checkpoints of one run",
+                scores, values, marker, color=colour, ms=4, label=f"{size}: checkpoints of one run"
             )
             for r in run:
                 against.annotate(
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--figure", type=Path, default=Path("docs/family/measures.png"))
     parser.add_argument("--note", default="", help="second title line (limit, load, time)")
     parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--table", type=Path, help="also write the rows here, short names")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -308,7 +309,25 @@ def main(argv: list[str] | None = None) -> int:
     ]
     draw(typed, args.figure, args.note)
     print(args.figure)
+    if args.table:
+        write_table(typed, args.table)
     return 0
+
+
+def short_name(model: str) -> str:
+    """``.../tiny/step70`` -> ``tiny/step70``; another model -> its folder's name."""
+    path = Path(model)
+    return f"{path.parent.name}/{path.name}" if path.name.startswith("step") else path.name
+
+
+def write_table(rows: list[dict], csv_path: Path) -> None:
+    """Write the rows with short model names to ``csv_path``; print them as a Markdown table."""
+    ordered = sorted(rows, key=lambda r: (r["kind"] != "checkpoint", r["size"], r["step"]))
+    shown = [{**r, "model": short_name(r["model"])} for r in ordered]
+    write_rows(csv_path, shown)
+    for r in shown:
+        cells = [f"{r[m]:.3f}" if m != "effective_rank" else f"{r[m]:.1f}" for m, _ in MEASURES]
+        print(f"| {r['model']} | {r['step']} | {r['score']:.2f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
