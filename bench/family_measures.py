@@ -14,16 +14,18 @@ docs/metrics.md:
 
 It writes one row per model to ``<out>/family_measures.csv`` (score: the mean
 of the five benchmarks' leaderboard metrics, docs/family.md; each measure:
-the mean over the five tasks of its per-task value; ``dataset_entropy`` from
-the geometry files, over the task's ``--limit`` documents) and draws
-``--figure``: each measure against training step per size (top) and against
-the score (bottom). Checkpoints of one run are not independent samples, so
+the mean over the seven measured tasks, MMLU's three subjects each, of its
+per-task value; ``dataset_entropy`` from the geometry files, over the task's
+``--limit`` documents), every value read back from the output files, and
+draws ``--figure``: each measure against training step per size and, beside
+it, against the score. Checkpoints of one run are not independent samples, so
 the figure and the CSV give no p-values across checkpoints.
 
-python bench/family_measures.py --family /work/family --steps 0 8 70 \\
+python bench/family_measures.py --family results/family --sizes tiny --steps 0 8 70 \\
     --model lm_coupling/demo/assets/tiny-gpt2=tiny:1200 --limit 4 \\
-    --out results/family_measures --figure docs/family/measures.png
-python bench/family_measures.py --out results/family_measures --plot-only ...
+    --out results/family_measures --figure docs/family/measures.png \\
+    --table docs/family/measures.csv
+python bench/family_measures.py --out results/family_measures --plot-only  # redraw
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ LENS_TASK = "lmc_arc_challenge_offline"
 # (column, label with unit), in the figure's order.
 MEASURES = [
     ("coupling", "coupling (K=10)"),
-    ("logit_lens_entropy", "logit-lens entropy (norm.)"),
-    ("jlens_entropy", "J-lens entropy (norm.)"),
+    ("logit_lens_entropy", "logit-lens entropy (/ ln V)"),
+    ("jlens_entropy", "J-lens entropy (/ ln V)"),
     ("prompt_entropy", "prompt entropy (nats)"),
     ("curvature", "curvature (rad)"),
     ("effective_rank", "effective rank"),
