@@ -46,6 +46,7 @@ from lm_coupling.report.benchmarks import (
     parse_step,
 )
 from lm_coupling.report.boundary import boundary_depth, boundary_profile
+from lm_coupling.report.index import FolderIndex
 from lm_coupling.report.loading import (
     IDENTITY,
     ReportInputError,
@@ -54,6 +55,7 @@ from lm_coupling.report.loading import (
     load_results,
 )
 from lm_coupling.report.newest import newest_values, setting_conflicts
+from lm_coupling.report.row_cache import RowCache
 from lm_coupling.report.row_settings import (
     ROW_SETTING_COLUMNS,
     cross_row_messages,
@@ -289,6 +291,7 @@ def build_leaderboard(
     by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
     runs: list[RunFile] | None = None,
     catalogue: Catalogue | None = None,
+    cache: RowCache | None = None,
 ) -> tuple[pd.DataFrame, TaskSets]:
     """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
 
@@ -300,6 +303,8 @@ def build_leaderboard(
         by_results: every geometry file by (results file, task) (`LoadedResults.by_results`).
         runs: the parsed results files, for the settings columns (`row_settings`).
         catalogue: the runs' catalogue (`LoadedResults.catalogue`).
+        cache: rows built by earlier refreshes (`lm_coupling.report.row_cache`); the
+            table is the same with or without it.
     """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
@@ -320,7 +325,7 @@ def build_leaderboard(
     wide, sets = geometry_table(geometry_rows(selected, geometry, by_results, catalogue))
     if len(wide.columns):
         board = board.merge(wide.reset_index(), on=IDENTITY, how="left")
-    settings = row_settings(selected, runs or [])
+    settings = row_settings(selected, runs or [], cache)
     board = board.merge(settings.reset_index(), on=IDENTITY, how="left")
     board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
     return integer_columns(board), sets
@@ -429,20 +434,18 @@ def primary_target(board: pd.DataFrame, targets: list[str]) -> str | None:
     return max(present, key=lambda t: int(board[t].notna().sum()), default=None)
 
 
-def write_leaderboard(results_dir: str | Path) -> Path:
+def write_leaderboard(results_dir: str | Path, index: FolderIndex | None = None) -> Path:
     """Rebuild ``results_dir/leaderboard.csv`` from every run in the folder.
 
     The same table as the report's ``leaderboard.csv``, without the
     statistics and figures: the run command refreshes it after every run.
     Files unchanged since the last refresh are answered from the folder's
     index (`lm_coupling.report.index`), so a campaign's hundredth refresh
-    parses only its own run's files.
+    parses only its own run's files, and the rows built before are answered
+    from it too (`lm_coupling.report.row_cache`): only the new run's row is built.
     """
-    from lm_coupling.report.index import FolderIndex
-
-    index = FolderIndex(results_dir)
+    index = index if index is not None else FolderIndex(results_dir)
     loaded = load_results(results_dir, index=index)
-    index.save()
     selected, provenance = newest_values(loaded.values, loaded.paths)
     board, _ = build_leaderboard(
         selected,
@@ -452,7 +455,9 @@ def write_leaderboard(results_dir: str | Path) -> Path:
         loaded.by_results,
         loaded.runs,
         loaded.catalogue,
+        index.rows,
     )
+    index.save()
     warn_settings(settings_messages(board, provenance, selected))
     path = Path(results_dir) / "leaderboard.csv"
     board.to_csv(path, index=False)
