@@ -107,7 +107,10 @@ class FolderIndex:
             ValueError: the file is not valid JSON (nothing is indexed for it).
             OSError: it cannot be read.
         """
-        key = str(Path(path).resolve().relative_to(self.root.resolve()))
+        try:  # the loader's paths are under the root as given: no resolve per file
+            key = str(Path(path).relative_to(self.root))
+        except ValueError:
+            key = str(Path(path).resolve().relative_to(self.root.resolve()))
         stat = Path(path).stat()
         stamp = [stat.st_mtime_ns, stat.st_size]
         self.seen.add(key)

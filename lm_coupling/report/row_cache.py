@@ -80,13 +80,14 @@ class RowCache:
         stored: ``{section: {fingerprint: record}}`` as read from the index.
 
     Attributes:
-        rebuilt: rows built (not answered from the cache) since it was opened.
+        rebuilt: rows built (not answered from the cache) since it was opened, per
+            section.
     """
 
     def __init__(self, stored: dict[str, dict[str, Any]] | None = None):
         self.sections: dict[str, dict[str, Any]] = stored or {}
         self.used: dict[str, set[str]] = {}
-        self.rebuilt = 0
+        self.rebuilt: dict[str, int] = {}
         self.dirty = False
 
     def rows(
@@ -109,7 +110,7 @@ class RowCache:
             built = build(keys.index[missing])
             for i in missing:
                 stored[fingerprints[i]] = built[keys.index[i]]
-            self.rebuilt += len(missing)
+            self.rebuilt[section] = self.rebuilt.get(section, 0) + len(missing)
             self.dirty = True
         self.used.setdefault(section, set()).update(fingerprints)
         return [stored[key] for key in fingerprints]
@@ -121,5 +122,6 @@ class RowCache:
             used = self.used.get(section, set())
             if len(used) != len(stored):
                 self.dirty = True
-            out[section] = {key: stored[key] for key in used if key in stored}
+            if used:  # a section not used at all (another catalogue) is dropped
+                out[section] = {key: stored[key] for key in used if key in stored}
         return out

@@ -94,7 +94,8 @@ def _from_scratch(root) -> bytes:
     try:
         fresh = FolderIndex(root)
         data = write_leaderboard(root, index=fresh).read_bytes()
-        assert fresh.rows.rebuilt == len(pd.read_csv(root / "leaderboard.csv"))
+        rows = len(pd.read_csv(root / "leaderboard.csv"))
+        assert list(fresh.rows.rebuilt.values()) == [rows, rows]  # settings, geometry
     finally:
         if kept is not None:
             index_path.write_bytes(kept)
@@ -113,13 +114,13 @@ def test_incremental_refresh_rebuilds_one_row_and_writes_the_same_bytes(real_run
         index = FolderIndex(root)
         written = write_leaderboard(root, index=index).read_bytes()
         # The refresh's work does not grow with the folder: one row built per new run.
-        assert index.rows.rebuilt == 1, (n, index.rows.rebuilt)
+        assert list(index.rows.rebuilt.values()) == [1, 1], (n, index.rows.rebuilt)
         assert len(pd.read_csv(root / "leaderboard.csv")) == n
         assert written == _from_scratch(root)
 
     unchanged = FolderIndex(root)
     write_leaderboard(root, index=unchanged)
-    assert unchanged.rows.rebuilt == 0 and unchanged.parsed == 0
+    assert unchanged.rows.rebuilt == {} and unchanged.parsed == 0
 
     # A results file rewritten in place (another metric option recorded) rebuilds its own
     # row only, and the row's settings columns follow the new file.
@@ -129,15 +130,28 @@ def test_incremental_refresh_rebuilds_one_row_and_writes_the_same_bytes(real_run
     results.write_text(json.dumps(data))
     changed = FolderIndex(root)
     after = write_leaderboard(root, index=changed).read_bytes()
-    assert changed.rows.rebuilt == 1 and changed.parsed == 1
+    assert list(changed.rows.rebuilt.values()) == [1, 1] and changed.parsed == 1
     assert after == _from_scratch(root)
     options = pd.read_csv(root / "leaderboard.csv")["metric_options"].fillna("")
     assert options.str.contains("norm=l2").sum() == 1
+
+    # A geometry file rewritten in place (other document counts) rebuilds that row's
+    # geometry part only.
+    geometry = sorted(root.rglob("geometry_*.json"))[-1]
+    data = json.loads(geometry.read_text())
+    data["n_documents"] = int(data.get("n_documents") or 0) + 7
+    data["n_measured"] = {key: 3 for key in data.get("n_measured") or {}}
+    geometry.write_text(json.dumps(data))
+    regeo = FolderIndex(root)
+    written = write_leaderboard(root, index=regeo).read_bytes()
+    assert list(regeo.rows.rebuilt) == [key for key in changed.rows.rebuilt if "geometry" in key]
+    assert list(regeo.rows.rebuilt.values()) == [1] and written == _from_scratch(root) != after
+    after = written
 
     # A vanished run: nothing is built, its row leaves the table and the stored rows.
     shutil.rmtree(root / folders[0].name)
     gone = FolderIndex(root)
     written = write_leaderboard(root, index=gone).read_bytes()
-    assert gone.rows.rebuilt == 0 and written == _from_scratch(root) != after
+    assert gone.rows.rebuilt == {} and written == _from_scratch(root) != after
     stored = json.loads((root / INDEX_NAME).read_text())["rows"]["row_settings"]
     assert len(stored) == len(folders) - 1
