@@ -9,7 +9,9 @@ its size, modification time and the part of its content the leaderboard reads
 answered from the index; a new or changed one is parsed and added; a file that
 vanished is dropped. The index is plain JSON (never code), written atomically,
 and rebuilt from the files whenever it is missing, unreadable or of another
-schema, so deleting it is always safe. The full report (`build_report`) reads
+schema, so deleting it is always safe. It also keeps the leaderboard rows
+built by the last refresh (`lm_coupling.report.row_cache`, under the package
+version), so a refresh rebuilds only the rows that changed. The full report (`build_report`) reads
 the files themselves (it draws the matrices the index leaves out).
 """
 
@@ -20,6 +22,9 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from lm_coupling import __version__
+from lm_coupling.report.row_cache import RowCache
 
 INDEX_NAME = ".lm_coupling_index.json"
 SCHEMA = "lm_coupling.index/1"
@@ -65,25 +70,31 @@ class FolderIndex:
     Attributes:
         parsed: files parsed from disk since the index was opened (the rest
             were answered from it).
+        rows: the built leaderboard rows (`RowCache`; its ``rebuilt`` counts the
+            rows built since the index was opened).
     """
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.path = self.root / INDEX_NAME
-        self.entries: dict[str, dict[str, Any]] = self._load()
+        data = self._load()
+        entries = data.get("files")
+        self.entries: dict[str, dict[str, Any]] = entries if isinstance(entries, dict) else {}
+        rows = data.get("rows")
+        fresh = isinstance(rows, dict) and data.get("version") == __version__
+        self.rows = RowCache(rows if fresh else None)
         self.seen: set[str] = set()
         self.parsed = 0
         self._dirty = False
 
-    def _load(self) -> dict[str, dict[str, Any]]:
+    def _load(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             return {}
-        entries = data.get("files")
-        return entries if isinstance(entries, dict) else {}
+        return data
 
     def read(self, path: Path, kind: str) -> Any:
         """A file's (slim) content: from the index if unchanged, else parsed and indexed.
@@ -96,7 +107,10 @@ class FolderIndex:
             ValueError: the file is not valid JSON (nothing is indexed for it).
             OSError: it cannot be read.
         """
-        key = str(Path(path).resolve().relative_to(self.root.resolve()))
+        try:  # the loader's paths are under the root as given: no resolve per file
+            key = str(Path(path).relative_to(self.root))
+        except ValueError:
+            key = str(Path(path).resolve().relative_to(self.root.resolve()))
         stat = Path(path).stat()
         stamp = [stat.st_mtime_ns, stat.st_size]
         self.seen.add(key)
@@ -111,13 +125,16 @@ class FolderIndex:
         return content
 
     def save(self) -> None:
-        """Write the index (atomically), without the files no longer in the folder."""
+        """Write the index (atomically), without the files and rows no longer in the folder."""
         stale = set(self.entries) - self.seen
         for key in stale:
             del self.entries[key]
-        if not (self._dirty or stale):
+        rows = self.rows.to_store()
+        if not (self._dirty or stale or self.rows.dirty):
             return
-        text = json.dumps({"schema": SCHEMA, "files": self.entries})
+        text = json.dumps(
+            {"schema": SCHEMA, "version": __version__, "files": self.entries, "rows": rows}
+        )
         handle, tmp = tempfile.mkstemp(prefix=INDEX_NAME, dir=self.root)
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:

@@ -29,6 +29,7 @@ Columns of ``leaderboard.csv`` (schema `SCHEMA_VERSION`, see
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from pathlib import Path
@@ -46,6 +47,7 @@ from lm_coupling.report.benchmarks import (
     parse_step,
 )
 from lm_coupling.report.boundary import boundary_depth, boundary_profile
+from lm_coupling.report.index import FolderIndex
 from lm_coupling.report.loading import (
     IDENTITY,
     ReportInputError,
@@ -54,6 +56,7 @@ from lm_coupling.report.loading import (
     load_results,
 )
 from lm_coupling.report.newest import newest_values, setting_conflicts
+from lm_coupling.report.row_cache import RowCache, file_stamps, row_keys
 from lm_coupling.report.row_settings import (
     ROW_SETTING_COLUMNS,
     cross_row_messages,
@@ -220,24 +223,17 @@ def _geometry_lookup(geometry: list[dict[str, Any]]) -> dict[tuple, dict[str, An
     return {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
 
 
-def geometry_rows(
-    selected: pd.DataFrame,
-    geometry: list[dict[str, Any]],
-    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
-    catalogue: Catalogue | None = None,
-) -> pd.DataFrame:
-    """One row per (identity, task, metric): value, unit, documents measured, K used.
+GEOMETRY_ROW_COLUMNS = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used", "file"]
 
-    A value's geometry file is the one written beside its own results file
-    (``by_results``), else the newest for its model and task. The
-    thought/fixation boundary is read from the catalogue's boundary
-    profiles (default catalogue: the installed plugins').
-    """
-    catalogue = catalogue if catalogue is not None else Catalogue.installed()
-    geo = _first_filter(selected[selected["kind"] == "geometry"], None)
-    lookup = _geometry_lookup(geometry)
-    by_results = by_results or {}
-    groups = scored_groups(selected)
+
+def _value_records(
+    geo: pd.DataFrame,
+    lookup: dict[tuple, dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]],
+    groups: set[str],
+    catalogue: Catalogue,
+) -> list[dict[str, Any]]:
+    """`geometry_rows`' value rows of ``geo`` (one per identity, task and metric)."""
     rows = []
     for r in geo.to_dict("records"):
         ident = tuple(r[k] for k in IDENTITY)
@@ -257,8 +253,17 @@ def geometry_rows(
                 file=r["file"],
             )
         )
-    keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
-    group_of = dict(zip(keys, selected["group"], strict=True))
+    return rows
+
+
+def _boundary_records(
+    geometry: list[dict[str, Any]],
+    group_of: dict[tuple, str],
+    groups: set[str],
+    catalogue: Catalogue,
+) -> list[dict[str, Any]]:
+    """`geometry_rows`' thought/fixation boundary rows (one per geometry file with a profile)."""
+    rows = []
     for doc in geometry:
         profile = boundary_profile(doc.get("profiles") or {}, catalogue.boundary_profiles())
         if profile is None:
@@ -277,8 +282,121 @@ def geometry_rows(
                 file=str(doc.get("results_file", "")),
             )
         )
-    columns = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used", "file"]
-    return pd.DataFrame(rows, columns=columns).astype({"value": float, "n": float})
+    return rows
+
+
+def _geometry_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS).astype({"value": float, "n": float})
+
+
+def geometry_rows(
+    selected: pd.DataFrame,
+    geometry: list[dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
+    catalogue: Catalogue | None = None,
+    cache: RowCache | None = None,
+) -> pd.DataFrame:
+    """One row per (identity, task, metric): value, unit, documents measured, K used.
+
+    A value's geometry file is the one written beside its own results file
+    (``by_results``), else the newest for its model and task. The
+    thought/fixation boundary is read from the catalogue's boundary
+    profiles (default catalogue: the installed plugins'). With ``cache``
+    (`lm_coupling.report.row_cache`), only the identities whose values or
+    geometry files changed are built; the rows are the same, in the same order.
+    """
+    catalogue = catalogue if catalogue is not None else Catalogue.installed()
+    geo = _first_filter(selected[selected["kind"] == "geometry"], None)
+    lookup = _geometry_lookup(geometry)
+    by_results = by_results or {}
+    groups = scored_groups(selected)
+    keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
+    group_of = dict(zip(keys, selected["group"], strict=True))
+    known = set(selected[IDENTITY].drop_duplicates().itertuples(index=False, name=None))
+    if cache is None or any(tuple(doc["identity"]) not in known for doc in geometry):
+        # Without a cache, or with a geometry file whose model has no values: built whole.
+        rows = _value_records(geo, lookup, by_results, groups, catalogue)
+        rows += _boundary_records(geometry, group_of, groups, catalogue)
+        return _geometry_frame(rows)
+    return _cached_geometry_rows(
+        selected, geo, geometry, lookup, by_results, groups, group_of, catalogue, cache
+    )
+
+
+def _cached_geometry_rows(
+    selected: pd.DataFrame,
+    geo: pd.DataFrame,
+    geometry: list[dict[str, Any]],
+    lookup: dict[tuple, dict[str, Any]],
+    by_results: dict[tuple[str, str], dict[str, Any]],
+    groups: set[str],
+    group_of: dict[tuple, str],
+    catalogue: Catalogue,
+    cache: RowCache,
+) -> pd.DataFrame:
+    """`geometry_rows` through the row cache: rows built per identity, then put in order.
+
+    A row's fingerprint adds, to its values' (`row_keys`), the stamps of the
+    geometry files of its identity; the catalogue's sampled metrics and
+    boundary profiles name the cache section.
+    """
+    docs: dict[str, dict[str, Any]] = {doc["path"]: doc for doc in geometry}
+    docs.update({doc["path"]: doc for doc in by_results.values()})
+    stamps = file_stamps(pd.Series(sorted(docs), dtype=object))
+    of_identity: dict[tuple, list[str]] = {}
+    for path, stamp in zip(sorted(docs), stamps, strict=True):
+        of_identity.setdefault(tuple(docs[path]["identity"]), []).append(f"{path}={stamp}")
+    keys = row_keys(selected, groups, IDENTITY)
+    extra = ["|".join(of_identity.get(tuple(i), [])) for i in keys.index]
+    keys = keys + "." + pd.Series(extra, index=keys.index, dtype=str).map(_digest)
+    salt = _digest(repr((sorted(catalogue.sampled_metrics()), catalogue.boundary_profiles())))
+
+    def build(wanted: pd.MultiIndex) -> dict[tuple, dict[str, Any]]:
+        mine = set(wanted.tolist())
+        part = geo[pd.MultiIndex.from_frame(geo[IDENTITY]).isin(wanted)]
+        values = _value_records(part, lookup, by_results, groups, catalogue)
+        docs_of = [doc for doc in geometry if tuple(doc["identity"]) in mine]
+        bounds = _boundary_records(docs_of, group_of, groups, catalogue)
+        out: dict[tuple, dict[str, Any]] = {i: {"values": [], "boundary": []} for i in mine}
+        for name, rows in (("values", values), ("boundary", bounds)):
+            for row in rows:
+                identity = tuple(row[k] for k in IDENTITY)
+                out[identity][name].append([row[c] for c in GEOMETRY_ROW_COLUMNS[3:]])
+        return out
+
+    stored = cache.rows(f"geometry_rows.{salt}", keys, build)
+    frames = []
+    for name, order in (
+        ("values", geo[[*IDENTITY, "task", "metric"]]),
+        ("boundary", _boundary_order(geometry, catalogue)),
+    ):
+        rows = [
+            [*identity, *row]
+            for identity, record in zip(keys.index, stored, strict=True)
+            for row in record[name]
+        ]
+        frame = pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS).astype(
+            {c: str for c in [*IDENTITY, "task", "metric"]}
+        )
+        order = order.astype(str).reset_index(drop=True)
+        frames.append(order.merge(frame, on=list(order.columns), how="left", validate="1:1"))
+    out = pd.concat(frames, ignore_index=True)[GEOMETRY_ROW_COLUMNS]
+    return out.astype({"value": float, "n": float})
+
+
+def _boundary_order(geometry: list[dict[str, Any]], catalogue: Catalogue) -> pd.DataFrame:
+    """(identity, task, metric) of the boundary rows, in `_boundary_records`' order."""
+    names = catalogue.boundary_profiles()
+    rows = [
+        (*doc["identity"], str(doc.get("task", "")), BOUNDARY_COLUMN)
+        for doc in geometry
+        if boundary_profile(doc.get("profiles") or {}, names) is not None
+    ]
+    return pd.DataFrame(rows, columns=[*IDENTITY, "task", "metric"])
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 def build_leaderboard(
@@ -289,6 +407,7 @@ def build_leaderboard(
     by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
     runs: list[RunFile] | None = None,
     catalogue: Catalogue | None = None,
+    cache: RowCache | None = None,
 ) -> tuple[pd.DataFrame, TaskSets]:
     """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
 
@@ -300,6 +419,8 @@ def build_leaderboard(
         by_results: every geometry file by (results file, task) (`LoadedResults.by_results`).
         runs: the parsed results files, for the settings columns (`row_settings`).
         catalogue: the runs' catalogue (`LoadedResults.catalogue`).
+        cache: rows built by earlier refreshes (`lm_coupling.report.row_cache`); the
+            table is the same with or without it.
     """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
@@ -317,10 +438,11 @@ def build_leaderboard(
     extra = task_scores(selected)
     if len(extra.columns):
         board = board.merge(extra.reset_index(), on=IDENTITY, how="left")
-    wide, sets = geometry_table(geometry_rows(selected, geometry, by_results, catalogue))
+    rows = geometry_rows(selected, geometry, by_results, catalogue, cache)
+    wide, sets = geometry_table(rows)
     if len(wide.columns):
         board = board.merge(wide.reset_index(), on=IDENTITY, how="left")
-    settings = row_settings(selected, runs or [])
+    settings = row_settings(selected, runs or [], cache)
     board = board.merge(settings.reset_index(), on=IDENTITY, how="left")
     board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
     return integer_columns(board), sets
@@ -429,20 +551,18 @@ def primary_target(board: pd.DataFrame, targets: list[str]) -> str | None:
     return max(present, key=lambda t: int(board[t].notna().sum()), default=None)
 
 
-def write_leaderboard(results_dir: str | Path) -> Path:
+def write_leaderboard(results_dir: str | Path, index: FolderIndex | None = None) -> Path:
     """Rebuild ``results_dir/leaderboard.csv`` from every run in the folder.
 
     The same table as the report's ``leaderboard.csv``, without the
     statistics and figures: the run command refreshes it after every run.
     Files unchanged since the last refresh are answered from the folder's
     index (`lm_coupling.report.index`), so a campaign's hundredth refresh
-    parses only its own run's files.
+    parses only its own run's files, and the rows built before are answered
+    from it too (`lm_coupling.report.row_cache`): only the new run's row is built.
     """
-    from lm_coupling.report.index import FolderIndex
-
-    index = FolderIndex(results_dir)
+    index = index if index is not None else FolderIndex(results_dir)
     loaded = load_results(results_dir, index=index)
-    index.save()
     selected, provenance = newest_values(loaded.values, loaded.paths)
     board, _ = build_leaderboard(
         selected,
@@ -452,7 +572,9 @@ def write_leaderboard(results_dir: str | Path) -> Path:
         loaded.by_results,
         loaded.runs,
         loaded.catalogue,
+        index.rows,
     )
+    index.save()
     warn_settings(settings_messages(board, provenance, selected))
     path = Path(results_dir) / "leaderboard.csv"
     board.to_csv(path, index=False)

@@ -27,6 +27,7 @@ import pandas as pd
 
 from lm_coupling.report.benchmarks import benchmark_of
 from lm_coupling.report.loading import IDENTITY, RunFile
+from lm_coupling.report.row_cache import RowCache, row_keys
 from lm_coupling.report.settings import differing_options, options_text
 from lm_coupling.report.tasksets import scored_groups, task_unit
 
@@ -74,31 +75,51 @@ def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
     return "; ".join(parts)
 
 
-def row_settings(selected: pd.DataFrame, runs: list[RunFile]) -> pd.DataFrame:
+def _row_records(
+    selected: pd.DataFrame, by_file: dict[str, RunFile], groups: set[str]
+) -> dict[tuple, dict[str, Any]]:
+    """The `ROW_SETTING_COLUMNS` of every identity in ``selected``, by identity."""
+    records: dict[tuple, dict[str, Any]] = {}
+    for identity, rows in selected.groupby(IDENTITY, sort=False):
+        settings, limited = _settings_text(rows, groups)
+        geometry = rows[rows["kind"] == "geometry"]
+        options = _options_of(list(dict.fromkeys(geometry["file"])), by_file)
+        records[tuple(identity)] = dict(
+            settings=settings,
+            limited=limited,
+            metric_options=" | ".join(options_text(u, r) for u, r in options),
+            mixed_settings=_mixed_text(geometry, by_file),
+        )
+    return records
+
+
+def row_settings(
+    selected: pd.DataFrame, runs: list[RunFile], cache: RowCache | None = None
+) -> pd.DataFrame:
     """The `ROW_SETTING_COLUMNS` of every row, indexed by identity (see the module docstring).
 
     Args:
         selected: the values the leaderboard uses (`newest_values`).
         runs: the parsed results files (their options and settings).
+        cache: rows built by earlier refreshes (`lm_coupling.report.row_cache`): only
+            the rows whose fingerprint changed are built again.
     """
     by_file = {str(run.path): run for run in runs}
     groups = scored_groups(selected)
-    records: list[dict[str, Any]] = []
-    for identity, rows in selected.groupby(IDENTITY, sort=False):
-        settings, limited = _settings_text(rows, groups)
-        geometry = rows[rows["kind"] == "geometry"]
-        options = _options_of(list(dict.fromkeys(geometry["file"])), by_file)
-        records.append(
-            dict(
-                zip(IDENTITY, identity, strict=True),
-                settings=settings,
-                limited=limited,
-                metric_options=" | ".join(options_text(u, r) for u, r in options),
-                mixed_settings=_mixed_text(geometry, by_file),
-            )
-        )
-    frame = pd.DataFrame(records, columns=[*IDENTITY, *ROW_SETTING_COLUMNS])
-    return frame.set_index(IDENTITY)
+    ids = selected[IDENTITY].drop_duplicates()
+    if cache is None:
+        built = _row_records(selected, by_file, groups)
+        records = [built[identity] for identity in ids.itertuples(index=False, name=None)]
+    else:
+
+        def build(wanted: pd.MultiIndex) -> dict[tuple, dict[str, Any]]:
+            rows = selected[pd.MultiIndex.from_frame(selected[IDENTITY]).isin(wanted)]
+            return _row_records(rows, by_file, groups)
+
+        records = cache.rows("row_settings", row_keys(selected, groups, IDENTITY), build)
+    frame = pd.DataFrame(records, columns=ROW_SETTING_COLUMNS)
+    frame.index = pd.MultiIndex.from_frame(ids)
+    return frame
 
 
 def mixed_messages(table: pd.DataFrame) -> list[str]:
