@@ -11,6 +11,13 @@ the selected metrics declared (`lm_coupling.states.Need`): the states
 (``lens``, from the run's `Lens` object), the block's attention
 probabilities (``attentions``).
 
+The lens at n is read in one call per batch where it can be: a reducer that
+sets ``lens_route = "stack"`` gets every state's lens logits at once, after
+x^L (``update_lens(logits [B, L+1, V])``), from one lens call on the stacked
+rows ``[(L+1) B, d]``; one that sets ``"none"`` reads no lens. The per-state
+``view.normed``/``view.logits`` are computed only while a started reducer reads
+them (``lens_route = "layer"``, the default of every reducer that sets nothing).
+
 Capture knows no metric: reducers are named objects with ``update`` and
 ``finalize``. One that raises is dropped from the batch and its error kept
 under its name (``CaptureHandle.errors``); every other reducer goes on.
@@ -33,6 +40,7 @@ from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.capture.attention import attention_modules
+from lm_coupling.capture.lens import LogitLens
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates, LayerReducer, LayerView, Lens
 
@@ -96,6 +104,9 @@ class _Run:
         self.reducers: dict[str, LayerReducer] = {}
         self.attentions: dict[int, torch.Tensor | None] = {}
         self.row_index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layer_lens = False  # a started reducer reads view.normed/logits
+        self.stacked: list[str] = []  # reducers served the lens of every state at once
+        self.rows_at_n: list[torch.Tensor] = []  # x^l_n of l = 0.., for the stacked lens
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
@@ -128,8 +139,20 @@ class _Run:
                 continue
             if reducer is not None:
                 self.reducers[name] = reducer
+        self._route_lens()
         self._take(0, hidden)
         return None
+
+    def _route_lens(self) -> None:
+        """Which started reducers read the lens layer by layer, and which all at once."""
+        if self.collector.lens is None:
+            return
+        for name, reducer in self.reducers.items():
+            route = getattr(reducer, "lens_route", "layer")
+            if route == "stack" and callable(getattr(reducer, "update_lens", None)):
+                self.stacked.append(name)
+            elif route != "none":
+                self.layer_lens = True
 
     def _info(self, batch: int, n_tokens: int, dtype: torch.dtype) -> BatchInfo:
         collector = self.collector
@@ -182,7 +205,9 @@ class _Run:
         hidden = hidden.detach()
         dtype, device = work_dtype(hidden), collector.device
         at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)  # [B, d]
-        normed, logits = self._lens(layer, at_n)
+        if self.stacked:
+            self.rows_at_n.append(at_n)
+        normed, logits = self._lens(layer, at_n) if self.layer_lens else (None, None)
         view = LayerView(
             layer=layer,
             hidden=hidden.to(device=device, dtype=dtype) if collector.hidden_states else None,
@@ -204,10 +229,43 @@ class _Run:
         if lens is None or self.handle.lens_error is not None:
             return None, None
         try:
-            return self.collector.parts.final_norm_fp32(at_n), lens.logits(layer, at_n)
+            normed = self.collector.parts.final_norm_fp32(at_n)
+            if isinstance(lens, LogitLens):  # W_U N(x): the norm just computed, not twice
+                return normed, lens.logits_of_normed(normed)
+            return normed, lens.logits(layer, at_n)
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
             self.handle.lens_error = repr(exc)
             return None, None
+
+    def _serve_stacked_lens(self) -> None:
+        """After x^L: the lens logits ``[B, L+1, V]`` of every state, to the stacking reducers.
+
+        The built-in logit lens reads the stacked rows ``[(L+1) B, d]`` in one
+        call (its norm and unembedding act row by row); another lens is called
+        once per state, as the layer route calls it.
+        """
+        names = [name for name in self.stacked if name in self.reducers]
+        lens = self.collector.lens
+        if not names or self.handle.lens_error is not None:
+            return
+        rows, self.rows_at_n = self.rows_at_n, []
+        try:
+            if isinstance(lens, LogitLens):
+                depth, (batch, width) = len(rows), rows[0].shape
+                flat = torch.stack(rows, dim=1).reshape(batch * depth, width)
+                normed = self.collector.parts.final_norm_fp32(flat)
+                logits = lens.logits_of_normed(normed).reshape(batch, depth, -1)
+            else:
+                logits = torch.stack([lens.logits(i, x) for i, x in enumerate(rows)], dim=1)
+        except Exception as exc:  # a plugin's lens fails its readers, not the capture
+            self.handle.lens_error = repr(exc)
+            return
+        for name in names:
+            try:
+                self.reducers[name].update_lens(logits)
+            except Exception as exc:  # a plugin's failure is its own
+                self.handle.errors[name] = repr(exc)
+                del self.reducers[name]
 
     def _attentions(self, layer: int, device, dtype) -> torch.Tensor | None:
         if not self.collector.attentions or layer == 0:
@@ -226,6 +284,7 @@ class _Run:
     def finish(self) -> None:
         """Finalize every reducer of a complete forward and set the handle's states."""
         parts, info = self.collector.parts, self.handle.info
+        self._serve_stacked_lens()
         for name, reducer in self.reducers.items():
             try:
                 self.handle.reduced[name] = reducer.finalize()

@@ -24,6 +24,7 @@ from typing import Any
 
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
+from lm_coupling.harness.lm_eval_adapter import templates_compiled_once
 from lm_coupling.harness.plan import DocumentId, DocumentPlan, GeometryKey, plan_document
 from lm_coupling.harness.sample import TaskSample, task_sample
 from lm_coupling.harness.streaming import ProfileByShape, RunningTimings
@@ -197,11 +198,14 @@ class GeometrySession:
             for instance in instances
             if instance.task_name in self.tasks
         }
-        for ident in sorted(idents - self.plans.keys()):
-            requests = self._instances_of(ident[0]).get(ident[1]) or [
-                i for i in instances if (i.task_name, i.doc_id) == ident
-            ]
-            self._add_plan(ident, requests)
+        # Each document's gold answer is rendered from the task's template: compiled
+        # once for all of them (lm-eval compiles it on every call otherwise).
+        with templates_compiled_once():
+            for ident in sorted(idents - self.plans.keys()):
+                requests = self._instances_of(ident[0]).get(ident[1]) or [
+                    i for i in instances if (i.task_name, i.doc_id) == ident
+                ]
+                self._add_plan(ident, requests)
 
     def _instances_of(self, task_name: str) -> dict[int, list[Any]]:
         """Every request of a task, by document (built once per task)."""
