@@ -96,8 +96,11 @@ class _Run:
         factories: Mapping[str, ReducerFactory],
         documents: tuple[tuple[DocumentRef, ...], ...],
         handle: CaptureHandle,
+        rows: torch.Tensor | None = None,
     ) -> None:
         self.collector = collector
+        self.rows = rows  # the forward's rows measured (None: every row)
+        self.rows_on: dict[torch.device, torch.Tensor] = {}
         self.last, self.first, self.target = last, first, target
         self.factories, self.documents, self.handle = factories, documents, handle
         self.phase = "waiting"  # -> "running" -> "done"
@@ -119,7 +122,14 @@ class _Run:
                 f"as hidden_states=, got {type(hidden).__name__}; register an override"
             )
         batch, n_tokens = hidden.shape[0], hidden.shape[1]
-        if batch != len(self.last):
+        if self.rows is not None:
+            if int(self.rows.max()) >= batch:
+                raise ValueError(
+                    f"capture() was given row {int(self.rows.max())} to measure but the "
+                    f"forward has batch size {batch}; pass rows of the batch"
+                )
+            batch = len(self.rows)
+        elif batch != len(self.last):
             raise ValueError(
                 f"capture() was given {len(self.last)} last_index entries but the forward "
                 f"has batch size {batch}; pass one index per row of the batch"
@@ -202,7 +212,7 @@ class _Run:
         if not self.reducers:
             return
         collector = self.collector
-        hidden = hidden.detach()
+        hidden = self._measured(hidden.detach())
         dtype, device = work_dtype(hidden), collector.device
         at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)  # [B, d]
         if self.stacked:
@@ -230,7 +240,7 @@ class _Run:
             return None, None
         try:
             normed = self.collector.parts.final_norm_fp32(at_n)
-            if isinstance(lens, LogitLens):  # W_U N(x): the norm just computed, not twice
+            if _is_logit_lens(lens):  # W_U N(x): the norm just computed, not twice
                 return normed, lens.logits_of_normed(normed)
             return normed, lens.logits(layer, at_n)
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
@@ -250,7 +260,7 @@ class _Run:
             return
         rows, self.rows_at_n = self.rows_at_n, []
         try:
-            if isinstance(lens, LogitLens):
+            if _is_logit_lens(lens):
                 depth, (batch, width) = len(rows), rows[0].shape
                 flat = torch.stack(rows, dim=1).reshape(batch * depth, width)
                 normed = self.collector.parts.final_norm_fp32(flat)
@@ -271,7 +281,16 @@ class _Run:
         if not self.collector.attentions or layer == 0:
             return None
         weights = self.attentions.pop(layer, None)  # None: the module gave none
-        return None if weights is None else weights.to(device=device, dtype=dtype)
+        return None if weights is None else self._measured(weights).to(device=device, dtype=dtype)
+
+    def _measured(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The measured rows of a ``[B, ...]`` tensor of the forward (all rows: itself)."""
+        if self.rows is None:
+            return tensor
+        rows = self.rows_on.get(tensor.device)
+        if rows is None:
+            rows = self.rows_on[tensor.device] = self.rows.to(tensor.device)
+        return tensor.index_select(0, rows)
 
     def _index_at_n(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(arange(B), last)`` on ``device``, made once per device (blocks may be spread)."""
@@ -341,6 +360,7 @@ class StateCollector:
         target_tokens: Sequence[int] | torch.Tensor | None,
         reducers: Mapping[str, ReducerFactory],
         documents: Sequence[Sequence[DocumentRef]] | None = None,
+        rows: Sequence[int] | torch.Tensor | None = None,
     ) -> Iterator[CaptureHandle]:
         """Capture the first model forward run inside the context.
 
@@ -357,6 +377,11 @@ class StateCollector:
             reducers: per name, a factory that starts a reducer when the batch's
                 shape is known (``factory(BatchInfo) -> LayerReducer | None``).
             documents: per row, the documents it measures (default: none).
+            rows: the rows of the forward to measure, increasing (default: every
+                row); the other rows are never reduced (a benchmark batch whose
+                other rows are the same documents' other answers). The indices,
+                targets and documents above then have one entry per measured
+                row, and so have the views and the handle's states.
 
         Yields:
             A :class:`CaptureHandle` whose ``states``, ``reduced`` and ``errors``
@@ -384,8 +409,18 @@ class StateCollector:
                 f"last_index={last.tolist()}"
             )
         docs = tuple(tuple(DocumentRef(*ref) for ref in row) for row in documents or ())
+        measured = None if rows is None else _as_index(rows, "rows")
+        if measured is not None:
+            if len(measured) != len(last) or bool((measured[1:] <= measured[:-1]).any()):
+                raise ValueError(
+                    f"rows must be increasing, one per last_index entry, got {measured.tolist()} "
+                    f"for {len(last)} entries"
+                )
+            if bool((measured < 0).any()):
+                raise ValueError(f"rows must be non-negative, got {measured.tolist()}")
         handle = CaptureHandle()
-        run, hooks = _Run(self, last, first, target, dict(reducers), docs, handle), []
+        run = _Run(self, last, first, target, dict(reducers), docs, handle, measured)
+        hooks = []
         try:
             hooks.append(
                 self.parts.blocks[0].register_forward_pre_hook(run.pre_hook, with_kwargs=True)
@@ -444,6 +479,11 @@ class StateCollector:
                 "check the model's override (register_override)"
             )
         return handle
+
+
+def _is_logit_lens(lens: Any) -> bool:
+    """The built-in logit lens, its ``logits`` not overridden (it then acts row by row)."""
+    return isinstance(lens, LogitLens) and type(lens).logits is LogitLens.logits
 
 
 def _bind(post_hook, layer: int):
