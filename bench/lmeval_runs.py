@@ -172,7 +172,9 @@ def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
     )
     start, cpu = time.perf_counter(), time.process_time()
     if spec.metrics is None:
-        results = lm_eval.simple_evaluate(model="hf", **kwargs)
+        # simple_evaluate logs samples by default (rendering every document's target once
+        # more); the geometry run, like the lm_eval command line, does not: same work.
+        results = lm_eval.simple_evaluate(model="hf", log_samples=False, **kwargs)
         measured, n_geometry = [], 0
     else:
         from lm_coupling.harness.evaluate import evaluate_record

@@ -280,6 +280,7 @@ class GeometryRunner:
         first_index: torch.Tensor,
         target_tokens: torch.Tensor,
         documents: Sequence[Sequence[DocumentRef]] | None = None,
+        rows: Sequence[int] | torch.Tensor | None = None,
     ) -> Iterator:
         """Capture the first forward pass run inside the block.
 
@@ -290,6 +291,9 @@ class GeometryRunner:
             documents: per row, the documents it measures (`DocumentRef`s),
                 handed to the plugins (``BatchInfo.documents``,
                 ``GeometryStates.documents``).
+            rows: the forward's rows to measure, increasing (default: all); the
+                arguments above then have one entry per measured row
+                (``StateCollector.capture``).
 
         Yields:
             A handle (``capture.collector.CaptureHandle``) whose ``states``,
@@ -297,11 +301,11 @@ class GeometryRunner:
             :meth:`compute`.
         """
         if self.collector is None:
-            rows = tuple(tuple(DocumentRef(*r) for r in row) for row in documents or ())
-            yield _EmptyCapture(self.parts, len(last_index), rows)
+            refs = tuple(tuple(DocumentRef(*r) for r in row) for row in documents or ())
+            yield _EmptyCapture(self.parts, len(last_index), refs)
             return
         with self.collector.capture(
-            last_index, first_index, target_tokens, self._reducer_factories(), documents
+            last_index, first_index, target_tokens, self._reducer_factories(), documents, rows
         ) as handle:
             yield handle
 

@@ -131,6 +131,14 @@ class LayerReducer(Protocol):
     ``finalize`` returns reaches the same plugin's ``lmc_compute_batch`` as
     its ``reduced`` argument. Memory: capture holds one layer's states; the
     reducer holds what it keeps (keep reductions, not the states).
+
+    Optional, the lens route (attribute ``lens_route``): ``"layer"`` (the
+    default) serves ``view.normed``/``view.logits`` at every ``update``;
+    ``"none"`` says the reducer reads no lens (capture then computes none for
+    it); ``"stack"`` serves the lens of every state at once, after x^L and
+    before ``finalize``, through the reducer's ``update_lens(logits)``
+    (``[B, L+1, V]``, from one lens call per batch; ``view.normed`` and
+    ``view.logits`` are then None unless another reducer reads them by layer).
     """
 
     def update(self, view: LayerView) -> None:

@@ -11,6 +11,13 @@ the selected metrics declared (`lm_coupling.states.Need`): the states
 (``lens``, from the run's `Lens` object), the block's attention
 probabilities (``attentions``).
 
+The lens at n is read in one call per batch where it can be: a reducer that
+sets ``lens_route = "stack"`` gets every state's lens logits at once, after
+x^L (``update_lens(logits [B, L+1, V])``), from one lens call on the stacked
+rows ``[(L+1) B, d]``; one that sets ``"none"`` reads no lens. The per-state
+``view.normed``/``view.logits`` are computed only while a started reducer reads
+them (``lens_route = "layer"``, the default of every reducer that sets nothing).
+
 Capture knows no metric: reducers are named objects with ``update`` and
 ``finalize``. One that raises is dropped from the batch and its error kept
 under its name (``CaptureHandle.errors``); every other reducer goes on.
@@ -33,6 +40,7 @@ from torch import nn
 
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.capture.attention import attention_modules
+from lm_coupling.capture.lens import LogitLens
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates, LayerReducer, LayerView, Lens
 
@@ -88,14 +96,20 @@ class _Run:
         factories: Mapping[str, ReducerFactory],
         documents: tuple[tuple[DocumentRef, ...], ...],
         handle: CaptureHandle,
+        rows: torch.Tensor | None = None,
     ) -> None:
         self.collector = collector
+        self.rows = rows  # the forward's rows measured (None: every row)
+        self.rows_on: dict[torch.device, torch.Tensor] = {}
         self.last, self.first, self.target = last, first, target
         self.factories, self.documents, self.handle = factories, documents, handle
         self.phase = "waiting"  # -> "running" -> "done"
         self.reducers: dict[str, LayerReducer] = {}
         self.attentions: dict[int, torch.Tensor | None] = {}
         self.row_index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.layer_lens = False  # a started reducer reads view.normed/logits
+        self.stacked: list[str] = []  # reducers served the lens of every state at once
+        self.rows_at_n: list[torch.Tensor] = []  # x^l_n of l = 0.., for the stacked lens
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
@@ -108,7 +122,14 @@ class _Run:
                 f"as hidden_states=, got {type(hidden).__name__}; register an override"
             )
         batch, n_tokens = hidden.shape[0], hidden.shape[1]
-        if batch != len(self.last):
+        if self.rows is not None:
+            if int(self.rows.max()) >= batch:
+                raise ValueError(
+                    f"capture() was given row {int(self.rows.max())} to measure but the "
+                    f"forward has batch size {batch}; pass rows of the batch"
+                )
+            batch = len(self.rows)
+        elif batch != len(self.last):
             raise ValueError(
                 f"capture() was given {len(self.last)} last_index entries but the forward "
                 f"has batch size {batch}; pass one index per row of the batch"
@@ -128,8 +149,20 @@ class _Run:
                 continue
             if reducer is not None:
                 self.reducers[name] = reducer
+        self._route_lens()
         self._take(0, hidden)
         return None
+
+    def _route_lens(self) -> None:
+        """Which started reducers read the lens layer by layer, and which all at once."""
+        if self.collector.lens is None:
+            return
+        for name, reducer in self.reducers.items():
+            route = getattr(reducer, "lens_route", "layer")
+            if route == "stack" and callable(getattr(reducer, "update_lens", None)):
+                self.stacked.append(name)
+            elif route != "none":
+                self.layer_lens = True
 
     def _info(self, batch: int, n_tokens: int, dtype: torch.dtype) -> BatchInfo:
         collector = self.collector
@@ -179,10 +212,12 @@ class _Run:
         if not self.reducers:
             return
         collector = self.collector
-        hidden = hidden.detach()
+        hidden = self._measured(hidden.detach())
         dtype, device = work_dtype(hidden), collector.device
         at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)  # [B, d]
-        normed, logits = self._lens(layer, at_n)
+        if self.stacked:
+            self.rows_at_n.append(at_n)
+        normed, logits = self._lens(layer, at_n) if self.layer_lens else (None, None)
         view = LayerView(
             layer=layer,
             hidden=hidden.to(device=device, dtype=dtype) if collector.hidden_states else None,
@@ -204,16 +239,58 @@ class _Run:
         if lens is None or self.handle.lens_error is not None:
             return None, None
         try:
-            return self.collector.parts.final_norm_fp32(at_n), lens.logits(layer, at_n)
+            normed = self.collector.parts.final_norm_fp32(at_n)
+            if _is_logit_lens(lens):  # W_U N(x): the norm just computed, not twice
+                return normed, lens.logits_of_normed(normed)
+            return normed, lens.logits(layer, at_n)
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
             self.handle.lens_error = repr(exc)
             return None, None
+
+    def _serve_stacked_lens(self) -> None:
+        """After x^L: the lens logits ``[B, L+1, V]`` of every state, to the stacking reducers.
+
+        The built-in logit lens reads the stacked rows ``[(L+1) B, d]`` in one
+        call (its norm and unembedding act row by row); another lens is called
+        once per state, as the layer route calls it.
+        """
+        names = [name for name in self.stacked if name in self.reducers]
+        lens = self.collector.lens
+        if not names or self.handle.lens_error is not None:
+            return
+        rows, self.rows_at_n = self.rows_at_n, []
+        try:
+            if _is_logit_lens(lens):
+                depth, (batch, width) = len(rows), rows[0].shape
+                flat = torch.stack(rows, dim=1).reshape(batch * depth, width)
+                normed = self.collector.parts.final_norm_fp32(flat)
+                logits = lens.logits_of_normed(normed).reshape(batch, depth, -1)
+            else:
+                logits = torch.stack([lens.logits(i, x) for i, x in enumerate(rows)], dim=1)
+        except Exception as exc:  # a plugin's lens fails its readers, not the capture
+            self.handle.lens_error = repr(exc)
+            return
+        for name in names:
+            try:
+                self.reducers[name].update_lens(logits)
+            except Exception as exc:  # a plugin's failure is its own
+                self.handle.errors[name] = repr(exc)
+                del self.reducers[name]
 
     def _attentions(self, layer: int, device, dtype) -> torch.Tensor | None:
         if not self.collector.attentions or layer == 0:
             return None
         weights = self.attentions.pop(layer, None)  # None: the module gave none
-        return None if weights is None else weights.to(device=device, dtype=dtype)
+        return None if weights is None else self._measured(weights).to(device=device, dtype=dtype)
+
+    def _measured(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The measured rows of a ``[B, ...]`` tensor of the forward (all rows: itself)."""
+        if self.rows is None:
+            return tensor
+        rows = self.rows_on.get(tensor.device)
+        if rows is None:
+            rows = self.rows_on[tensor.device] = self.rows.to(tensor.device)
+        return tensor.index_select(0, rows)
 
     def _index_at_n(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(arange(B), last)`` on ``device``, made once per device (blocks may be spread)."""
@@ -226,6 +303,7 @@ class _Run:
     def finish(self) -> None:
         """Finalize every reducer of a complete forward and set the handle's states."""
         parts, info = self.collector.parts, self.handle.info
+        self._serve_stacked_lens()
         for name, reducer in self.reducers.items():
             try:
                 self.handle.reduced[name] = reducer.finalize()
@@ -282,6 +360,7 @@ class StateCollector:
         target_tokens: Sequence[int] | torch.Tensor | None,
         reducers: Mapping[str, ReducerFactory],
         documents: Sequence[Sequence[DocumentRef]] | None = None,
+        rows: Sequence[int] | torch.Tensor | None = None,
     ) -> Iterator[CaptureHandle]:
         """Capture the first model forward run inside the context.
 
@@ -298,6 +377,11 @@ class StateCollector:
             reducers: per name, a factory that starts a reducer when the batch's
                 shape is known (``factory(BatchInfo) -> LayerReducer | None``).
             documents: per row, the documents it measures (default: none).
+            rows: the rows of the forward to measure, increasing (default: every
+                row); the other rows are never reduced (a benchmark batch whose
+                other rows are the same documents' other answers). The indices,
+                targets and documents above then have one entry per measured
+                row, and so have the views and the handle's states.
 
         Yields:
             A :class:`CaptureHandle` whose ``states``, ``reduced`` and ``errors``
@@ -325,8 +409,18 @@ class StateCollector:
                 f"last_index={last.tolist()}"
             )
         docs = tuple(tuple(DocumentRef(*ref) for ref in row) for row in documents or ())
+        measured = None if rows is None else _as_index(rows, "rows")
+        if measured is not None:
+            if len(measured) != len(last) or bool((measured[1:] <= measured[:-1]).any()):
+                raise ValueError(
+                    f"rows must be increasing, one per last_index entry, got {measured.tolist()} "
+                    f"for {len(last)} entries"
+                )
+            if bool((measured < 0).any()):
+                raise ValueError(f"rows must be non-negative, got {measured.tolist()}")
         handle = CaptureHandle()
-        run, hooks = _Run(self, last, first, target, dict(reducers), docs, handle), []
+        run = _Run(self, last, first, target, dict(reducers), docs, handle, measured)
+        hooks = []
         try:
             hooks.append(
                 self.parts.blocks[0].register_forward_pre_hook(run.pre_hook, with_kwargs=True)
@@ -385,6 +479,11 @@ class StateCollector:
                 "check the model's override (register_override)"
             )
         return handle
+
+
+def _is_logit_lens(lens: Any) -> bool:
+    """The built-in logit lens, its ``logits`` not overridden (it then acts row by row)."""
+    return isinstance(lens, LogitLens) and type(lens).logits is LogitLens.logits
 
 
 def _bind(post_hook, layer: int):

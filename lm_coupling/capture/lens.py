@@ -33,4 +33,8 @@ class LogitLens:
 
     def logits(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, V]`` logits of ``hidden [B, d]`` (float32, float64 for float64 input)."""
-        return self.parts.unembed_fp32(self.parts.final_norm_fp32(hidden))
+        return self.logits_of_normed(self.parts.final_norm_fp32(hidden))
+
+    def logits_of_normed(self, normed: torch.Tensor) -> torch.Tensor:
+        """``[B, V]`` logits ``W_U y + b`` of states already normed, ``y = N(x)``."""
+        return self.parts.unembed_fp32(normed)

@@ -366,20 +366,24 @@ class CouplingHFLM(HFLMWithHooks):
         output, error = None, None
         try:
             start = time.perf_counter()
-            rows: list[tuple] = [()] * len(last)
+            # Only the matched rows are measured (a multiple-choice batch's other rows are
+            # the same documents' other answers); position i of the capture is row measured[i].
+            measured = sorted({b for b, _ in matches})
+            at = {b: i for i, b in enumerate(measured)}
+            refs: list[tuple] = [()] * len(measured)
             for b, key in matches:  # a row shared by duplicate prompts measures all their documents
-                rows[b] = rows[b] + session.documents_at(key)
-            with runner.capture(last, first, target, rows) as handle:
+                refs[at[b]] = refs[at[b]] + session.documents_at(key)
+            index = torch.tensor(measured, dtype=torch.long)
+            with runner.capture(last[index], first[index], target[index], refs, index) as handle:
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle)
             stored: set[int] = set()
             for b, key in matches:
-                documents[b].timings["forward_capture"] = forward
+                document = documents[at[b]]
+                document.timings["forward_capture"] = forward
                 # Keys sharing a row (duplicate prompts) each keep their own copy.
-                session.store(
-                    key, documents[b] if b not in stored else _copy(documents[b]), "in_batch"
-                )
+                session.store(key, document if b not in stored else _copy(document), "in_batch")
                 stored.add(b)
         except Exception as exc:  # geometry must never cost the benchmark its scores
             error = repr(exc)  # the text only: the traceback must not outlive this block

@@ -172,7 +172,7 @@ def profile_summaries(
         summary = streamed.summary() if streamed is not None else None
         if summary is None:
             continue
-        odd = streamed.odd(records.doc_ids)
+        odd = streamed.odd(records.profiled_ids)
         if odd:
             spec = owner[name]
             error = (

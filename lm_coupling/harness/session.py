@@ -14,6 +14,7 @@ cache (``cached``), or ``failed`` (NaN, with a warning naming the document).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import warnings
@@ -24,7 +25,7 @@ from typing import Any
 
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
-from lm_coupling.harness.lm_eval_adapter import reported_doc_id
+from lm_coupling.harness.lm_eval_adapter import reported_doc_id, templates_compiled_once
 from lm_coupling.harness.plan import DocumentId, DocumentPlan, GeometryKey, plan_document
 from lm_coupling.harness.sample import TaskSample, task_sample
 from lm_coupling.harness.streaming import ProfileByShape, RunningTimings
@@ -49,8 +50,16 @@ class TaskRecords:
     unless a task-level measure such as ``dataset_entropy`` is selected, whose
     summaries grow with N: ``(L+1) d`` numbers per document).
 
+    Profiles are folded in as soon as a document is measured (`add_profiles`,
+    from `GeometrySession.store`), not when lm-eval scores it: lm-eval scores
+    only after every request has run, so a measurement waiting for its score
+    keeps a few numbers per metric, not its ``(L+1)``-long profiles. Documents
+    in a sampled metric's sample keep theirs until scoring (at most the sample).
+
     Attributes:
         doc_ids: scored documents, in scoring order.
+        profiled_ids: documents whose profiles were folded in, in that order
+            (the positions of `ProfileByShape`).
         documents: the kept documents: whole, those with a sampled metric's
             values; every other document with plugin ``summaries`` (a task-level
             measure's input), as its summaries alone.
@@ -64,6 +73,7 @@ class TaskRecords:
     """
 
     doc_ids: list[int] = field(default_factory=list)
+    profiled_ids: list[int] = field(default_factory=list)
     documents: list[DocumentGeometry] = field(default_factory=list)
     kept_ids: list[int] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -75,14 +85,13 @@ class TaskRecords:
 
     def add(self, doc_id: int, geometry: DocumentGeometry, keep: bool = False) -> None:
         """Fold one scored document in; keep it whole when ``keep`` (a sampled document)."""
-        position = len(self.doc_ids)
         self.doc_ids.append(doc_id)
         self.n_documents += 1
         for name, value in geometry.values.items():
             if math.isfinite(value):
                 self.finite[name] += 1
-        for name, array in geometry.profiles.items():
-            self.profiles[name].add(position, array)
+        if geometry.profiles:  # those not folded in when measured (a sampled document's)
+            self.add_profiles(doc_id, geometry.profiles)
         self.timings.add(geometry.timings)
         if keep:
             self.documents.append(geometry)
@@ -96,14 +105,22 @@ class TaskRecords:
             )
             self.kept_ids.append(doc_id)
 
+    def add_profiles(self, doc_id: int, profiles: dict[str, Any]) -> None:
+        """Fold one document's profiles into the running summaries."""
+        position = len(self.profiled_ids)
+        self.profiled_ids.append(doc_id)
+        for name, array in profiles.items():
+            self.profiles[name].add(position, array)
+
     def n_measured(self, metrics: Iterable[str]) -> dict[str, int]:
         """Documents with a finite value of each metric."""
         return {name: self.finite.get(name, 0) for name in metrics}
 
     def extend(self, other: TaskRecords) -> None:
         """Add another rank's records of the same task."""
-        offset = len(self.doc_ids)
+        offset = len(self.profiled_ids)
         self.doc_ids.extend(other.doc_ids)
+        self.profiled_ids.extend(other.profiled_ids)
         self.documents.extend(other.documents)
         self.kept_ids.extend(other.kept_ids)
         self.failures.extend(other.failures)
@@ -200,11 +217,14 @@ class GeometrySession:
             for instance in instances
             if instance.task_name in self.tasks
         }
-        for ident in sorted(idents - self.plans.keys()):
-            requests = self._instances_of(ident[0]).get(ident[1]) or [
-                i for i in instances if (i.task_name, i.doc_id) == ident
-            ]
-            self._add_plan(ident, requests)
+        # Each document's gold answer is rendered from the task's template: compiled
+        # once for all of them (lm-eval compiles it on every call otherwise).
+        with templates_compiled_once():
+            for ident in sorted(idents - self.plans.keys()):
+                requests = self._instances_of(ident[0]).get(ident[1]) or [
+                    i for i in instances if (i.task_name, i.doc_id) == ident
+                ]
+                self._add_plan(ident, requests)
 
     def _instances_of(self, task_name: str) -> dict[int, list[Any]]:
         """Every request of a task, by document (built once per task)."""
@@ -391,6 +411,22 @@ class GeometrySession:
                     "cache", f"the geometry cache {self.cache.path} could not be written "
                     f"({exc!r}); values are kept but not cached",
                 )  # fmt: skip
+        if source is not None and not self.sampled(key):
+            self._fold_profiles(key, geometry)
+
+    def _fold_profiles(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
+        """Fold a measurement's profiles into its documents' task summaries, then drop them.
+
+        Only for keys no sampled metric measures (their measurement is complete
+        and cached whole already): what waits for lm-eval's scoring is then the
+        values alone (`TaskRecords`).
+        """
+        if not geometry.profiles:
+            return
+        for plan in self.plans_by_key.get(key, ()):
+            self.records[plan.task_name].add_profiles(plan.doc_id, geometry.profiles)
+        # A copy without them: the caller's object (a duplicate prompt's source) is unchanged.
+        self.measured[key] = dataclasses.replace(geometry, profiles={})
 
     def needed_metrics(self, key: GeometryKey) -> set[str]:
         """The metrics the documents measured at ``key`` need."""
@@ -406,7 +442,7 @@ class GeometrySession:
             cached = self.cache.get(key)
             if cached is not None and self.needed_metrics(key) <= set(cached.values):
                 self.store(key, cached, "cached")
-                found = cached
+                found = self.measured[key]
         return found
 
     def fail(
@@ -471,7 +507,7 @@ class GeometrySession:
             self.fail([plan.key], repr(exc))
             return self.measured[plan.key]
         self.store(plan.key, geometry, "alone")
-        return geometry
+        return self.measured[plan.key]
 
     def complete_task(
         self, task_name: str, measure_alone: Callable[[DocumentPlan], DocumentGeometry]

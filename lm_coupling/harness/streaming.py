@@ -1,8 +1,9 @@
 """Per-task running summaries, so that a run's memory does not grow with its documents.
 
-Each scored document's profiles, counts and timings are folded into running
-sums as lm-eval scores them (profiles `CHUNK` documents at a time, one
-vectorised update each) (`lm_coupling.harness.session.TaskRecords.add`);
+Each document's profiles are folded into running sums as soon as it is
+measured, its counts and timings as lm-eval scores it (profiles `CHUNK`
+documents at a time, one vectorised update each)
+(`lm_coupling.harness.session.TaskRecords.add_profiles`);
 only the documents that carry a sampled metric's values (at most the sample,
 ``coupling_docs`` per task) are kept whole, for the plugins' task aggregation
 (every other document's plugin ``summaries``, if any, are kept alone). Each
@@ -115,7 +116,7 @@ class ProfileByShape:
 
     Attributes:
         shapes: running summary per shape, in the order the shapes first came.
-        runs: per shape, ``[start, stop)`` positions in `TaskRecords.doc_ids`.
+        runs: per shape, ``[start, stop)`` positions in `TaskRecords.profiled_ids`.
     """
 
     shapes: dict[tuple[int, ...], RunningProfile] = field(default_factory=dict)

@@ -6,6 +6,12 @@ session's retained state (its task records and measurements, pickled) grows
 by at most a few dozen bytes per document (the scored doc ids), while every
 value of the geometry file is still there. Keeping each document's geometry
 (its profiles) costs well over a kilobyte per document.
+
+The peak: lm-eval scores only after every request has run, so every
+measurement waits for its score. What waits is read at lm-eval's first
+scored document (the largest it gets): its values and timings, a few numbers
+per metric, not its ``(L+1)``-long profiles, which are already in the task's
+running summaries.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ def load(**kwargs):
 """
 SIZES = (12, 48)
 BYTES_PER_DOCUMENT = 64
+
+
+PEAK_BYTES_PER_DOCUMENT = 160
+"""Pickled bytes of one waiting measurement: its values, timings, names and containers
+(about 115 here; with its profiles, as before they were folded in when measured, 367)."""
 
 
 def _run(harness_setup, tmp_path_factory, n: int):
@@ -65,3 +76,32 @@ def test_retained_geometry_is_flat_in_n(harness_setup, tmp_path_factory):
         assert geometry["profiles"]["norm"]["n"][0] == n
         assert geometry["coupling"]["n_sampled"] == 4
         assert record.session.measured == {}  # every measurement released once scored
+
+
+def test_what_waits_for_lm_evals_scoring_is_a_few_numbers_per_document(
+    harness_setup, tmp_path_factory, monkeypatch
+):
+    from lm_coupling.harness.session import GeometrySession
+
+    score = GeometrySession.geometry_for
+    waiting: dict[int, int] = {}
+    with_profiles: dict[int, int] = {}
+
+    def first_score_records_what_waits(session, plan, measure_alone):
+        if id(session) not in waiting:  # lm-eval's first scored document: every request has run
+            measured = list(session.measured.values())
+            waiting[id(session)] = len(pickle.dumps(measured))
+            with_profiles[id(session)] = sum(bool(g.profiles) for g in measured)
+        return score(session, plan, measure_alone)
+
+    monkeypatch.setattr(GeometrySession, "geometry_for", first_score_records_what_waits)
+    small, large = (_run(harness_setup, tmp_path_factory, n) for n in SIZES)
+    peak = [waiting[id(record.session)] for record in (small, large)]
+    growth = (peak[1] - peak[0]) / (SIZES[1] - SIZES[0])
+    assert growth <= PEAK_BYTES_PER_DOCUMENT, f"{growth:.0f} bytes wait per document"
+    # Only the coupled documents (coupling_docs = 4) wait with their profiles.
+    assert [with_profiles[id(r.session)] for r in (small, large)] == [4, 4]
+    norm = large.geometry[TASK]["profiles"]["norm"]
+    assert (
+        norm["n"][0] == SIZES[1] and len(norm["mean"]) == large.session.model_shape["n_layers"] + 1
+    )

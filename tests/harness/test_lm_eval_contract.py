@@ -361,3 +361,26 @@ def test_the_metadata_hint_comes_from_the_task_logger():
     assert not OwnTaskMetadataFilter().filter(hints[0]), _broke(
         "TASK_LOGGER", f"the hint's text changed: {hints[0].getMessage()[:80]!r}"
     )
+
+
+def test_templates_compiled_once_render_what_lm_eval_renders_and_are_restored():
+    from lm_eval import utils
+
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=False)
+    task = manager.load(TASK)["tasks"][TASK]
+    docs = list(task.test_docs())[:6]
+    fresh = [(task.doc_to_target(d), task.doc_to_text(d), task.doc_to_choice(d)) for d in docs]
+    compiled = []
+    original = utils.env.from_string
+    with adapter.templates_compiled_once():
+        compile_ = utils.env.from_string
+        assert compile_ is not original, _broke("templates_compiled_once", "not installed")
+        reused = compile_("{{ a }}") is compile_("{{ a }}")
+        assert reused, _broke("templates_compiled_once", "a template is compiled twice")
+        for d in docs:
+            compiled.append((task.doc_to_target(d), task.doc_to_text(d), task.doc_to_choice(d)))
+    assert compiled == fresh, _broke("templates_compiled_once", "apply_template renders otherwise")
+    assert "from_string" not in utils.env.__dict__, _broke(
+        "templates_compiled_once", "lm-eval's environment was not restored"
+    )
+    assert utils.apply_template("{{ x }}!", {"x": 3}) == "3!"

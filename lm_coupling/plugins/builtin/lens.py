@@ -65,7 +65,13 @@ def lmc_declare_metrics():
 
 
 class LensReducer:
-    """Lens entropy, target probability and top-1 token at n, layer by layer.
+    """Lens entropy, target probability and top-1 token at n, every state at once.
+
+    It reads the lens by the stacked route (``lens_route = "stack"``,
+    `lm_coupling.capture.collector`): after x^L, capture hands it the lens
+    logits of every state, ``[B, L+1, V]``, from one lens call per batch, and
+    it summarises them in one `lens_summary` call (each row's values are
+    those of that state's logits alone).
 
     Args:
         batch: the batch (its target tokens and vocabulary size).
@@ -73,6 +79,8 @@ class LensReducer:
     Raises:
         ValueError: a target token outside ``[-1, V)``.
     """
+
+    lens_route = "stack"
 
     def __init__(self, batch: BatchInfo):
         self.target = batch.target_tokens
@@ -82,22 +90,28 @@ class LensReducer:
                 f"target ids must be -1 (none) or in [0, {batch.vocab_size}), found "
                 f"{self.target.tolist()}"
             )
-        self.columns: list[tuple] = []
+        self.summary: tuple | None = None
 
     def update(self, view: LayerView) -> None:
-        """Summarise the lens distribution ``P^l`` of the rows at n."""
+        """Nothing per state: the lens arrives stacked (`update_lens`)."""
+
+    def update_lens(self, logits) -> None:
+        """Summarise the lens distributions ``P^l`` of the rows at n, ``logits [B, L+1, V]``."""
         from lm_coupling.metrics.lens import lens_summary
 
-        target = self.target.to(view.logits.device)
-        self.columns.append(lens_summary(view.logits[:, None], target, check_target=False))
+        target = self.target.to(logits.device)
+        self.summary = lens_summary(logits, target, check_target=False)
 
-    def finalize(self) -> LensStates:
-        """``LensStates`` with ``[B, L+1]`` entropy, target probability and top-1."""
-        import torch
+    def finalize(self) -> LensStates | None:
+        """``LensStates`` with ``[B, L+1]`` entropy, target probability and top-1.
 
+        None when the lens failed (capture records why; the lens metrics are then NaN).
+        """
         from lm_coupling.states import LensStates
 
-        entropy, target_prob, top1 = (torch.cat(c, dim=1) for c in zip(*self.columns, strict=True))
+        if self.summary is None:
+            return None
+        entropy, target_prob, top1 = self.summary
         return LensStates(entropy=entropy, target_prob=target_prob, top1=top1)
 
 

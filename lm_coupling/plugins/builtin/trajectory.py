@@ -92,6 +92,8 @@ class TrajectoryReducer:
             summaries are then computed at n only and NaN elsewhere).
     """
 
+    lens_route = "none"  # reads the states, never the lens (capture skips the per-state lens)
+
     def __init__(self, batch: BatchInfo, windowed: bool, tokens: str):
         from lm_coupling.metrics.trajectory import TrajectoryAccumulator
 
