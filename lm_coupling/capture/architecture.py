@@ -26,6 +26,7 @@ from torch import nn
 from lm_coupling.capture.block_calls import (
     StreamReadout,
     call_sites,
+    calls_of,
     residual_streams,
     stream_sites,
 )
@@ -453,7 +454,9 @@ def _locate_blocks(model, model_type, override, decoder, n_layers) -> list[nn.Mo
             f"an nn.ModuleList of {n_layers} blocks under {type(decoder).__name__}",
             _describe_lists(_module_lists(decoder)),
         )
-    return list(found[1])
+    # a located block may run more than once (Dory's looped section: one call site per
+    # call) or never on text (Mllama's cross-attention layers: left out)
+    return list(calls_of(model, decoder, list(found[1])))
 
 
 def _locate_final_norm(model, override, decoder) -> nn.Module | None:
