@@ -171,7 +171,9 @@ class ModelParts:
         model_type: ``config.model_type``.
         blocks: the L decoder blocks, in order; for a model whose blocks run more
             than once per forward pass, one call site per call, in call order
-            (``capture.block_calls.CallSite``; docs/design.md).
+            (``capture.block_calls.CallSite``; docs/design.md); blocks the
+            forward pass never calls on text (Mllama's cross-attention layers)
+            are left out.
         final_norm: the final norm N (or a composition of modules applied
             before the unembedding); None means N is the identity.
         unembed_weight: ``W_U [V, d]`` (tied to the input embedding in some models).

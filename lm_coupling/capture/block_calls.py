@@ -11,6 +11,12 @@ x^l the output of call l, and the block Jacobian of call l is
 at that call's own recorded input (the sequence replay,
 ``capture.jacobian_sequence``); coupling couples calls.
 
+The same holds for a located layer list whose layers run more than once
+(Dory loops its recurrent section over layers of its one list,
+:func:`calls_of`). A located block the forward pass never calls on text
+(Mllama's cross-attention layers, skipped without an image) has no state and
+is left out.
+
 A :class:`CallSite` stands for one call: ``ModelParts.blocks`` lists one per
 call, so every consumer (the collector's hooks, the engine's recording and
 replays) sees L distinct blocks. A hook registered on a call site fires only
