@@ -304,7 +304,8 @@ def calls_of(model: nn.Module, decoder: nn.Module, blocks: list[nn.Module]) -> l
     """The located ``blocks`` as the forward pass calls them: one entry per call, in call order.
 
     The probe's call order (``_call_order``) restricted to ``blocks``. Every
-    block called once: ``blocks`` itself. A block the forward pass never calls
+    block called once: ``blocks`` in call order (their list order in every
+    model the census knows). A block the forward pass never calls
     on text (Mllama's cross-attention layers, skipped without an image) has
     no state and is left out; a block called more than once (Dory's
     recurrent section, looped ``n_recurrent_loops`` times) gives one
@@ -316,7 +317,7 @@ def calls_of(model: nn.Module, decoder: nn.Module, blocks: list[nn.Module]) -> l
     if not order:
         return blocks
     if len({id(m) for m in order}) == len(order):  # each called once (or never)
-        return blocks if len(order) == len(blocks) else order
+        return order
     sites, seen = [], {}
     for module in order:
         dispatch = _DISPATCH.get(module)
