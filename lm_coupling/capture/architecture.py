@@ -26,6 +26,7 @@ from torch import nn
 from lm_coupling.capture.block_calls import (
     StreamReadout,
     call_sites,
+    calls_of,
     residual_streams,
     stream_sites,
 )
@@ -170,7 +171,9 @@ class ModelParts:
         model_type: ``config.model_type``.
         blocks: the L decoder blocks, in order; for a model whose blocks run more
             than once per forward pass, one call site per call, in call order
-            (``capture.block_calls.CallSite``; docs/design.md).
+            (``capture.block_calls.CallSite``; docs/design.md); blocks the
+            forward pass never calls on text (Mllama's cross-attention layers)
+            are left out.
         final_norm: the final norm N (or a composition of modules applied
             before the unembedding); None means N is the identity.
         unembed_weight: ``W_U [V, d]`` (tied to the input embedding in some models).
@@ -453,7 +456,9 @@ def _locate_blocks(model, model_type, override, decoder, n_layers) -> list[nn.Mo
             f"an nn.ModuleList of {n_layers} blocks under {type(decoder).__name__}",
             _describe_lists(_module_lists(decoder)),
         )
-    return list(found[1])
+    # a located block may run more than once (Dory's looped section: one call site per
+    # call) or never on text (Mllama's cross-attention layers: left out)
+    return list(calls_of(model, decoder, list(found[1])))
 
 
 def _locate_final_norm(model, override, decoder) -> nn.Module | None:

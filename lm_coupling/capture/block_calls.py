@@ -11,6 +11,12 @@ x^l the output of call l, and the block Jacobian of call l is
 at that call's own recorded input (the sequence replay,
 ``capture.jacobian_sequence``); coupling couples calls.
 
+The same holds for a located layer list whose layers run more than once
+(Dory loops its recurrent section over layers of its one list,
+:func:`calls_of`). A located block the forward pass never calls on text
+(Mllama's cross-attention layers, skipped without an image) has no state and
+is left out.
+
 A :class:`CallSite` stands for one call: ``ModelParts.blocks`` lists one per
 call, so every consumer (the collector's hooks, the engine's recording and
 replays) sees L distinct blocks. A hook registered on a call site fires only
@@ -43,6 +49,7 @@ __all__ = [
     "StreamReadout",
     "Streams",
     "call_sites",
+    "calls_of",
     "is_unrolled",
     "residual_streams",
     "stream_sites",
@@ -293,11 +300,43 @@ def call_sites(model: nn.Module, decoder: nn.Module, n_layers: int | None) -> li
     return sites
 
 
+def calls_of(model: nn.Module, decoder: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """The located ``blocks`` as the forward pass calls them: one entry per call, in call order.
+
+    The probe's call order (``_call_order``) restricted to ``blocks``. Every
+    block called once: ``blocks`` in call order (their list order in every
+    model the census knows). A block the forward pass never calls
+    on text (Mllama's cross-attention layers, skipped without an image) has
+    no state and is left out; a block called more than once (Dory's
+    recurrent section, looped ``n_recurrent_loops`` times) gives one
+    :class:`CallSite` per call (docs/design.md, "Blocks called more than
+    once"). ``blocks`` unchanged when the probe cannot run the model.
+    """
+    members = {id(b) for b in blocks}
+    order = [m for m in _call_order(model, decoder) if id(m) in members]
+    if not order:
+        return blocks
+    if len({id(m) for m in order}) == len(order):  # each called once (or never)
+        return order
+    sites, seen = [], {}
+    for module in order:
+        dispatch = _DISPATCH.get(module)
+        if dispatch is None:
+            dispatch = _DISPATCH[module] = _Dispatch(module)
+        call = seen.get(id(module), 0)
+        seen[id(module)] = call + 1
+        sites.append(dispatch.site(module, call))
+    _register_reset(decoder, [_DISPATCH[m] for m in {id(m): m for m in order}.values()])
+    return sites
+
+
 def _register_reset(decoder: nn.Module, dispatchers: list[_Dispatch]) -> None:
     """Reset the dispatchers' counts whenever the decoder's forward begins (once per decoder)."""
     if decoder in _RESETS:
+        known = _RESETS[decoder]
+        known += [d for d in dispatchers if not any(d is k for k in known)]
         return
-    _RESETS[decoder] = dispatchers
+    _RESETS[decoder] = list(dispatchers)
 
     def reset(module, args):
         for dispatch in _RESETS.get(module, ()):

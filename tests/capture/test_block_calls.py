@@ -14,6 +14,11 @@ through the model's own collapse (``hc_head``) and final norm; J^l is
 ``k d x k d``. The independent check flattens the streams recorded from the
 model's own layers.
 
+Dory loops its recurrent section (``n_recurrent_loops`` times) over the layers of
+its one layer list: the located layers called twice become one call site per
+call. Mllama's text model skips its cross-attention layers without an image:
+a block never called on text has no state and is left out.
+
 Zamba-2 shares one attention block between depths, but each use sits inside
 its own hybrid layer (``model.layers``), so its blocks are the hybrid layers,
 each called once: the same independent check holds with the layers as blocks.
@@ -106,6 +111,19 @@ def build(model_type: str) -> transformers.PreTrainedModel:
         return model.to(torch.float64).eval()
     if model_type == "hrm_text":
         extra = dict(num_hidden_layers=2, H_cycles=2, L_cycles=2, num_key_value_heads=4)
+    elif model_type == "dory":  # input layer, two recurrent layers looped twice, output layer
+        extra = dict(
+            num_hidden_layers=4, num_key_value_heads=4, head_dim=8, n_input_layers=1,
+            n_recurrent_layers=2, n_output_layers=1, n_recurrent_loops=2, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        )  # fmt: skip
+    elif model_type == "mllama":  # text model: layer 2 is a cross-attention layer
+        config = transformers.MllamaTextConfig(
+            **_SIZES, num_hidden_layers=4, num_key_value_heads=4, cross_attention_layers=[2]
+        )
+        torch.manual_seed(0)
+        model = transformers.MllamaForCausalLM(config)
+        return model.to(torch.float64).eval()
     else:  # zamba2: hybrid (shared attention + Mamba-2) and Mamba-2 layers
         extra = dict(
             num_hidden_layers=4, num_key_value_heads=4, mamba_d_state=8, mamba_headdim=8,
@@ -221,7 +239,30 @@ def test_hrm_is_unrolled_into_its_calls(models):
     assert probe.replay[0] == "sequence" and "more than once" in probe.replay[1]
 
 
-@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", *STREAMS])
+def test_dory_loop_is_unrolled_into_its_calls(models):
+    model = models("dory")
+    parts = locate_model_parts(model)
+    calls, _ = independent_calls(model, PROMPTS[0])
+    layers = list(model.model.layers)
+    assert parts.n_layers == len(calls) == 6 and is_unrolled(parts.blocks)
+    assert [b.block for b in parts.blocks] == [c[0] for c in calls]
+    assert [b.block for b in parts.blocks] == [layers[i] for i in (0, 1, 2, 1, 2, 3)]
+    assert [b.call for b in parts.blocks] == [0, 0, 0, 1, 1, 0]
+    assert locate_model_parts(model).blocks == parts.blocks  # the same sites each time
+    assert readout_problems(model, parts, PROMPTS[-1]) == []
+
+
+def test_blocks_never_called_on_text_are_left_out(models):
+    model = models("mllama")
+    parts = locate_model_parts(model)
+    layers = list(model.model.layers)
+    assert type(layers[2]).__name__ == "MllamaCrossAttentionDecoderLayer"
+    assert parts.blocks == [layers[0], layers[1], layers[3]]
+    assert not is_unrolled(parts.blocks)
+    assert readout_problems(model, parts, PROMPTS[-1]) == []  # read-out and composition
+
+
+@pytest.mark.parametrize("model_type", ["hrm_text", "dory", "mllama", "zamba2", *STREAMS])
 def test_coupling_of_calls_equals_the_independent_jacobians(model_type, models, one_thread):
     model = models(model_type)
     parts = locate_model_parts(model)
@@ -255,7 +296,7 @@ class _Keep:
         return self
 
 
-@pytest.mark.parametrize("model_type", ["hrm_text", "zamba2", *STREAMS])
+@pytest.mark.parametrize("model_type", ["hrm_text", "dory", "mllama", "zamba2", *STREAMS])
 def test_trajectory_of_a_padded_batch_follows_the_calls(model_type, models, one_thread):
     """The collector's states at n equal the model's own, recorded from its layers.
 
@@ -282,17 +323,19 @@ def test_trajectory_of_a_padded_batch_follows_the_calls(model_type, models, one_
     assert states.shape[1] == parts.n_layers + 1
     batch_calls, batch_logits = independent_calls(model, ids, mask)
     lens_tol = 1e-6 if model_type in STREAMS else 1e-8  # hc_head mixes the streams in float32
+    if batch_logits.dtype == torch.float32:  # Dory returns float32 logits of float64 states
+        lens_tol = 1e-5
     for row, prompt in enumerate(PROMPTS):
         reference = independent_trajectory(batch_calls, row, last[row], model_type in LEADING)
         torch.testing.assert_close(states[row], reference, rtol=0, atol=1e-10)
-        torch.testing.assert_close(
-            keep.logits[-1][row], batch_logits[row, last[row]], atol=lens_tol, rtol=0
-        )
+        own = batch_logits[row, last[row]]
+        lens = keep.logits[-1][row]
+        torch.testing.assert_close(lens.to(own.dtype), own, atol=lens_tol, rtol=0)
         if model_type != "hy_v4":  # padded rows equal each prompt alone (HC mixes in float32)
             calls, logits = independent_calls(model, prompt)
             alone = independent_trajectory(calls, leading=model_type in LEADING)
             torch.testing.assert_close(states[row], alone, rtol=0, atol=1e-6)
-            torch.testing.assert_close(keep.logits[-1][row], logits, rtol=0, atol=1e-6)
+            torch.testing.assert_close(lens.to(logits.dtype), logits, rtol=0, atol=1e-5)
         if model_type in HYPER:  # every state read out by the model's own modules
             base, (k, d) = model.model, (model.config.hc_mult, model.config.hidden_size)
             with torch.no_grad():
