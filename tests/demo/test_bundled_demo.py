@@ -164,5 +164,5 @@ def test_default_demo_fits_across_five_independent_models(demo_run):
     assert primary.slope == pytest.approx(slope, rel=1e-6)
     assert primary.intercept == pytest.approx(intercept, rel=1e-6, abs=1e-9)
     summary = (out / "report" / "summary.md").read_text()
-    assert "Primary test: across 5 models" in summary
+    assert "Primary test: across 5 independent models" in summary
     assert "fewer than 5 models" not in summary.split("## Primary test")[1].split("##")[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import site
 import subprocess
 import sys
@@ -88,6 +89,17 @@ def read_outputs(run: RunOutput) -> RunOutput:
         document = json.loads(file.read_text(encoding="utf-8"))
         run.geometry[document["task"]] = document
     return run
+
+
+def sigint_as_at_a_terminal() -> None:
+    """``Popen(preexec_fn=...)`` for a child that a test interrupts with SIGINT (Ctrl-C).
+
+    A test run started in the background by a shell without job control (a CI
+    runner may start it so) inherits SIGINT *ignored*, and Python keeps an
+    inherited "ignore" instead of raising KeyboardInterrupt: the child would
+    never see the Ctrl-C. This gives it the disposition a terminal gives.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def offline_env() -> dict[str, str]:

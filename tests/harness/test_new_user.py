@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from harness_cli import BIN, offline_env, require_startup_hook, run_cli
+from harness_cli import BIN, offline_env, require_startup_hook, run_cli, sigint_as_at_a_terminal
 
 import lm_coupling
 from lm_coupling.harness.run import TASKS_DIR
@@ -164,7 +164,13 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
         "--metadata", json.dumps({"lmc_data_dir": str(bundled_tasks_data_path())}),
         "--use_cache", str(tmp_path / "cache"), "--output_path", str(tmp_path / "results"),
     ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=tmp_path, env=offline_env(), stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=offline_env(),
+        stderr=subprocess.PIPE,
+        preexec_fn=sigint_as_at_a_terminal,
+    )
     chunks: list[bytes] = []
     reader = threading.Thread(
         target=lambda: chunks.extend(iter(lambda: process.stderr.read1(4096), b"")), daemon=True

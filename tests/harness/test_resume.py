@@ -24,7 +24,15 @@ from pathlib import Path
 
 import pytest
 from fixtures.catalogue import default_metrics
-from harness_cli import BIN, check_ok, offline_env, read_outputs, require_startup_hook, run_cli
+from harness_cli import (
+    BIN,
+    check_ok,
+    offline_env,
+    read_outputs,
+    require_startup_hook,
+    run_cli,
+    sigint_as_at_a_terminal,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +87,14 @@ def _args(setup, cache: Path | None) -> list[str]:
 def _interrupt_part_way(command: list[str], cwd: Path, env: dict, at_percent: int = 30) -> int:
     """Start ``command``; send SIGINT once lm-eval's log-likelihood bar passes ``at_percent``."""
     cwd.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(command, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=sigint_as_at_a_terminal,
+    )
     seen: list[int] = []
 
     def watch() -> None:

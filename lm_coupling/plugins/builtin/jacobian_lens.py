@@ -319,12 +319,11 @@ def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 64)
     Returns:
         ``{"values": {name: [N]}, "profiles": {name: [N, L+1]}}``.
     """
-    import types
-
     import torch
 
+    from lm_coupling.metrics.lens import lens_summary
     from lm_coupling.plugins.builtin import lens as lens_plugin
-    from lm_coupling.states import LayerView
+    from lm_coupling.states import LensStates
 
     parts = lens.parts
     shared = [READ[name] for name in selected]
@@ -333,13 +332,16 @@ def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 64)
     for start in range(0, states.shape[0], chunk):
         rows = states[start : start + chunk].to(parts.input_device)
         target = targets[start : start + chunk].to(torch.long)
-        batch = types.SimpleNamespace(target_tokens=target, vocab_size=parts.vocab_size)
-        reducer = lens_plugin.LensReducer(batch)
-        with torch.no_grad():
+        columns = []
+        with torch.no_grad():  # one state at a time: [chunk, V] logits, not [chunk, L+1, V]
             for layer in range(rows.shape[1]):
                 logits = lens.logits(layer, rows[:, layer])
-                reducer.update(LayerView(layer=layer, logits=logits))
-        answer = lens_plugin.lmc_compute_batch(selected=shared, reduced=reducer.finalize())
+                columns.append(
+                    lens_summary(logits[:, None], target.to(logits.device), check_target=False)
+                )
+        entropy, target_prob, top1 = (torch.cat(c, dim=1) for c in zip(*columns, strict=True))
+        reduced = LensStates(entropy=entropy, target_prob=target_prob, top1=top1)
+        answer = lens_plugin.lmc_compute_batch(selected=shared, reduced=reduced)
         for kind in ("values", "profiles"):
             for name, tensor in answer.get(kind, {}).items():
                 out[kind].setdefault(back[name], []).append(tensor.detach().cpu())
