@@ -288,16 +288,7 @@ def call_sites(model: nn.Module, decoder: nn.Module, n_layers: int | None) -> li
     lists = {id(lst) for lst in _top_lists(decoder) if any(m is x for m in lst for x in order)}
     if not repeated and len(lists) < 2:
         return []
-    sites, seen = [], {}
-    for module in order:
-        dispatch = _DISPATCH.get(module)
-        if dispatch is None:
-            dispatch = _DISPATCH[module] = _Dispatch(module)
-        call = seen.get(id(module), 0)
-        seen[id(module)] = call + 1
-        sites.append(dispatch.site(module, call))
-    _register_reset(decoder, [_DISPATCH[m] for m in {id(m): m for m in order}.values()])
-    return sites
+    return _sites_in_order(decoder, order)
 
 
 def calls_of(model: nn.Module, decoder: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
@@ -318,6 +309,11 @@ def calls_of(model: nn.Module, decoder: nn.Module, blocks: list[nn.Module]) -> l
         return blocks
     if len({id(m) for m in order}) == len(order):  # each called once (or never)
         return order
+    return _sites_in_order(decoder, order)
+
+
+def _sites_in_order(decoder: nn.Module, order: list[nn.Module]) -> list[nn.Module]:
+    """One :class:`CallSite` per entry of ``order`` (modules in call order), numbered by call."""
     sites, seen = [], {}
     for module in order:
         dispatch = _DISPATCH.get(module)
