@@ -212,18 +212,15 @@ class GeometrySession:
         document's answer choices may arrive split (the gold one answered from
         the cache); planning from those alone would pick the wrong gold answer.
         """
-        idents = {
-            (instance.task_name, instance.doc_id)
-            for instance in instances
-            if instance.task_name in self.tasks
-        }
+        handed: dict[tuple[str, int], list[Any]] = defaultdict(list)
+        for instance in instances:
+            if instance.task_name in self.tasks:
+                handed[(instance.task_name, instance.doc_id)].append(instance)
         # Each document's gold answer is rendered from the task's template: compiled
         # once for all of them (lm-eval compiles it on every call otherwise).
         with templates_compiled_once():
-            for ident in sorted(idents - self.plans.keys()):
-                requests = self._instances_of(ident[0]).get(ident[1]) or [
-                    i for i in instances if (i.task_name, i.doc_id) == ident
-                ]
+            for ident in sorted(handed.keys() - self.plans.keys()):
+                requests = self._instances_of(ident[0]).get(ident[1]) or handed[ident]
                 self._add_plan(ident, requests)
 
     def _instances_of(self, task_name: str) -> dict[int, list[Any]]:
