@@ -114,20 +114,21 @@ def lens_summary(
         )
     rows = logits.reshape(batch * depth, vocab)
     row_target = target.to(device=logits.device, dtype=torch.int64).repeat_interleave(depth)
-    dtype = _work_dtype(logits)
-    entropy = torch.empty(batch * depth, dtype=dtype, device=logits.device)
-    prob = torch.empty_like(entropy)
-    top1 = torch.empty(batch * depth, dtype=torch.int64, device=logits.device)
+    parts = []
     for start, chunk in _row_chunks(rows):
-        stop = start + chunk.shape[0]
-        logp = torch.log_softmax(chunk, dim=-1)
-        entropy[start:stop] = _entropy_rows(logp)
-        tgt = row_target[start:stop]
-        picked = logp.gather(-1, tgt.clamp(min=0)[:, None]).squeeze(-1).exp()
-        prob[start:stop] = torch.where(tgt >= 0, picked, torch.full_like(picked, math.nan))
-        top1[start:stop] = chunk.argmax(dim=-1)
+        parts.append(_summary_rows(chunk, row_target[start : start + len(chunk)]))
     shape = (batch, depth)
-    return entropy.view(shape), prob.view(shape), top1.view(shape)
+    if len(parts) == 1:  # one chunk (most batches): no copy into preallocated rows
+        return tuple(part.view(shape) for part in parts[0])
+    return tuple(torch.cat(column).view(shape) for column in zip(*parts, strict=True))
+
+
+def _summary_rows(chunk: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(H/ln V, P(target), argmax)`` of logit rows ``[n, V]``; P is NaN where target is -1."""
+    logp = torch.log_softmax(chunk, dim=-1)
+    picked = logp.gather(-1, target.clamp(min=0)[:, None]).squeeze(-1).exp()
+    prob = torch.where(target >= 0, picked, math.nan)
+    return _entropy_rows(logp), prob, chunk.argmax(dim=-1)
 
 
 def tv_to_target(target_prob: torch.Tensor) -> torch.Tensor:

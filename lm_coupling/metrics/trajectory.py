@@ -17,14 +17,26 @@ import math
 import torch
 
 __all__ = [
+    "STACK_BYTES",
     "TrajectoryAccumulator",
     "equidistance",
     "expodistance",
     "line_shape_score",
     "masked_token_mean",
+    "masked_token_means",
     "norm_profile",
+    "trajectory_summaries",
     "windowed_line_shape_score",
 ]
+
+STACK_BYTES = 16 * 2**20
+"""Largest ``[B, L+1, T, d]`` stack of states that `TrajectoryAccumulator` holds.
+
+Below it a batch's summaries are computed at once on the stack
+(`trajectory_summaries`: a fixed number of tensor operations per batch, where
+streaming costs about twenty per state), at most about four stacks' worth of
+memory in all; above it they are streamed state by state. Both give the same
+values up to summation order."""
 
 
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
@@ -231,6 +243,83 @@ def equidistance(step_lengths: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, std / safe, torch.full_like(mean, math.nan))
 
 
+def trajectory_summaries(
+    states: list[torch.Tensor] | tuple[torch.Tensor, ...], windowed: bool = True, window: int = 11
+) -> dict[str, torch.Tensor | None]:
+    """Norms, step lengths, LSS and windowed LSS of every token, from all its states at once.
+
+    The quantities of :func:`norm_profile`, :func:`line_shape_score` and
+    :func:`windowed_line_shape_score` (same definitions, same NaN rules; Gai
+    and Zhang, 2021; docs/design.md, "Metric definitions"), laid out as
+    `TrajectoryAccumulator.finalize` returns them. Each window sum adds the
+    window's unit steps directly (an ``unfold`` of the zero-padded steps), never
+    by subtracting prefix sums, so unit steps that cancel exactly give exactly 0.
+
+    Args:
+        states: ``L+1`` tensors ``[B, T, d]``, the states ``x^0..x^L``.
+        windowed: also the windowed LSS.
+        window: odd number of steps per window (11 = steps l-5..l+5).
+
+    Returns:
+        dict with ``norms [B, L+1, T]``, ``step_lengths [B, L, T]``,
+        ``lss [B, T]`` and ``windowed_lss [B, L, T]`` (None unless
+        ``windowed``), float32 (float64 if given float64).
+    """
+    half = _check_window(window)
+    if len(states) < 2:
+        raise ValueError(f"need at least two states (x^0 and x^1), received {len(states)}")
+    x = _as_work(torch.stack(tuple(states), dim=1))  # [B, L+1, T, d]
+    batch, n_steps, n_tokens, width = x.shape[0], x.shape[1] - 1, x.shape[2], x.shape[3]
+    norms = torch.linalg.vector_norm(x, dim=-1)
+    steps = x[:, 1:] - x[:, :-1]
+    del x
+    # A window never reaches beyond the steps: pad = min(h, L - 1) gives the same windows.
+    pad = min(half, n_steps - 1) if windowed else 0
+    padded = steps.new_zeros((batch, n_steps + 2 * pad, n_tokens, width)) if windowed else None
+    unit, nonzero, length = _unit_steps_with_length(
+        steps, out=None if padded is None else padded[:, pad : pad + n_steps]
+    )
+    del steps
+    out: dict[str, torch.Tensor | None] = {
+        "norms": norms,
+        "step_lengths": length,
+        "lss": _lss_from_sums(unit.sum(dim=1), nonzero.sum(dim=1)),
+        "windowed_lss": None,
+    }
+    if padded is not None:
+        size = 2 * pad + 1
+        sums = padded.unfold(1, size, 1).sum(dim=-1)  # [B, L, T, d]
+        count = torch.nn.functional.pad(nonzero.to(torch.int64), (0, 0, pad, pad))
+        out["windowed_lss"] = _lss_from_sums(sums, count.unfold(1, size, 1).sum(dim=-1))
+    return out
+
+
+def masked_token_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """:func:`masked_token_mean` of several rows of values per document, in one pass.
+
+    ``out[b, k] = mean_t {values[b, k, t] : mask[b, t] and values[b, k, t] is not NaN}``.
+
+    Args:
+        values: ``[B, K, T]`` per-token values (K quantities or layers).
+        mask: ``[B, T]`` bool, True for the tokens to average.
+
+    Returns:
+        ``[B, K]``; NaN where no masked value is a number.
+    """
+    if values.dim() != 3 or mask.dim() != 2 or values.shape[::2] != mask.shape:
+        raise ValueError(
+            f"values must have shape [B, K, T] and mask [B, T]; found values "
+            f"{tuple(values.shape)} and mask {tuple(mask.shape)}"
+        )
+    if mask.dtype != torch.bool:
+        raise TypeError(f"mask must be a bool tensor, found {mask.dtype}")
+    v = values if values.is_floating_point() else values.float()
+    keep = mask[:, None, :] & ~torch.isnan(v)
+    total = torch.where(keep, v, 0.0).sum(dim=-1)
+    count = keep.sum(dim=-1)
+    return torch.where(count > 0, total / count.clamp(min=1).to(v.dtype), math.nan)
+
+
 def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over the masked tokens, ignoring NaN values.
 
@@ -279,28 +368,49 @@ class TrajectoryAccumulator:
     Reference: Gai and Zhang, 2021 (LSS); docs/design.md, "Conventions" and
     "Metric definitions".
 
+    When ``n_layers`` is known and the batch's whole stack of states
+    ``[B, L+1, T, d]`` is at most ``stack_bytes``, the states are held instead
+    and summarised at once by :func:`trajectory_summaries` in ``finalize``:
+    on small batches (a benchmark's short prompts) the per-operation cost of
+    streaming, not the arithmetic, is what a batch costs.
+
     Args:
         windowed: also compute the windowed LSS profile.
         window: odd number of steps per window (11 = steps l-5..l+5).
         n_layers: number of blocks L, when known: the ring then holds
             ``min(window, L)`` steps instead of ``window``.
+        stack_bytes: the largest stack held whole (needs ``n_layers``; 0:
+            always stream). Default `STACK_BYTES`.
     """
 
     def __init__(
-        self, windowed: bool = True, window: int = 11, *, n_layers: int | None = None
+        self,
+        windowed: bool = True,
+        window: int = 11,
+        *,
+        n_layers: int | None = None,
+        stack_bytes: int = STACK_BYTES,
     ) -> None:
         self.windowed = bool(windowed)
         self.window = window
         self._half = _check_window(window)
         if n_layers is not None and (isinstance(n_layers, bool) or int(n_layers) < 1):
             raise ValueError(f"n_layers must be a positive integer or None, found {n_layers!r}")
+        self._n_layers = None if n_layers is None else int(n_layers)
         self._slots = window if n_layers is None else min(window, int(n_layers))
+        self.stack_bytes = int(stack_bytes)
         self.reset()
+
+    @property
+    def holds_stack(self) -> bool | None:
+        """Whether this batch's states are held and summarised at once (None before x^0)."""
+        return self._held is not None if self._dtype is not None else None
 
     def reset(self) -> None:
         """Forget every state seen so far (``finalize`` calls this)."""
         self._prev: torch.Tensor | None = None
         self._dtype: torch.dtype | None = None
+        self._held: list[torch.Tensor] | None = None  # the states, when the stack is held
         self._norms: list[torch.Tensor] = []
         self._steps: list[torch.Tensor] = []
         self._unit_sum: torch.Tensor | None = None
@@ -313,7 +423,14 @@ class TrajectoryAccumulator:
     @property
     def n_states(self) -> int:
         """Number of states received so far (L+1 after the last block)."""
-        return len(self._norms)
+        return len(self._held) if self._held is not None else len(self._norms)
+
+    def _fits(self, state: torch.Tensor) -> bool:
+        """Whether the ``L+1`` states of this shape fit in ``stack_bytes`` (work dtype)."""
+        if self._n_layers is None:
+            return False
+        itemsize = torch.empty((), dtype=self._dtype).element_size()
+        return (self._n_layers + 1) * state.numel() * itemsize <= self.stack_bytes
 
     def update(self, state: torch.Tensor) -> None:
         """Add the next state ``x^l`` of every token.
@@ -331,7 +448,18 @@ class TrajectoryAccumulator:
             )
         if self._dtype is None:
             self._dtype = _work_dtype(state)
+            self._held = [] if self._fits(state) else None
         x = state.detach().to(self._dtype)
+        if self._held is not None:
+            if len(self._held) > self._n_layers:
+                raise ValueError(
+                    f"received state {len(self._held)} but the accumulator was built for "
+                    f"n_layers={self._n_layers}; pass the model's number of blocks (or None)"
+                )
+            # Held until finalize: a copy when it shares the caller's memory.
+            self._held.append(x.clone() if x.data_ptr() == state.data_ptr() else x)
+            self._prev = x
+            return
         self._norms.append(torch.linalg.vector_norm(x, dim=-1))
         if self._prev is not None:
             self._add_step(x - self._prev)
@@ -409,10 +537,14 @@ class TrajectoryAccumulator:
             ``windowed`` is False). NaN marks undefined values as in the dense
             functions.
         """
-        if len(self._norms) < 2:
+        if self.n_states < 2:
             raise ValueError(
-                f"finalize needs at least two states (x^0 and x^1), received {len(self._norms)}"
+                f"finalize needs at least two states (x^0 and x^1), received {self.n_states}"
             )
+        if self._held is not None:
+            out = trajectory_summaries(self._held, self.windowed, self.window)
+            self.reset()
+            return out
         n_steps = len(self._steps)
         windowed = None
         if self.windowed:

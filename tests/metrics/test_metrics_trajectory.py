@@ -13,7 +13,9 @@ from lm_coupling.metrics.trajectory import (
     expodistance,
     line_shape_score,
     masked_token_mean,
+    masked_token_means,
     norm_profile,
+    trajectory_summaries,
     windowed_line_shape_score,
 )
 
@@ -150,13 +152,18 @@ def test_shape_errors_name_the_shape():
         (1, 3, 9, 4, True, 1),
     ],
 )
-def test_accumulator_equals_dense(B, T, L, d, windowed, window):
+@pytest.mark.parametrize("route", ["streamed", "stacked"])
+def test_accumulator_equals_dense(B, T, L, d, windowed, window, route):
     gen = torch.Generator().manual_seed(B * 100 + L)
     states = [torch.randn(B, T, d, generator=gen, dtype=F64) for _ in range(L + 1)]
     states[2 % (L + 1)][0, 0] = states[1 % (L + 1)][0, 0]  # one zero step
-    acc = TrajectoryAccumulator(windowed=windowed, window=window)
+    if route == "streamed":
+        acc = TrajectoryAccumulator(windowed=windowed, window=window)
+    else:
+        acc = TrajectoryAccumulator(windowed=windowed, window=window, n_layers=L)
     for state in states:
         acc.update(state)
+    assert acc.holds_stack == (route == "stacked")
     out = acc.finalize()
     stack = torch.stack(states, dim=2)  # [B, T, L+1, d]
     torch.testing.assert_close(out["norms"], norm_profile(stack).transpose(1, 2))
@@ -169,6 +176,70 @@ def test_accumulator_equals_dense(B, T, L, d, windowed, window):
     else:
         assert out["windowed_lss"] is None
     assert acc.n_states == 0  # finalize resets
+
+
+def test_stack_budget_chooses_the_route_and_both_agree():
+    """Over ``stack_bytes`` the states stream; under it they are held; the values agree."""
+    gen = torch.Generator().manual_seed(3)
+    states = [torch.randn(2, 5, 8, generator=gen) for _ in range(7)]  # L = 6, float32
+    stack = 7 * 2 * 5 * 8 * 4  # bytes of the [B, L+1, T, d] stack
+    outs = {}
+    for budget in (stack - 1, stack):
+        acc = TrajectoryAccumulator(n_layers=6, stack_bytes=budget)
+        for state in states:
+            acc.update(state)
+        held = acc.holds_stack
+        outs[held] = acc.finalize()
+    assert set(outs) == {False, True}
+    for key, value in outs[False].items():
+        torch.testing.assert_close(outs[True][key], value, equal_nan=True)
+
+
+def test_held_states_do_not_alias_the_callers_tensors():
+    """A state changed in place after ``update`` does not change the held stack's values."""
+    states = [torch.full((1, 1, 2), float(i * i)) for i in range(4)]
+    states[1][0, 0, 1] = 5.0
+    expected = trajectory_summaries([state.clone() for state in states])
+    held = TrajectoryAccumulator(n_layers=3)
+    for state in states:
+        held.update(state)
+        state.zero_()  # what a model writing into its buffer would do
+    out = held.finalize()
+    for key, value in expected.items():
+        torch.testing.assert_close(out[key], value, equal_nan=True)
+
+
+def test_stacked_route_refuses_more_states_than_layers():
+    acc = TrajectoryAccumulator(n_layers=2)
+    for _ in range(3):
+        acc.update(torch.randn(1, 2, 3))
+    with pytest.raises(ValueError, match="n_layers=2"):
+        acc.update(torch.randn(1, 2, 3))
+
+
+def test_window_sums_keep_exact_cancellation():
+    """Unit steps +e, -e around depth 2 with window 3: steps 1..3 sum to e, LSS 3 exactly."""
+    x = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [4.0, 0.0]], dtype=F64)
+    out = trajectory_summaries([row[None, None] for row in x], window=3)
+    windowed = out["windowed_lss"][0, :, 0]  # depths 1, 2, 3: steps 1-2, 1-3, 2-3
+    assert math.isnan(windowed[0]) and windowed[1].item() == 3.0 and math.isnan(windowed[2])
+    dense = windowed_line_shape_score(x, window=3)
+    torch.testing.assert_close(out["windowed_lss"][0, :, 0], dense, equal_nan=True)
+    assert out["lss"].item() == 3.0
+
+
+def test_masked_token_means_equal_row_by_row_means():
+    gen = torch.Generator().manual_seed(1)
+    values = torch.randn(3, 4, 6, generator=gen)
+    values[0, 1, 2] = math.nan
+    values[2, :, :] = math.nan
+    mask = torch.rand(3, 6, generator=gen) > 0.3
+    out = masked_token_means(values, mask)
+    for k in range(4):
+        torch.testing.assert_close(out[:, k], masked_token_mean(values[:, k], mask), equal_nan=True)
+    assert torch.isnan(out[2]).all()
+    with pytest.raises(ValueError, match=r"\[B, K, T\]"):
+        masked_token_means(values, mask[:, :2])
 
 
 def test_accumulator_float32_and_nan_tokens():

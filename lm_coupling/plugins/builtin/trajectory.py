@@ -73,15 +73,6 @@ def lmc_declare_metrics():
     ]
 
 
-def _per_layer_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked token mean of ``[B, M, T]`` values -> ``[B, M]``."""
-    from lm_coupling.metrics.trajectory import masked_token_mean
-
-    batch, layers, tokens = values.shape
-    flat_mask = mask[:, None, :].expand(batch, layers, tokens).reshape(batch * layers, tokens)
-    return masked_token_mean(values.reshape(batch * layers, tokens), flat_mask).view(batch, layers)
-
-
 class TrajectoryReducer:
     """Per-token trajectory summaries of one batch, streamed state by state.
 
@@ -154,23 +145,30 @@ def lmc_layer_reducer(selected, options, batch: BatchInfo) -> TrajectoryReducer 
 
 @hookimpl
 def lmc_compute_batch(selected, reduced: TrajectoryStates | None):
-    """Average each token's trajectory metric over the document's tokens."""
-    from lm_coupling.metrics.trajectory import equidistance, expodistance, masked_token_mean
+    """Average each token's trajectory metric (and profile) over the document's tokens.
+
+    Every per-token quantity is averaged in one masked mean over a
+    ``[B, K, T]`` stack (`masked_token_means`), the same mean row by row.
+    """
+    import torch
+
+    from lm_coupling.metrics.trajectory import equidistance, expodistance, masked_token_means
 
     trajectory = reduced
     if trajectory is None or not set(_OWN) & set(selected):
         return None
-    mask = trajectory.token_mask
-    out = {}
-    profiles = {"norm": _per_layer_mean(trajectory.norms, mask)}
+    columns = {"norm": trajectory.norms}  # [B, K_i, T] each
     if trajectory.windowed_lss is not None:
-        profiles["windowed_lss"] = _per_layer_mean(trajectory.windowed_lss, mask)
+        columns["windowed_lss"] = trajectory.windowed_lss
     if "lss" in selected:
-        out["lss"] = masked_token_mean(trajectory.lss, mask)
+        columns["lss"] = trajectory.lss[:, None]
     if "expodistance" in selected:
-        per_token = expodistance(trajectory.norms.transpose(1, 2))
-        out["expodistance"] = masked_token_mean(per_token, mask)
+        columns["expodistance"] = expodistance(trajectory.norms.transpose(1, 2))[:, None]
     if "equidistance" in selected:
-        per_token = equidistance(trajectory.step_lengths.transpose(1, 2))
-        out["equidistance"] = masked_token_mean(per_token, mask)
-    return {"values": out, "profiles": profiles}
+        columns["equidistance"] = equidistance(trajectory.step_lengths.transpose(1, 2))[:, None]
+    stacked = torch.cat(list(columns.values()), dim=1)
+    means = masked_token_means(stacked, trajectory.token_mask)
+    widths = [column.shape[1] for column in columns.values()]
+    parts = dict(zip(columns, means.split(widths, dim=1), strict=True))
+    profiles = {name: parts.pop(name) for name in _PROFILES if name in parts}
+    return {"values": {name: value[:, 0] for name, value in parts.items()}, "profiles": profiles}
