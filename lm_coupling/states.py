@@ -196,12 +196,13 @@ class LensStates:
     Attributes:
         entropy: ``[B, L+1]`` normalized entropy ``H(P^l) / ln V``.
         target_prob: ``[B, L+1]`` ``P^l(target)``; NaN where no target token.
-        top1: ``[B, L+1]`` int64, argmax token of ``P^l``.
+        top1: ``[B, L+1]`` int64, argmax token of ``P^l``; None when no
+            selected metric reads it (``fixation_depth`` does).
     """
 
     entropy: torch.Tensor
     target_prob: torch.Tensor
-    top1: torch.Tensor
+    top1: torch.Tensor | None
 
 
 @dataclass

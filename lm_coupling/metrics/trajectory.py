@@ -93,10 +93,9 @@ def _unit_steps_with_length(
 def _lss_from_sums(unit_sum: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """``count / ||unit_sum||``; NaN where count is 0 or the sum is 0 or non-finite."""
     resultant = torch.linalg.vector_norm(unit_sum, dim=-1)
-    count = count.to(resultant.dtype)
-    ok = (count > 0) & (resultant > 0) & torch.isfinite(resultant)
-    safe = torch.where(ok, resultant, torch.ones_like(resultant))
-    return torch.where(ok, count / safe, torch.full_like(resultant, math.nan))
+    # A sum of unit vectors is finite unless a step was not (then NaN, and NaN > 0 is
+    # False); resultant > 0 also excludes count 0, whose sum is the zero vector.
+    return torch.where(resultant > 0, count / resultant, math.nan)
 
 
 def norm_profile(trajectory: torch.Tensor) -> torch.Tensor:
@@ -203,16 +202,14 @@ def expodistance(norms: torch.Tensor) -> torch.Tensor:
     if not isinstance(norms, torch.Tensor) or norms.dim() < 1 or norms.shape[-1] < 2:
         found = tuple(norms.shape) if isinstance(norms, torch.Tensor) else type(norms).__name__
         raise ValueError(f"norms must have shape [..., L+1] with L >= 1, found {found}")
-    n = _as_work(norms)
-    valid = ((n > 0) & torch.isfinite(n)).all(dim=-1)
-    safe = torch.where((n > 0) & torch.isfinite(n), n, torch.ones_like(n))
-    log_n = torch.log(safe)
+    log_n = torch.log(_as_work(norms))
     growth = log_n[..., 1:] - log_n[..., :-1]
     mean = growth.mean(dim=-1)
-    var = ((growth - mean[..., None]) ** 2).mean(dim=-1)
-    ok = valid & (mean != 0) & torch.isfinite(mean)
-    safe_mean = torch.where(ok, mean, torch.ones_like(mean))
-    return torch.where(ok, var / safe_mean**2, torch.full_like(mean, math.nan))
+    var = (growth - mean[..., None]).square().mean(dim=-1)
+    # A zero or non-finite norm makes a growth term infinite or NaN, hence the mean
+    # non-finite (+inf and -inf terms give NaN): one test covers every undefined case.
+    ok = torch.isfinite(mean) & (mean != 0)
+    return torch.where(ok, var / mean.square(), math.nan)
 
 
 def equidistance(step_lengths: torch.Tensor) -> torch.Tensor:
@@ -237,10 +234,10 @@ def equidistance(step_lengths: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"step_lengths needs L >= 1, found shape {tuple(step_lengths.shape)}")
     s = _as_work(step_lengths)
     mean = s.mean(dim=-1)
-    std = ((s - mean[..., None]) ** 2).mean(dim=-1).sqrt()
-    ok = (mean > 0) & torch.isfinite(mean) & torch.isfinite(std)
-    safe = torch.where(ok, mean, torch.ones_like(mean))
-    return torch.where(ok, std / safe, torch.full_like(mean, math.nan))
+    std = (s - mean[..., None]).square().mean(dim=-1).sqrt()
+    # Lengths are >= 0 or NaN; an infinite length makes the mean inf and the std NaN.
+    ok = (mean > 0) & torch.isfinite(std)
+    return torch.where(ok, std / mean, math.nan)
 
 
 def trajectory_summaries(

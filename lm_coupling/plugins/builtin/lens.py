@@ -75,6 +75,7 @@ class LensReducer:
 
     Args:
         batch: the batch (its target tokens and vocabulary size).
+        top1: keep the top-1 tokens (``fixation_depth`` is selected).
 
     Raises:
         ValueError: a target token outside ``[-1, V)``.
@@ -82,8 +83,8 @@ class LensReducer:
 
     lens_route = "stack"
 
-    def __init__(self, batch: BatchInfo):
-        self.target = batch.target_tokens
+    def __init__(self, batch: BatchInfo, top1: bool = True):
+        self.target, self.top1 = batch.target_tokens, top1
         bad = (self.target < -1) | (self.target >= batch.vocab_size)
         if bool(bad.any()):  # checked once per batch, not per layer (a host-device sync)
             raise ValueError(
@@ -100,7 +101,7 @@ class LensReducer:
         from lm_coupling.metrics.lens import lens_summary
 
         target = self.target.to(logits.device)
-        self.summary = lens_summary(logits, target, check_target=False)
+        self.summary = lens_summary(logits, target, check_target=False, top1=self.top1)
 
     def finalize(self) -> LensStates | None:
         """``LensStates`` with ``[B, L+1]`` entropy, target probability and top-1.
@@ -118,7 +119,9 @@ class LensReducer:
 @hookimpl
 def lmc_layer_reducer(selected, batch: BatchInfo) -> LensReducer | None:
     """Start the batch's lens reducer."""
-    return LensReducer(batch) if set(_OWN) & set(selected) else None
+    if not set(_OWN) & set(selected):
+        return None
+    return LensReducer(batch, top1="fixation_depth" in selected)
 
 
 @hookimpl
