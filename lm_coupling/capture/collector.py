@@ -110,6 +110,9 @@ class _Run:
         self.layer_lens = False  # a started reducer reads view.normed/logits
         self.stacked: list[str] = []  # reducers served the lens of every state at once
         self.rows_at_n: list[torch.Tensor] = []  # x^l_n of l = 0.., for the stacked lens
+        # The largest last index and measured row as Python numbers (no host read per batch).
+        self.max_last = max(last.tolist(), default=-1)
+        self.max_row = -1 if rows is None else max(rows.tolist(), default=-1)
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
@@ -123,9 +126,9 @@ class _Run:
             )
         batch, n_tokens = hidden.shape[0], hidden.shape[1]
         if self.rows is not None:
-            if int(self.rows.max()) >= batch:
+            if self.max_row >= batch:
                 raise ValueError(
-                    f"capture() was given row {int(self.rows.max())} to measure but the "
+                    f"capture() was given row {self.max_row} to measure but the "
                     f"forward has batch size {batch}; pass rows of the batch"
                 )
             batch = len(self.rows)
@@ -134,9 +137,9 @@ class _Run:
                 f"capture() was given {len(self.last)} last_index entries but the forward "
                 f"has batch size {batch}; pass one index per row of the batch"
             )
-        if int(self.last.max()) >= n_tokens:
+        if self.max_last >= n_tokens:
             raise ValueError(
-                f"last_index {int(self.last.max())} is outside the {n_tokens} positions of "
+                f"last_index {self.max_last} is outside the {n_tokens} positions of "
                 "the forward; pass the position of each row's last context token"
             )
         self.phase = "running"
@@ -403,21 +406,26 @@ class StateCollector:
                 f"last_index, first_index and target_tokens need one entry per document, got "
                 f"lengths {len(last)}, {len(first)}, {len(target)}"
             )
-        if bool((first > last).any()) or bool((first < 0).any()):
+        # The indices are a few per batch: checked as Python numbers (one host read each).
+        last_list, first_list = last.tolist(), first.tolist()
+        if any(not 0 <= f <= n for f, n in zip(first_list, last_list, strict=True)):
             raise ValueError(
-                f"need 0 <= first_index <= last_index per row, got first_index={first.tolist()} "
-                f"last_index={last.tolist()}"
+                f"need 0 <= first_index <= last_index per row, got first_index={first_list} "
+                f"last_index={last_list}"
             )
         docs = tuple(tuple(DocumentRef(*ref) for ref in row) for row in documents or ())
         measured = None if rows is None else _as_index(rows, "rows")
         if measured is not None:
-            if len(measured) != len(last) or bool((measured[1:] <= measured[:-1]).any()):
+            row_list = measured.tolist()
+            if len(row_list) != len(last_list) or any(
+                b <= a for a, b in zip(row_list, row_list[1:], strict=False)
+            ):
                 raise ValueError(
-                    f"rows must be increasing, one per last_index entry, got {measured.tolist()} "
-                    f"for {len(last)} entries"
+                    f"rows must be increasing, one per last_index entry, got {row_list} "
+                    f"for {len(last_list)} entries"
                 )
-            if bool((measured < 0).any()):
-                raise ValueError(f"rows must be non-negative, got {measured.tolist()}")
+            if row_list and row_list[0] < 0:
+                raise ValueError(f"rows must be non-negative, got {row_list}")
         handle = CaptureHandle()
         run = _Run(self, last, first, target, dict(reducers), docs, handle, measured)
         hooks = []
