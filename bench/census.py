@@ -91,7 +91,7 @@ OVERRIDES: dict[str, dict] = {
     "llama4": dict(attention_chunk_size=CHUNK),
     "llama4_text": dict(attention_chunk_size=CHUNK),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
-                  expert_layer_offset=1),
+                  expert_layer_offset=1, use_mamba_kernels=False),  # CPU: 4.56 refuses else
     "deepseek_v32": dict(num_key_value_heads=4),
     "gemma3n_text": dict(num_kv_shared_layers=0, hidden_size_per_layer_input=16,
                          vocab_size_per_layer_input=512, laurel_rank=8,

@@ -21,6 +21,7 @@ with that name instead of failing on every document.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Iterator
 
 import torch
@@ -81,6 +82,24 @@ compares every block's output with the model's own.
 TRANSFORM_ERROR = "autograd.Function with functorch transforms"
 """Part of torch's message for a custom Function that ``torch.func`` cannot transform."""
 
+INPLACE_ERROR = "attempted to call in-place operation"
+"""Part of torch's message for an in-place write, under ``torch.func``, into a tensor the
+transformed function did not take as input: a module that clamps its own weights at every
+call (transformers 4.56's Gemma-3n AltUp: ``weight.data.clamp_``, eval included)."""
+
+_INPLACE_OP = re.compile(r"in-place operation \(([\w:.]+)\)")
+
+
+def _transform_failure(error: RuntimeError) -> str | None:
+    """What ``torch.func`` could not transform, from its error; None for any other error."""
+    message = str(error)
+    if TRANSFORM_ERROR in message:
+        return "a custom autograd.Function"
+    if INPLACE_ERROR in message:
+        op = _INPLACE_OP.search(message)
+        return f"an in-place {op.group(1) if op else 'operation'} on a tensor it was not given"
+    return None
+
 
 def _qualified(module: nn.Module) -> str:
     cls = type(module)
@@ -113,10 +132,15 @@ def differentiable_substitutes(model: nn.Module) -> Iterator[list[str]]:
             del module.forward
 
 
-def _innermost_failing(block: nn.Module, run: Callable[[], object]) -> str | None:
-    """Run ``run`` with hooks on ``block``'s modules; the innermost one running when it raised."""
+def _innermost_failing(block: nn.Module, run: Callable[[], object]) -> tuple[str, str] | None:
+    """Run ``run`` with hooks on ``block``'s modules.
+
+    Returns:
+        ``(the innermost module running when torch.func failed, what failed)``,
+        or None when ``run`` went through.
+    """
     stack: list[str] = []
-    failed: list[str] = []
+    failed: list[tuple[str, str]] = []
     names = {id(m): name for name, m in block.named_modules()}
 
     def pre(module, args):
@@ -132,9 +156,10 @@ def _innermost_failing(block: nn.Module, run: Callable[[], object]) -> str | Non
     try:
         run()
     except RuntimeError as error:
-        if TRANSFORM_ERROR not in str(error):
+        what = _transform_failure(error)
+        if what is None:
             raise
-        failed.append(stack[-1] if stack else "")
+        failed.append((stack[-1] if stack else "", what))
     finally:
         for handle in handles:
             handle.remove()
@@ -148,14 +173,16 @@ def untransformable_modules(calls) -> list[str]:
     inside ``engine_mode``, after ``differentiable_substitutes``).
 
     Returns:
-        ``"block i: <module path> (<class>)"`` per failing block (empty when
+        ``"block i: <module path> (<class>): <what>"`` per failing block, what
+        being a custom autograd.Function or an in-place write (empty when
         every block can be differentiated).
     """
     found = []
     for index, call in enumerate(calls):
         f, x = call.last_token_map()
-        name = _innermost_failing(call.block, lambda f=f, x=x: torch.func.jvp(f, (x,), (x,)))
-        if name is not None:
+        failure = _innermost_failing(call.block, lambda f=f, x=x: torch.func.jvp(f, (x,), (x,)))
+        if failure is not None:
+            name, what = failure
             module = call.block.get_submodule(name) if name else call.block
-            found.append(f"block {index}: {name or '<block>'} ({_qualified(module)})")
+            found.append(f"block {index}: {name or '<block>'} ({_qualified(module)}): {what}")
     return found

@@ -108,6 +108,7 @@ def cache_replay_problem(model: nn.Module) -> str:
     from lm_coupling.capture.architecture import locate_model_parts
     from lm_coupling.capture.block_calls import is_unrolled
     from lm_coupling.capture.transformers_adapter import (
+        cache_keeps_state,
         cache_layers,
         layer_keys_values,
         make_model_cache,
@@ -139,6 +140,11 @@ def cache_replay_problem(model: nn.Module) -> str:
     with torch.no_grad():
         out = model(ids, use_cache=True)
     found = output_cache(out)
+    if cache_keeps_state(found):  # transformers 4.56's MambaCache: states, no layers
+        return (
+            f"with use_cache=True it returns {type(found).__name__}, whose layers keep a "
+            "recurrent, scan or convolution state"
+        )
     layers = cache_layers(found)
     if not layers:
         return f"with use_cache=True it returns {type(found).__name__}, not a cache with layers"

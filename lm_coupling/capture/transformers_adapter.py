@@ -134,6 +134,18 @@ def layer_keeps_state(layer: Any) -> bool:
     return any(hasattr(layer, name) for name in STATE_ATTRIBUTES)
 
 
+def cache_keeps_state(cache: Any) -> bool:
+    """Whether a cache without per-layer entries keeps a recurrent or convolution state itself.
+
+    Relies on: before ``Cache.layers`` covered them, transformers returned
+    Mamba's state as a ``MambaCache`` (transformers 4.56: no ``layers``, the
+    lists ``conv_states`` and ``ssm_states`` on the cache itself); later
+    releases give such models a ``Cache`` whose layers carry
+    `STATE_ATTRIBUTES` (`layer_keeps_state`).
+    """
+    return cache is not None and cache_layers(cache) is None and layer_keeps_state(cache)
+
+
 def model_cache_layers(model: nn.Module) -> list[Any]:
     """The layers of the cache the model itself would use (`new_cache` with its config)."""
     return cache_layers(new_cache(model.config)) or []

@@ -20,8 +20,9 @@ Two moments, each one call from `CouplingHFLM`:
   function; the run stops naming the architecture and the override to add
   (`lm_coupling.capture.architecture.register_override`). With a Jacobian
   metric, ``torch.func`` must also go through every block (one JVP each):
-  a custom ``autograd.Function`` without a stand-in stops the run naming
-  its module, rather than failing on every document.
+  a custom ``autograd.Function`` without a stand-in, or a module writing in
+  place into its own weights, stops the run naming its module, rather than
+  failing on every document.
 
 The probes are a few short forward passes (and one JVP per block).
 """
@@ -384,12 +385,14 @@ def check_differentiable(
     if failing:
         others = _runnable(JACOBIAN_NEEDS)
         raise UnsupportedModelError(
-            f"{type(model).__name__} (model_type={parts.model_type!r}) runs a custom "
-            "torch.autograd.Function that torch.func (the Jacobian engine's jvp/vjp/vmap) "
-            f"cannot transform, in {'; '.join(failing)}, and lm-coupling has no exact "
+            f"{type(model).__name__} (model_type={parts.model_type!r}) runs an operation "
+            "that torch.func (the Jacobian engine's jvp/vjp/vmap) cannot transform (a custom "
+            "torch.autograd.Function, or an in-place write to a tensor such as its own "
+            f"weights), in {'; '.join(failing)}, and lm-coupling has no exact "
             "differentiable stand-in for it (lm_coupling.capture.differentiable.SUBSTITUTES: "
-            "add one computing the same forward). Metrics that do not need Jacobians and can "
-            f"still run: {', '.join(others)}"
+            "add one computing the same forward; for an in-place write, a transformers "
+            "release whose model does not write its weights in eval mode). Metrics that do "
+            f"not need Jacobians and can still run: {', '.join(others)}"
         )
 
 

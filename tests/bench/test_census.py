@@ -9,7 +9,10 @@ of 8 to 16; xLSTM: mLSTM cells, a final norm and soft-cap of its own;
 OpenAI-GPT: no cache) runs as a user runs the script, in a subprocess; each
 must be verified: coupling and
 LSS equal the independent whole-sequence values to 1e-5, in a batch of four
-right-padded documents and alone.
+right-padded documents and alone. On a transformers older than the pinned
+one, the sample leaves out what that release lacks or computes differently
+(``tests/fixtures/transformers_range.py``: Qwen3-Next and DeepSeek-V3.2 are
+newer than 4.56, whose xLSTM fails on prompts longer than a chunk).
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import transformers
+from fixtures.transformers_range import VERSION, installed, is_fixed
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = {
@@ -35,12 +41,16 @@ SAMPLE = {
     "xlstm": "sequence",
     "openai-gpt": "sequence",
 }
+RUNNABLE = {
+    m: r for m, r in SAMPLE.items() if installed(m) and (m != "xlstm" or is_fixed("xlstm chunks"))
+}
+"""The sample the installed transformers can run (all of it on the pinned release)."""
 
 
 def test_the_sample_is_verified(tmp_path):
     out = tmp_path / "census.json"
     subprocess.run(
-        [sys.executable, "bench/census.py", "--only", ",".join(SAMPLE), "--json", str(out)],
+        [sys.executable, "bench/census.py", "--only", ",".join(RUNNABLE), "--json", str(out)],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -48,9 +58,9 @@ def test_the_sample_is_verified(tmp_path):
     )
     rows = {row["model_type"]: row for row in json.loads(out.read_text())}
     assert {m: (r["status"], r["reason"]) for m, r in rows.items()} == {
-        m: ("verified", "") for m in SAMPLE
+        m: ("verified", "") for m in RUNNABLE
     }
-    assert {m: r["replay"] for m, r in rows.items()} == SAMPLE
+    assert {m: r["replay"] for m, r in rows.items()} == RUNNABLE
     assert all(r["coupling_error"] <= 1e-5 and r["lss_error"] <= 1e-5 for r in rows.values())
     assert len(rows["jamba"]["blocks"]) == 2  # attention and Mamba blocks in one list
 
@@ -60,6 +70,12 @@ def test_the_census_page_covers_the_installed_mapping():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     page = (ROOT / "docs" / "architectures.md").read_text()
+    documented = re.search(r"transformers (\d+\.\d+\.\d+)", page).group(1)
+    if Version(VERSION) < Version(documented):
+        pytest.skip(
+            f"docs/architectures.md is the census of transformers {documented}, not of the "
+            f"older {VERSION} installed (bench/census.py renders the page for one release)"
+        )
     assert f"transformers {transformers.__version__}" in page
     rows = re.findall(r"^\| ([^|]+?) \| ([\w ]+?) \|", page, flags=re.M)[1:]  # header first
     assert [name for name, _ in rows] == list(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)

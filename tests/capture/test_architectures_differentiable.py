@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fixtures.transformers_range import require_fixed
 from test_architectures_coupling import PROMPTS, build
 from transformers.models.bloom.modeling_bloom import BloomGelu, GeLUFunction
 
@@ -48,6 +49,7 @@ def test_substitutes_touch_only_the_given_model(bloom):
 
 
 def test_without_a_stand_in_the_run_stops_naming_the_module(bloom, monkeypatch):
+    require_fixed("bloom gelu in eval")  # before it, an eval-mode Bloom needs no stand-in
     parts = locate_model_parts(bloom)
     selection = make_selection("coupling")
     preflight.check_differentiable(bloom, parts, PROMPTS[0], selection)  # the stand-in works
@@ -60,3 +62,24 @@ def test_without_a_stand_in_the_run_stops_naming_the_module(bloom, monkeypatch):
     assert "can still run: lss," in message
     # Without a Jacobian metric nothing is checked.
     preflight.check_differentiable(bloom, parts, PROMPTS[0], make_selection("lss"))
+
+
+def test_a_module_writing_its_weights_in_place_stops_the_run_naming_it(bloom, monkeypatch):
+    """transformers 4.56's Gemma-3n clamps its AltUp weights in place at every call (eval too):
+    torch.func refuses the write, so preflight names the module and the operation."""
+    dense = bloom.transformer.h[1].mlp.dense_h_to_4h
+    linear = type(dense).forward
+
+    def clamping(x):  # the values stay the same: only the in-place write is new
+        dense.weight.data.clamp_(-1e6, 1e6)
+        return linear(dense, x)
+
+    parts = locate_model_parts(bloom)
+    selection = make_selection("coupling")
+    monkeypatch.setattr(dense, "forward", clamping, raising=False)
+    with pytest.raises(UnsupportedModelError) as info:
+        preflight.check_differentiable(bloom, parts, PROMPTS[0], selection)
+    message = str(info.value)
+    assert "block 1: mlp.dense_h_to_4h (torch.nn.modules.linear.Linear): an in-place " in message
+    assert "aten::clamp_" in message and "block 0" not in message and "block 2" not in message
+    assert "can still run: lss," in message

@@ -31,6 +31,7 @@ import copy
 import pytest
 import torch
 import transformers
+from fixtures.transformers_range import experts_kwargs, require_fixed, require_model_type
 
 from lm_coupling.capture.architecture import block_output_hidden, locate_model_parts
 from lm_coupling.capture.block_calls import CallSite, is_unrolled
@@ -100,11 +101,12 @@ LEADING = {"gemma3n_text"}
 
 
 def build(model_type: str) -> transformers.PreTrainedModel:
+    require_model_type(model_type)
     if model_type in STREAMS:  # float64 needs the eager experts (no grouped_mm)
         sizes = {**_SIZES, **STREAMS[model_type]}
         config = transformers.AutoConfig.for_model(model_type, **sizes)
         torch.manual_seed(0)
-        extra = {} if model_type in LEADING else {"experts_implementation": "eager"}
+        extra = experts_kwargs(None if model_type in LEADING else "eager")
         model = transformers.AutoModelForCausalLM.from_config(
             config, attn_implementation="eager", **extra
         )
@@ -118,9 +120,13 @@ def build(model_type: str) -> transformers.PreTrainedModel:
             layer_types=["sliding_attention", "full_attention"] * 2,
         )  # fmt: skip
     elif model_type == "mllama":  # text model: layer 2 is a cross-attention layer
-        config = transformers.MllamaTextConfig(
-            **_SIZES, num_hidden_layers=4, num_key_value_heads=4, cross_attention_layers=[2]
-        )
+        # transformers 4.56 exports MllamaTextConfig from its configuration module only
+        from transformers.models.mllama.configuration_mllama import MllamaTextConfig
+
+        config = MllamaTextConfig(  # rope_scaling: 4.56 leaves it None (5.x: the same default)
+            **_SIZES, num_hidden_layers=4, num_key_value_heads=4, cross_attention_layers=[2],
+            rope_scaling={"rope_type": "default"},
+        )  # fmt: skip
         torch.manual_seed(0)
         model = transformers.MllamaForCausalLM(config)
         return model.to(torch.float64).eval()
@@ -264,6 +270,9 @@ def test_blocks_never_called_on_text_are_left_out(models):
 
 @pytest.mark.parametrize("model_type", ["hrm_text", "dory", "mllama", "zamba2", *STREAMS])
 def test_coupling_of_calls_equals_the_independent_jacobians(model_type, models, one_thread):
+    if model_type == "gemma3n_text":
+        require_fixed("gemma3n in-place clamp")
+        require_fixed("gemma3n shared cache")  # the replay asserted below
     model = models(model_type)
     parts = locate_model_parts(model)
     engine = JacobianEngine(model, parts, pair_reduction=pair_reduction, k_max=K, method="dense")
@@ -360,6 +369,8 @@ def test_several_streams_are_one_flattened_state(model_type, models):
     assert readout_problems(model, parts, PROMPTS[-1]) == []  # read-out and composition
     probe = preflight.check_model(model, parts, make_selection("coupling,lss"))
     assert probe.hidden_shape == (1, preflight.PROBE_TOKENS, k * d)
+    if model_type == "gemma3n_text":
+        require_fixed("gemma3n shared cache")  # before it, the cache replay serves
     assert probe.replay[0] == "sequence"
 
 

@@ -105,7 +105,9 @@ def test_a_recurrent_models_cache_layers_keep_a_state():
     layers = tfa.cache_layers(cache)
     if layers is None:  # transformers < 5: Mamba returns its own cache, without layers
         assert _major() < 5 and cache is not None, _broke("cache_layers", type(cache).__name__)
+        assert tfa.cache_keeps_state(cache), _broke("cache_keeps_state", type(cache).__name__)
         return
+    assert not tfa.cache_keeps_state(cache), _broke("cache_keeps_state", "a cache with layers")
     assert layers and all(tfa.layer_keeps_state(layer) for layer in layers), _broke(
         "layer_keeps_state", f"Mamba's layers {[type(x).__name__ for x in layers]}"
     )
