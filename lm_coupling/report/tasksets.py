@@ -102,18 +102,29 @@ def _k_used(rows: pd.DataFrame) -> str:
     return ";".join(str(k) for k in ks)
 
 
-def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
+def geometry_table(
+    long: pd.DataFrame,
+    common: dict[str, set[str]] | None = None,
+    with_k: set[str] | None = None,
+) -> tuple[pd.DataFrame, TaskSets]:
     """Per model and metric: value, tasks used, documents, K used.
 
     Args:
         long: one row per (identity, task, metric) with columns ``IDENTITY``,
             ``metric``, ``unit``, ``value``, ``n`` and ``k_used`` (NaN where
             the metric has no K).
+        common: the common set of each metric over the whole table (an empty
+            set: mixed), when ``long`` holds only some of its rows (the
+            refresh, `lm_coupling.report.refresh`); default: computed from ``long``.
+        with_k: the metrics with a ``__k_used`` column in the whole table
+            (default: those with a K in ``long``).
 
     Returns:
         ``(wide, sets)``: a frame indexed by identity with, per metric, the
         columns ``<metric>``, ``<metric>__tasks``, ``<metric>__n`` (and
-        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`.
+        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`
+        (of ``long`` alone when ``common`` is given). Each row's values depend on
+        its own rows and on its metrics' common sets only.
     """
     every_metric = list(dict.fromkeys(long["metric"]))
     every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None
@@ -122,14 +133,17 @@ def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
     columns: dict[str, pd.Series] = {}
     for metric, rows in long.groupby("metric", sort=False):
         units = _unit_values(rows)
-        per_model = units.groupby(IDENTITY)["unit"].apply(set)
-        common = set.intersection(*per_model) if len(per_model) else set()
-        every = set.union(*per_model) if len(per_model) else set()
-        if common:
-            units = units[units["unit"].isin(common)]
-            sets.used[metric] = ";".join(sorted(common))
-            if every - common:
-                sets.dropped[metric] = sorted(every - common)
+        every = set(units["unit"])
+        if common is None:
+            per_model = units.groupby(IDENTITY)["unit"].apply(set)
+            shared = set.intersection(*per_model) if len(per_model) else set()
+        else:
+            shared = set(common.get(metric, set()))
+        if shared:
+            units = units[units["unit"].isin(shared)]
+            sets.used[metric] = ";".join(sorted(shared))
+            if every - shared:
+                sets.dropped[metric] = sorted(every - shared)
         else:
             sets.mixed.append(metric)
             sets.used[metric] = ""
@@ -137,8 +151,9 @@ def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
         columns[metric] = grouped["value"].mean()
         columns[f"{metric}__tasks"] = grouped["unit"].apply(lambda u: ";".join(sorted(u)))
         columns[f"{metric}__n"] = grouped["n"].sum()
-        if rows["k_used"].notna().any():
-            used = rows[rows["unit"].isin(common)] if common else rows
+        k = rows["k_used"].notna().any() if with_k is None else metric in with_k
+        if k:
+            used = rows[rows["unit"].isin(shared)] if shared else rows
             columns[f"{metric}__k_used"] = used.groupby(IDENTITY)[["k_used"]].apply(_k_used)
     for metric in every_metric:  # measured, but NaN on every model: keep the column
         if metric not in columns:
