@@ -85,16 +85,50 @@ def documents_measured(
     return float(fallback)
 
 
+def group_sums(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
+    """Per group of ``keys``: the sum of each column (NaN counted as 0) and the group's size.
+
+    Each group's sum is computed from that group's rows alone, in their order
+    (``numpy.add.reduceat`` over the rows sorted stably by group). pandas'
+    grouped sum and mean carry a round-off term from one group into the next
+    (pandas 3.1: a group's mean changed in its last bit when another model's
+    rows came before it), so a leaderboard value would depend on which other
+    models are in the folder; here it does not, and the refresh, which
+    builds a few rows at a time (`lm_coupling.report.refresh`), writes the
+    same bytes as a build of the whole table.
+
+    Returns:
+        One row per group, in order of first appearance: ``keys``, ``columns``
+        and ``_size``.
+    """
+    if frame.empty:
+        return pd.DataFrame(columns=[*keys, *columns, "_size"])
+    codes = frame.groupby(keys, sort=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    ranked = codes[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    out = frame[keys].iloc[order[starts]].reset_index(drop=True)
+    for column in columns:
+        values = frame[column].to_numpy(dtype=float)[order]
+        out[column] = np.add.reduceat(np.where(np.isnan(values), 0.0, values), starts)
+    out["_size"] = np.diff(np.r_[starts, len(order)])
+    return out
+
+
 def _unit_values(rows: pd.DataFrame) -> pd.DataFrame:
     """Pool tasks into units: document-weighted mean, summed documents."""
     rows = rows.assign(_w=rows["n"].where(rows["n"] > 0, 1.0).fillna(1.0))
     rows = rows.assign(_wv=rows["value"] * rows["_w"])
     keys = [*IDENTITY, "metric", "unit"]
-    pooled = rows.groupby(keys, sort=False).agg(
-        _wv=("_wv", "sum"), _w=("_w", "sum"), n=("n", "sum")
-    )
+    pooled = group_sums(rows, keys, ["_wv", "_w", "n"])
     pooled["value"] = pooled["_wv"] / pooled["_w"]
-    return pooled.reset_index()[[*keys, "value", "n"]]
+    return pooled[[*keys, "value", "n"]]
+
+
+def _per_model(units: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Each model's mean of its units' values and sum of their documents (`group_sums`)."""
+    sums = group_sums(units, IDENTITY, ["value", "n"]).set_index(IDENTITY)
+    return sums["value"] / sums["_size"], sums["n"]
 
 
 def _k_used(rows: pd.DataFrame) -> str:
@@ -148,9 +182,10 @@ def geometry_table(
             sets.mixed.append(metric)
             sets.used[metric] = ""
         grouped = units.groupby(IDENTITY)
-        columns[metric] = grouped["value"].mean()
+        mean, documents = _per_model(units)
+        columns[metric] = mean
         columns[f"{metric}__tasks"] = grouped["unit"].apply(lambda u: ";".join(sorted(u)))
-        columns[f"{metric}__n"] = grouped["n"].sum()
+        columns[f"{metric}__n"] = documents
         k = rows["k_used"].notna().any() if with_k is None else metric in with_k
         if k:
             used = rows[rows["unit"].isin(shared)] if shared else rows
