@@ -164,7 +164,7 @@ def refresh(results_dir: str | Path) -> tuple[Path, RefreshStats]:
             folders[folder] = _describe(root, folder, files, reader, catalogues) | {
                 "digest": digest
             }
-    state = _State(root, reader, folders, catalogues)
+    state = _State(root, reader, folders, catalogues, UnitSets(summary.get("unitsets")))
     records = summary.get("records") if isinstance(summary.get("records"), dict) else {}
     try:
         if not state.runs or state.ghosts:
@@ -180,7 +180,12 @@ def refresh(results_dir: str | Path) -> tuple[Path, RefreshStats]:
     if set(before) - set(folders):
         remove_shards(root, set(folders))
     used = {key: catalogues[key] for key in state.catalogue_keys if key in catalogues}
-    new = {"folders": folders, "catalogues": used, "records": state.records}
+    new = {
+        "folders": folders,
+        "catalogues": used,
+        "unitsets": state.sets.to_store(state.records),
+        "records": state.records,
+    }
     if new != summary:
         write_checked(index_dir(root) / SUMMARY_NAME, new)
     stats.folders_read, stats.parsed = len(reader.shards), reader.parsed
@@ -290,8 +295,10 @@ def _catalogue_key(content: dict[str, Any], run: Any, catalogues: dict[str, Any]
 class _State:
     """The folder as the summary describes it: runs, identities, catalogue, and the rows."""
 
-    def __init__(self, root: Path, reader: FolderReader, folders: dict, catalogues: dict):
-        self.root, self.reader, self.folders = root, reader, folders
+    def __init__(
+        self, root: Path, reader: FolderReader, folders: dict, catalogues: dict, sets: UnitSets
+    ):
+        self.root, self.reader, self.folders, self.sets = root, reader, folders, sets
         self.records: dict[str, dict[str, Any]] = {}
         self.catalogue_keys: set[str] = set()
         self.runs = self._runs(catalogues)
@@ -383,7 +390,7 @@ class _State:
         records = {i: r for i, r in valid.items() if i not in stale}
         for part in loaded:
             records.update(part.records(groups, self.catalogue, local, context))
-        common, with_k = _common_sets(records.values())
+        common, with_k = _common_sets(records.values(), self.sets)
         signature = {i: _geo_signature(r, common, with_k) for i, r in records.items()}
         built = {i for part in loaded for i in part.identities}
         stale = {i for i in records if i not in built and records[i].get("geo_sig") != signature[i]}
@@ -400,7 +407,7 @@ class _State:
         stats.built = sorted(i for part in loaded for i in part.identities)
         stats.rows_built = len(stats.built)
         self.records = {_key(i): records[i] for i in identities}
-        board = _assemble([records[i] for i in identities], with_k)
+        board = _assemble([records[i] for i in identities], with_k, self.sets)
         messages = [m for i in identities for m in records[i]["conflicts"]]
         table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
         messages += mixed_messages(table)
@@ -455,7 +462,7 @@ class _State:
         values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
         values["_pos"] = values.groupby("file", sort=False).cumcount()
         documents = list(newest.values())
-        return [_Rows(runs, values, documents, by_results, self.paths)]
+        return [_Rows(self.root, runs, values, documents, by_results, self.paths, self.sets)]
 
     def _geometry_names(self, folder: str) -> list[str]:
         """The geometry files of one run folder (listed again: the summary keeps no names)."""
@@ -476,10 +483,41 @@ def _key(identity: tuple) -> str:
     return json.dumps(list(identity))
 
 
+class UnitSets:
+    """The sets of units the records name (each stored once in the summary, by digest)."""
+
+    def __init__(self, stored: Any):
+        stored = stored if isinstance(stored, dict) else {}
+        self.sets = {key: frozenset(units) for key, units in stored.items()}
+        self.used: set[str] = set()
+
+    def key(self, units: set[str]) -> str:
+        """The key of a set (added when new)."""
+        ordered = sorted(units)
+        key = _digest(ordered)
+        self.sets.setdefault(key, frozenset(ordered))
+        return key
+
+    def get(self, key: str) -> frozenset[str]:
+        """The set of a key; a key the summary lacks makes the summary untrusted."""
+        if key not in self.sets:
+            raise _WholeTable
+        return self.sets[key]
+
+    def to_store(self, records: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+        """The sets the records name."""
+        used = set()
+        for record in records.values():
+            used.update(record["units"].values())
+            used.update(c["units"] for c in record["geo"].values() if isinstance(c, dict))
+        return {key: sorted(self.sets[key]) for key in sorted(used)}
+
+
 class _Rows:
     """Some identities' values, loaded, and the records built from them."""
 
-    def __init__(self, runs, values, geometry, by_results, paths):
+    def __init__(self, root, runs, values, geometry, by_results, paths, sets):
+        self.prefix, self.sets = len(str(root)) + 1, sets
         self.runs, self.geometry, self.by_results = runs, geometry, by_results
         self.selected, self.provenance = newest_values(values, paths)
         self.identities = set(self.selected[IDENTITY].itertuples(index=False, name=None))
@@ -500,8 +538,10 @@ class _Rows:
         long = geometry_rows(sel, self.geometry, self.by_results, catalogue, groups)
         geo = _first_filter(sel[sel["kind"] == "geometry"], None)
         n_values = len(geo)
+        files = list(dict.fromkeys(geo["file"]))
+        number = {file: i for i, file in enumerate(files)}
         keys = [
-            [0, ts, path_key(file), int(pos)]
+            [0, ts, number[file], int(pos)]
             for ts, file, pos in zip(geo["timestamp"], geo["file"], geo["_pos"], strict=True)
         ]
         keys += [[1]] * (len(long) - n_values)
@@ -519,6 +559,7 @@ class _Rows:
                 base={k: _cell(v) for k, v in row.items()},
                 units={},
                 k=[],
+                files=[],
                 first={},
                 tasks={},
                 conflicts=[],
@@ -528,12 +569,12 @@ class _Rows:
         for (*identity, metric), rows in long.groupby([*IDENTITY, "metric"], sort=False):
             record = out[tuple(identity)]
             ok = rows[np.isfinite(rows["value"].astype(float))]
-            record["first"][metric] = [
-                rows["_key"].iloc[0],
-                ok["_key"].iloc[0] if len(ok) else None,
-            ]
+            first = [self._key(rows["_key"].iloc[0], files, record)]
+            if not len(ok) or ok.index[0] != rows.index[0]:
+                first.append(self._key(ok["_key"].iloc[0], files, record) if len(ok) else None)
+            record["first"][metric] = first
             if len(ok):
-                record["units"][metric] = sorted(set(ok["unit"]))
+                record["units"][metric] = self.sets.key(set(ok["unit"]))
                 if ok["k_used"].notna().any():
                     record["k"].append(metric)
         tasks = sel.drop_duplicates([*IDENTITY, "task"])
@@ -548,6 +589,15 @@ class _Rows:
             out[identity]["conflicts"].append(message)
         return out
 
+    def _key(self, key: list, files: list[str], record: dict) -> list:
+        """A value's place in the full build's order, its file named in ``record["files"]``."""
+        if key[0] == 1:
+            return key
+        name = files[key[2]][self.prefix :]
+        if name not in record["files"]:
+            record["files"].append(name)
+        return [0, key[1], record["files"].index(name), key[3]]
+
     def geometry_cells(self, common, with_k) -> dict[tuple, dict[str, Any]]:
         """Each identity's geometry cells under the whole table's common sets."""
         out: dict[tuple, dict[str, Any]] = {i: {} for i in self.identities}
@@ -555,7 +605,11 @@ class _Rows:
             return out
         wide, _ = geometry_table(self.long, common=common, with_k=with_k)
         for identity, row in zip(wide.index, wide.to_dict("records"), strict=True):
-            out[tuple(identity)] = {k: _cell(v) for k, v in row.items() if _cell(v) is not None}
+            cells = {k: _cell(v) for k, v in row.items() if _cell(v) is not None}
+            for column, text in cells.items():  # the tasks of a value: a stored unit set
+                if column.endswith("__tasks") and isinstance(text, str) and text:
+                    cells[column] = {"units": self.sets.key(set(text.split(";")))}
+            out[tuple(identity)] = cells
         return out
 
 
@@ -581,13 +635,14 @@ def _cell(value: Any) -> Any:
     return value
 
 
-def _common_sets(records) -> tuple[dict[str, set[str]], set[str]]:
+def _common_sets(records, sets: UnitSets) -> tuple[dict[str, set[str]], set[str]]:
     """Per geometry metric, the units every row with the metric has; the metrics with a K."""
     common: dict[str, set[str]] = {}
     with_k: set[str] = set()
     for record in records:
-        for metric, units in record["units"].items():
-            common[metric] = common[metric] & set(units) if metric in common else set(units)
+        for metric, key in record["units"].items():
+            units = sets.get(key)
+            common[metric] = common[metric] & units if metric in common else set(units)
         with_k.update(record["k"])
     return common, with_k
 
@@ -596,12 +651,21 @@ def _geo_signature(record: dict, common: dict, with_k: set) -> str:
     return _digest([[m, sorted(common[m]), m in with_k] for m in sorted(record["units"])])
 
 
+def _order_key(key: list | None, record: dict) -> tuple | None:
+    """A stored place in the full build's order (`_Rows._key`) as a comparable tuple."""
+    if key is None or key[0] == 1:
+        return None if key is None else (1,)
+    return (0, key[1], path_key(record["files"][key[2]]), key[3])
+
+
 def _geometry_order(records: list[dict]) -> list[str]:
     """The geometry metrics in the full build's column order (see the module docstring)."""
-    first_any: dict[str, list] = {}
-    first_ok: dict[str, list] = {}
+    first_any: dict[str, tuple] = {}
+    first_ok: dict[str, tuple] = {}
     for record in records:
-        for metric, (any_key, ok_key) in record["first"].items():
+        for metric, first in record["first"].items():
+            any_key = _order_key(first[0], record)
+            ok_key = _order_key(first[-1], record)
             if metric not in first_any or any_key < first_any[metric]:
                 first_any[metric] = any_key
             if ok_key is not None and (metric not in first_ok or ok_key < first_ok[metric]):
@@ -611,7 +675,7 @@ def _geometry_order(records: list[dict]) -> list[str]:
     return finite + rest
 
 
-def _assemble(records: list[dict], with_k: set[str]) -> pd.DataFrame:
+def _assemble(records: list[dict], with_k: set[str], sets: UnitSets) -> pd.DataFrame:
     """The leaderboard from its rows' records (columns in the full build's order)."""
     present = {k for r in records for k, v in r["base"].items() if v is not None}
     bench = [b.column for b in BENCHMARKS if b.column in present]
@@ -629,6 +693,9 @@ def _assemble(records: list[dict], with_k: set[str]) -> pd.DataFrame:
     rows = []
     for record in records:
         cells = {**record["base"], **record["geo"]}
+        for column, cell in record["geo"].items():
+            if isinstance(cell, dict):
+                cells[column] = ";".join(sorted(sets.get(cell["units"])))
         rows.append([_nan(cells.get(column)) for column in columns])
     board = pd.DataFrame(rows, columns=columns)
     return integer_columns(board)
