@@ -254,3 +254,50 @@ def test_refresh_of_runs_without_geometry_and_of_a_broken_file(real_runs, tmp_pa
     assert stats.rows_built == 0 and len(pd.read_csv(root / "leaderboard.csv")) == 3
     with pytest.warns(UserWarning, match="skipped"):  # said again on every refresh
         assert _refreshed(root).parsed == 0
+
+
+def _variant(folder: Path, dest: Path, name: str, stamp: str, drop: str | None, nan: list[str]):
+    """A copy of a run folder as another model at another time: a task dropped, the
+    metric keys in reverse order, the metrics ``nan`` not a number on every task."""
+    dest.mkdir()
+    results = json.loads(next(folder.glob("results_*.json")).read_text())
+    results["config"]["model_args"]["pretrained"] += f"-{name}"
+    if drop:
+        del results["results"][drop]
+    for task, entry in results["results"].items():
+        for metric in nan:
+            entry[f"{metric},none"] = float("nan")
+        results["results"][task] = dict(reversed(list(entry.items())))
+        geometry = next(folder.glob(f"geometry_{task}_*.json")).read_text()
+        (dest / f"geometry_{task}_{stamp}.json").write_text(geometry)
+    (dest / f"results_{stamp}.json").write_text(json.dumps(results))
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0)])
+def test_mixed_task_sets_nan_metrics_and_column_order_match_the_full_build(
+    real_runs, tmp_path, order
+):
+    source = make_results_dir(tmp_path / "source", real_runs, n_models=4)
+    clone = next(p for p in sorted(source.iterdir()) if len(_tasks(p)) == 2)
+    metrics = json.loads(next(clone.glob("results_*.json")).read_text())["config"]
+    metrics = metrics["lm_coupling"]["metrics"]
+    everywhere, here = metrics[1], metrics[2]
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    # An ordinary model, then (earlier in time, metric keys reversed) one without the second
+    # task, then one without the first: no task is common to all, the metrics are "mixed".
+    _variant(clone, staged / "a__main", "a", "2025-02-01T10-00-00.000000", None, [everywhere])
+    _variant(clone, staged / "b__main", "b", "2024-12-01T10-00-00.000000", EXTRA_TASK,
+             [everywhere, here])  # fmt: skip
+    _variant(clone, staged / "c__main", "c", "2025-03-01T10-00-00.000000", TASK, [everywhere])
+    root = tmp_path / "root"
+    root.mkdir()
+    names = ["a__main", "b__main", "c__main"]
+    for i in order:
+        shutil.move(staged / names[i], root / names[i])
+        _refreshed(root)
+    board = pd.read_csv(root / "leaderboard.csv")
+    assert board[everywhere].isna().all() and f"{everywhere}__tasks" not in board
+    assert board[here].isna().sum() == 1
+    tasks = board[next(c for c in board.columns if c.endswith("__tasks"))].fillna("")
+    assert set(tasks) == {f"{TASK};{EXTRA_TASK}", TASK, EXTRA_TASK}  # each its own units
