@@ -169,7 +169,12 @@ def refresh(results_dir: str | Path) -> tuple[Path, RefreshStats]:
     try:
         if not state.runs or state.ghosts:
             raise _WholeTable
-        board, messages = state.table(records, stats)
+        try:
+            board, messages = state.table(records, stats)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError):
+            if not records:
+                raise
+            board, messages = state.table({}, stats)  # records of another form: rebuilt
     except _WholeTable:
         used = {key: catalogues[key] for key in state.catalogue_keys if key in catalogues}
         return _full(root, reader, {"folders": folders, "catalogues": used}, stats), stats
@@ -690,15 +695,15 @@ def _assemble(records: list[dict], with_k: set[str], sets: UnitSets) -> pd.DataF
                 geometry.append(f"{metric}__k_used")
     columns = [*_BASE, *bench, "n_benchmarks", "average", *scores, *geometry]
     columns += ROW_SETTING_COLUMNS
-    rows = []
+    data: dict[str, list] = {column: [] for column in columns}
     for record in records:
         cells = {**record["base"], **record["geo"]}
         for column, cell in record["geo"].items():
             if isinstance(cell, dict):
                 cells[column] = ";".join(sorted(sets.get(cell["units"])))
-        rows.append([_nan(cells.get(column)) for column in columns])
-    board = pd.DataFrame(rows, columns=columns)
-    return integer_columns(board)
+        for column, values in data.items():
+            values.append(_nan(cells.get(column)))
+    return integer_columns(pd.DataFrame(data, columns=columns))
 
 
 def _nan(value: Any) -> Any:
