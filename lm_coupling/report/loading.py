@@ -42,6 +42,7 @@ import json
 import math
 import re
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -208,9 +209,10 @@ def display_names(models: list[str]) -> dict[str, str]:
     pending, depth = set(parts), 2
     while pending:
         tails = {m: "/".join(p[-depth:]) for m, p in parts.items()}
+        shared = Counter(tails.values())  # another path with this tail: a count above 1
         for model in sorted(pending):
             tail = tails[model]
-            clash = tail in reserved or any(tails[o] == tail for o in parts if o != model)
+            clash = tail in reserved or shared[tail] > 1
             if not clash or depth >= len(parts[model]):
                 names[model] = model if clash else tail
                 pending.discard(model)

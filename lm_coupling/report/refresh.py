@@ -107,6 +107,12 @@ from lm_coupling.report.row_settings import ROW_SETTING_COLUMNS, cross_row_messa
 from lm_coupling.report.tasksets import geometry_table
 
 _BASE = [*IDENTITY, "step", "n_params", "n_layers", "d_model"]
+_BENCH = {b.column for b in BENCHMARKS}
+
+
+def _filled(column: str) -> bool:
+    """Whether a column is in the table only when some row has a value in it."""
+    return column in _BENCH or column.startswith("score:")
 
 
 @dataclass
@@ -396,7 +402,7 @@ class _State:
         for part in loaded:
             records.update(part.records(groups, self.catalogue, local, context))
         common, with_k = _common_sets(records.values(), self.sets)
-        signature = {i: _geo_signature(r, common, with_k) for i, r in records.items()}
+        signature = _geo_signatures(records, common, with_k)
         built = {i for part in loaded for i in part.identities}
         stale = {i for i in records if i not in built and records[i].get("geo_sig") != signature[i]}
         more = self._load(self._closure(stale) - built)
@@ -414,8 +420,12 @@ class _State:
         self.records = {_key(i): records[i] for i in identities}
         board = _assemble([records[i] for i in identities], with_k, self.sets)
         messages = [m for i in identities for m in records[i]["conflicts"]]
-        table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
-        messages += mixed_messages(table)
+        mixed = [(i, records[i]["base"].get("mixed_settings")) for i in identities]
+        mixed = [(i, text) for i, text in mixed if isinstance(text, str) and text]
+        if mixed:
+            index = pd.MultiIndex.from_tuples([i for i, _ in mixed], names=IDENTITY)
+            table = pd.DataFrame({"mixed_settings": [t for _, t in mixed]}, index=index)
+            messages += mixed_messages(table)
         messages += _cross_row([records[i] for i in identities])
         return board, messages
 
@@ -562,6 +572,7 @@ class _Rows:
                 A=sorted(self.groups[identity][0]),
                 B=sorted(self.groups[identity][1]),
                 base={k: _cell(v) for k, v in row.items()},
+                filled=[k for k, v in row.items() if _filled(k) and not _missing(v)],
                 units={},
                 k=[],
                 files=[],
@@ -610,7 +621,7 @@ class _Rows:
             return out
         wide, _ = geometry_table(self.long, common=common, with_k=with_k)
         for identity, row in zip(wide.index, wide.to_dict("records"), strict=True):
-            cells = {k: _cell(v) for k, v in row.items() if _cell(v) is not None}
+            cells = {k: _cell(v) for k, v in row.items() if not _missing(_cell(v))}
             for column, text in cells.items():  # the tasks of a value: a stored unit set
                 if column.endswith("__tasks") and isinstance(text, str) and text:
                     cells[column] = {"units": self.sets.key(set(text.split(";")))}
@@ -630,30 +641,39 @@ def _conflicts(provenance: pd.DataFrame) -> list[tuple[str, tuple]]:
 
 
 def _cell(value: Any) -> Any:
-    """A table cell as JSON keeps it: NaN and missing as None, numpy scalars as Python's."""
+    """A table cell as JSON keeps it: missing as NaN, numpy scalars as Python's."""
     if value is None or value is pd.NA:
-        return None
+        return _NAN
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and math.isnan(value):
-        return None
     return value
 
 
 def _common_sets(records, sets: UnitSets) -> tuple[dict[str, set[str]], set[str]]:
-    """Per geometry metric, the units every row with the metric has; the metrics with a K."""
+    """Per geometry metric, the units every row with the metric has; the metrics with a K.
+
+    Rows measured on the same units (a campaign's usual case) are counted once.
+    """
+    distinct = {tuple(sorted(r["units"].items())) for r in records}
     common: dict[str, set[str]] = {}
-    with_k: set[str] = set()
-    for record in records:
-        for metric, key in record["units"].items():
+    for pairs in distinct:
+        for metric, key in pairs:
             units = sets.get(key)
             common[metric] = common[metric] & units if metric in common else set(units)
-        with_k.update(record["k"])
+    with_k = set().union(*(r["k"] for r in records)) if records else set()
     return common, with_k
 
 
-def _geo_signature(record: dict, common: dict, with_k: set) -> str:
-    return _digest([[m, sorted(common[m]), m in with_k] for m in sorted(record["units"])])
+def _geo_signatures(records: dict, common: dict, with_k: set) -> dict[tuple, str]:
+    """Per row, a digest of the common sets and K columns of its metrics (one per metric set)."""
+    made: dict[tuple, str] = {}
+    out = {}
+    for identity, record in records.items():
+        metrics = tuple(sorted(record["units"]))
+        if metrics not in made:
+            made[metrics] = _digest([[m, sorted(common[m]), m in with_k] for m in metrics])
+        out[identity] = made[metrics]
+    return out
 
 
 def _order_key(key: list | None, record: dict) -> tuple | None:
@@ -682,7 +702,7 @@ def _geometry_order(records: list[dict]) -> list[str]:
 
 def _assemble(records: list[dict], with_k: set[str], sets: UnitSets) -> pd.DataFrame:
     """The leaderboard from its rows' records (columns in the full build's order)."""
-    present = {k for r in records for k, v in r["base"].items() if v is not None}
+    present = set().union(*(r["filled"] for r in records))
     bench = [b.column for b in BENCHMARKS if b.column in present]
     scores = sorted(c for c in present if c.startswith("score:"))
     geometry = []
@@ -702,21 +722,28 @@ def _assemble(records: list[dict], with_k: set[str], sets: UnitSets) -> pd.DataF
             if isinstance(cell, dict):
                 cells[column] = ";".join(sorted(sets.get(cell["units"])))
         for column, values in data.items():
-            values.append(_nan(cells.get(column)))
+            values.append(cells.get(column, _NAN))
     return integer_columns(pd.DataFrame(data, columns=columns))
 
 
-def _nan(value: Any) -> Any:
-    return np.nan if value is None else value
+_NAN = float("nan")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value))
 
 
 def _cross_row(records: list[dict]) -> list[str]:
-    """`cross_row_messages` from the records' task settings."""
+    """`cross_row_messages` from the records' task settings (only tasks seen in two settings)."""
+    seen: dict[str, set[str]] = {}
+    for record in records:
+        for task, setting in record["tasks"].items():
+            seen.setdefault(task, set()).add(setting)
+    mixed = {task for task, settings in seen.items() if len(settings) > 1}
     rows = [
         dict(model="", revision="", dtype=str(i), task=task, setting=setting)
         for i, record in enumerate(records)
         for task, setting in record["tasks"].items()
+        if task in mixed
     ]
-    if not rows:
-        return []
-    return cross_row_messages(pd.DataFrame(rows))
+    return cross_row_messages(pd.DataFrame(rows)) if rows else []
