@@ -260,6 +260,7 @@ class FolderReader:
     def __init__(self, root: str | Path):
         self.root = Path(root)
         self.shards: dict[str, Shard] = {}
+        self.runs: dict[Path, Any] = {}  # results files parsed this refresh, by path
 
     def shard(self, folder: str) -> Shard:
         """The shard of one run folder (opened once)."""

@@ -271,7 +271,7 @@ def _describe(
             except ValueError as exc:
                 broken[name] = str(exc)
                 continue
-            by_file[path] = run
+            by_file[path] = reader.runs[path] = run
             runs[name] = dict(
                 identity=list(run.identity),
                 ts=run.timestamp,
@@ -460,7 +460,7 @@ class _State:
             geometry += [_path(self.root, folder, name) for name in names]
         runs = []
         for path in sorted(results, key=path_key):
-            run = parse_results_file(path, self.reader)
+            run = self.reader.runs.pop(path, None) or parse_results_file(path, self.reader)
             run.identity = self.identity_of[str(path)]
             runs.append(run)
         by_file = {run.path: run for run in runs}
@@ -528,6 +528,12 @@ class UnitSets:
         return {key: sorted(self.sets[key]) for key in sorted(used)}
 
 
+def _distinct(rows: pd.DataFrame, by: list[str], columns: list[str]) -> list[tuple]:
+    """The identity and ``columns`` of the first row of each distinct (identity, ``by``)."""
+    keep = rows.drop_duplicates([*IDENTITY, *by])
+    return list(keep[[*IDENTITY, *columns]].itertuples(index=False, name=None))
+
+
 class _Rows:
     """Some identities' values, loaded, and the records built from them."""
 
@@ -536,13 +542,14 @@ class _Rows:
         self.runs, self.geometry, self.by_results = runs, geometry, by_results
         self.selected, self.provenance = newest_values(values, paths)
         self.identities = set(self.selected[IDENTITY].itertuples(index=False, name=None))
-        self.groups = {}
-        for identity, rows in self.selected.groupby(IDENTITY, sort=False):
-            primary = rows[(rows["kind"] == "score") & rows["primary_score"].astype(bool)]
-            self.groups[tuple(identity)] = (
-                set(rows["group"].dropna()) - {""},
-                set(primary["task"]),
-            )
+        sel = self.selected
+        self.groups = {i: (set(), set()) for i in self.identities}
+        named = sel[sel["group"].notna() & (sel["group"] != "")]
+        for *identity, group in _distinct(named, ["group"], ["group"]):
+            self.groups[tuple(identity)][0].add(group)
+        primary = sel[(sel["kind"] == "score") & sel["primary_score"].astype(bool)]
+        for *identity, task in _distinct(primary, ["task"], ["task"]):
+            self.groups[tuple(identity)][1].add(task)
         self.long = pd.DataFrame()
 
     def records(self, groups, catalogue, local, context) -> dict[tuple, dict[str, Any]]:
@@ -582,17 +589,28 @@ class _Rows:
                 geo={},
                 geo_sig=None,
             )
-        for (*identity, metric), rows in long.groupby([*IDENTITY, "metric"], sort=False):
+        cell = [*IDENTITY, "metric"]
+        long = long.assign(_row=np.arange(len(long)))
+        ok = long[finite.to_numpy()]
+        first_ok = {
+            (*i, m): (row, key)
+            for *i, m, row, key in _distinct(ok, ["metric"], ["metric", "_row", "_key"])
+        }
+        for *identity, metric, row, key in _distinct(long, ["metric"], ["metric", "_row", "_key"]):
             record = out[tuple(identity)]
-            ok = rows[np.isfinite(rows["value"].astype(float))]
-            first = [self._key(rows["_key"].iloc[0], files, record)]
-            if not len(ok) or ok.index[0] != rows.index[0]:
-                first.append(self._key(ok["_key"].iloc[0], files, record) if len(ok) else None)
+            first = [self._key(key, files, record)]
+            found = first_ok.get((*identity, metric))
+            if found is None or found[0] != row:  # the metric's first value is not finite
+                first.append(None if found is None else self._key(found[1], files, record))
             record["first"][metric] = first
-            if len(ok):
-                record["units"][metric] = self.sets.key(set(ok["unit"]))
-                if ok["k_used"].notna().any():
-                    record["k"].append(metric)
+        units: dict[tuple, set[str]] = {}
+        for *identity, metric, unit in _distinct(ok, ["metric", "unit"], ["metric", "unit"]):
+            units.setdefault((*identity, metric), set()).add(unit)
+        for (*identity, metric), found in units.items():
+            out[tuple(identity)]["units"][metric] = self.sets.key(found)
+        with_k = ok[ok["k_used"].notna()].drop_duplicates(cell)
+        for *identity, metric in with_k[cell].itertuples(index=False, name=None):
+            out[tuple(identity)]["k"].append(metric)
         tasks = sel.drop_duplicates([*IDENTITY, "task"])
         for identity, task, setting in zip(
             tasks[IDENTITY].itertuples(index=False, name=None),
