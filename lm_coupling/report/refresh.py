@@ -171,15 +171,19 @@ def refresh(results_dir: str | Path) -> tuple[Path, RefreshStats]:
                 "digest": digest
             }
     state = _State(root, reader, folders, catalogues, UnitSets(summary.get("unitsets")))
-    records = summary.get("records") if isinstance(summary.get("records"), dict) else {}
+    stored = summary.get("records") if isinstance(summary.get("records"), dict) else {}
+    packer = Packer(summary.get("shared"))
+    records: dict[str, dict[str, Any]] = {}
     try:
         if not state.runs or state.ghosts:
             raise _WholeTable
         try:
+            records = {key: packer.unpack(record) for key, record in stored.items()}
             board, messages = state.table(records, stats)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError):
-            if not records:
+            if not stored:
                 raise
+            records = {}
             board, messages = state.table({}, stats)  # records of another form: rebuilt
     except _WholeTable:
         used = {key: catalogues[key] for key in state.catalogue_keys if key in catalogues}
@@ -191,11 +195,16 @@ def refresh(results_dir: str | Path) -> tuple[Path, RefreshStats]:
     if set(before) - set(folders):
         remove_shards(root, set(folders))
     used = {key: catalogues[key] for key in state.catalogue_keys if key in catalogues}
+    packed = {
+        key: stored[key] if records.get(key) is record else packer.pack(record)
+        for key, record in state.records.items()
+    }
     new = {
         "folders": folders,
         "catalogues": used,
         "unitsets": state.sets.to_store(state.records),
-        "records": state.records,
+        "shared": packer.to_store(packed),
+        "records": packed,
     }
     if new != summary:
         write_checked(index_dir(root) / SUMMARY_NAME, new)
@@ -532,6 +541,64 @@ def _distinct(rows: pd.DataFrame, by: list[str], columns: list[str]) -> list[tup
     """The identity and ``columns`` of the first row of each distinct (identity, ``by``)."""
     keep = rows.drop_duplicates([*IDENTITY, *by])
     return list(keep[[*IDENTITY, *columns]].itertuples(index=False, name=None))
+
+
+class Packer:
+    """Records as the summary stores them: what rows share, stored once (by digest).
+
+    A record's task groups, task settings, unit sets and the like, its cells'
+    column names and its long texts (the settings column) are the same on
+    most rows of a campaign: each is stored once in the summary's ``shared``
+    table and named by its digest in the records.
+    """
+
+    FIELDS = ("A", "B", "tasks", "units", "k", "filled", "conflicts")
+    LONG = 24
+
+    def __init__(self, stored: Any):
+        self.shared: dict[str, Any] = stored if isinstance(stored, dict) else {}
+
+    def _ref(self, value: Any) -> str:
+        key = _digest(value)
+        self.shared.setdefault(key, value)
+        return key
+
+    def pack(self, record: dict[str, Any]) -> dict[str, Any]:
+        """A record as stored."""
+        out = dict(record)
+        for name in self.FIELDS:
+            out[name] = self._ref(record[name])
+        for part in ("base", "geo"):
+            cells = record[part]
+            values = [
+                {"@": self._ref(v)} if isinstance(v, str) and len(v) > self.LONG else v
+                for v in cells.values()
+            ]
+            out[part] = [self._ref(list(cells)), values]
+        return out
+
+    def unpack(self, stored: dict[str, Any]) -> dict[str, Any]:
+        """A stored record as the refresh reads it (KeyError: a name the summary lacks)."""
+        shared = self.shared
+        out = dict(stored)
+        for name in self.FIELDS:
+            out[name] = shared[stored[name]]
+        for part in ("base", "geo"):
+            names, values = stored[part]
+            values = [shared[v["@"]] if isinstance(v, dict) and "@" in v else v for v in values]
+            out[part] = dict(zip(shared[names], values, strict=True))
+        return out
+
+    def to_store(self, packed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The shared values the stored records name."""
+        used = set()
+        for record in packed.values():
+            used.update(record[name] for name in self.FIELDS)
+            for part in ("base", "geo"):
+                names, values = record[part]
+                used.add(names)
+                used.update(v["@"] for v in values if isinstance(v, dict) and "@" in v)
+        return {key: self.shared[key] for key in sorted(used)}
 
 
 class _Rows:
