@@ -148,7 +148,8 @@ def test_damaged_or_stale_index_is_rebuilt_not_trusted(real_runs, tmp_path):
     # Valid JSON, one cell changed: the checksum no longer matches.
     data = json.loads(body)
     record = next(iter(data["records"].values()))
-    record["base"]["n_layers"] = 1000.0
+    names, values = record["base"]
+    values[data["shared"][names].index("n_layers")] = 1000.0
     summary.write_text(header + "\n" + json.dumps(data, separators=(",", ":")))
     assert _refreshed(root).rows_built == n_rows
     assert 1000 not in set(pd.read_csv(root / "leaderboard.csv")["n_layers"])
