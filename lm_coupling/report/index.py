@@ -122,13 +122,14 @@ def scan_folder(root: Path) -> dict[str, list[tuple[str, int, int]]]:
                     continue
             except OSError:
                 continue
-            if file_kind(entry.name) is None:
+            name = entry.name  # `file_kind`, inline: this loop sees every file of the folder
+            if not name.endswith(".json") or not name.startswith(("results_", "geometry_")):
                 continue
             try:
                 stat = entry.stat()
             except OSError:
                 continue
-            files.append((entry.name, stat.st_mtime_ns, stat.st_size))
+            files.append((name, stat.st_mtime_ns, stat.st_size))
         if files:
             found[folder[base:] or "."] = sorted(files)
     return found

@@ -35,7 +35,8 @@ depend on. A refresh:
    now in force is rebuilt too (a rerun that adds a task to one model can
    change every row's mean: that refresh reads those rows' folders);
 4. assembles the table from the records (sorted rows, integer columns as
-   `integer_columns` makes them) and writes it.
+   `integer_columns` makes them) and writes it as pandas writes it
+   (`_write_csv`).
 
 What a refresh reads is the summary, the changed folders' shards and files,
 and nothing per unchanged run; what it computes per unchanged row is a
@@ -51,6 +52,7 @@ does, and keep no records.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import math
@@ -80,11 +82,11 @@ from lm_coupling.report.index import (
     write_checked,
 )
 from lm_coupling.report.leaderboard import (
+    INTEGER_COLUMNS,
     _first_filter,
     benchmark_scores,
     build_leaderboard,
     geometry_rows,
-    integer_columns,
     row_columns,
     settings_messages,
     warn_settings,
@@ -189,7 +191,7 @@ def refresh(results_dir: str | Path) -> tuple[Path, RefreshStats]:
         used = {key: catalogues[key] for key in state.catalogue_keys if key in catalogues}
         return _full(root, reader, {"folders": folders, "catalogues": used}, stats), stats
     path = root / "leaderboard.csv"
-    board.to_csv(path, index=False)
+    _write_csv(path, *board)
     warn_settings(messages)
     reader.save()
     if set(before) - set(folders):
@@ -361,6 +363,8 @@ class _State:
                 warnings.warn(f"lm-coupling report skipped {path}: {why}", ReportWarning, 4)
 
     def _runs(self, catalogues: dict) -> list[SimpleNamespace]:
+        """Every run as the summary describes it (``path``: the file's path as text)."""
+        base = str(self.root)
         made: dict[str, Catalogue] = {}
         runs = []
         for folder, info in self.folders.items():
@@ -372,7 +376,7 @@ class _State:
                 sig = run["sig"]
                 runs.append(
                     SimpleNamespace(
-                        path=_path(self.root, folder, name),
+                        path=f"{base}/{name}" if folder == "." else f"{base}/{folder}/{name}",
                         folder=folder,
                         identity=tuple(run["identity"]),
                         timestamp=run["ts"],
@@ -384,8 +388,10 @@ class _State:
         return sorted(runs, key=lambda run: path_key(run.path))
 
     # -- the table ------------------------------------------------------------------
-    def table(self, stored: dict, stats: RefreshStats) -> tuple[pd.DataFrame, list[str]]:
-        """The leaderboard and its settings messages (see the module docstring)."""
+    def table(
+        self, stored: dict, stats: RefreshStats
+    ) -> tuple[tuple[list[str], dict[str, list]], list[str]]:
+        """The leaderboard (columns, cells by column) and its settings messages."""
         identities = sorted(i for i in self.folders_of)
         local = {i: self._local(i) for i in identities}
         valid = {
@@ -438,10 +444,10 @@ class _State:
         messages += _cross_row([records[i] for i in identities])
         return board, messages
 
-    def _local(self, identity: tuple) -> str:
+    def _local(self, identity: tuple) -> list:
         """What a row is built from, by itself: its name and its run folders' digests."""
         folders = sorted(self.folders_of[identity])
-        return _digest([list(identity), [[f, self.folders[f]["digest"]] for f in folders]])
+        return [list(identity), [[f, self.folders[f]["digest"]] for f in folders]]
 
     def _closure(self, identities: set[tuple]) -> set[tuple]:
         """The identities sharing run folders with ``identities`` (built together)."""
@@ -785,7 +791,9 @@ def _geometry_order(records: list[dict]) -> list[str]:
     return finite + rest
 
 
-def _assemble(records: list[dict], with_k: set[str], sets: UnitSets) -> pd.DataFrame:
+def _assemble(
+    records: list[dict], with_k: set[str], sets: UnitSets
+) -> tuple[list[str], dict[str, list]]:
     """The leaderboard from its rows' records (columns in the full build's order)."""
     present = set().union(*(r["filled"] for r in records))
     bench = [b.column for b in BENCHMARKS if b.column in present]
@@ -808,7 +816,48 @@ def _assemble(records: list[dict], with_k: set[str], sets: UnitSets) -> pd.DataF
                 cells[column] = ";".join(sorted(sets.get(cell["units"])))
         for column, values in data.items():
             values.append(cells.get(column, _NAN))
-    return integer_columns(pd.DataFrame(data, columns=columns))
+    return columns, data
+
+
+def _write_csv(path: Path, columns: list[str], data: dict[str, list]) -> None:
+    """The table as `pandas.DataFrame.to_csv` writes it after `integer_columns`.
+
+    A count column (`INTEGER_COLUMNS`, ``<metric>__n``) whose values are all
+    whole numbers is written as integers; a float as its shortest repr (what
+    pandas writes for float64); a missing value as nothing; quoting as the
+    csv module's minimal quoting (pandas writes through it). The tests compare
+    the bytes with pandas' own.
+    """
+    texts = []
+    for column in columns:
+        values = data[column]
+        if column in INTEGER_COLUMNS or column.endswith("__n"):
+            numbers = [_number(v) for v in values]
+            found = [v for v in numbers if not math.isnan(v)]
+            if all(math.isfinite(v) and v % 1 == 0 for v in found):
+                texts.append(["" if math.isnan(v) else str(round(v)) for v in numbers])
+                continue
+            values = numbers
+        texts.append(
+            [
+                v if type(v) is str else ("" if v != v else repr(v)) if type(v) is float else str(v)
+                for v in values
+            ]
+        )
+    with open(path, "w", newline="", encoding="utf-8") as out:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(zip(*texts, strict=True))
+
+
+def _number(value: Any) -> float:
+    """`pandas.to_numeric` with ``errors="coerce"`` of one cell."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        try:
+            return float(value) if isinstance(value, str) and value.strip() else _NAN
+        except ValueError:
+            return _NAN
+    return float(value)
 
 
 _NAN = float("nan")
