@@ -172,13 +172,19 @@ def refresh(results_dir: str | Path) -> tuple[Path, RefreshStats]:
             folders[folder] = _describe(root, folder, files, reader, catalogues) | {
                 "digest": digest
             }
-    state = _State(root, reader, folders, catalogues, UnitSets(summary.get("unitsets")))
+    with warnings.catch_warnings(record=True) as said:  # said below, unless built whole
+        warnings.simplefilter("always")
+        state = _State(root, reader, folders, catalogues, UnitSets(summary.get("unitsets")))
     stored = summary.get("records") if isinstance(summary.get("records"), dict) else {}
     packer = Packer(summary.get("shared"))
     records: dict[str, dict[str, Any]] = {}
     try:
         if not state.runs or state.ghosts:
-            raise _WholeTable
+            raise _WholeTable  # the loader says what it says while building the whole table
+        for warning in said:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
         try:
             records = {key: packer.unpack(record) for key, record in stored.items()}
             board, messages = state.table(records, stats)

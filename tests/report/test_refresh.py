@@ -302,3 +302,26 @@ def test_mixed_task_sets_nan_metrics_and_column_order_match_the_full_build(
     assert board[here].isna().sum() == 1
     tasks = board[next(c for c in board.columns if c.endswith("__tasks"))].fillna("")
     assert set(tasks) == {f"{TASK};{EXTRA_TASK}", TASK, EXTRA_TASK}  # each its own units
+
+
+def test_geometry_files_without_their_results_file(real_runs, tmp_path):
+    root = make_results_dir(tmp_path / "results", real_runs, n_models=4)
+    assert not _refreshed(root).full
+    # A newer geometry file of a model that has results (its run's results file lost):
+    # it is that model's newest geometry for the task, and the row is built with it.
+    folder = sorted(p for p in root.iterdir() if p.is_dir() and p.name != INDEX_DIR)[0]
+    source = next(folder.glob(f"geometry_{TASK}_*.json"))
+    data = json.loads(source.read_text())
+    data["n_documents"] = 5
+    (folder / f"geometry_{TASK}_2026-01-01T00-00-00.000000.json").write_text(json.dumps(data))
+    attached = _refreshed(root)
+    assert not attached.full and attached.rows_built == 1
+    # One of a model with no results in the folder: the whole table is built.
+    ghost = root / "ghost__main"
+    ghost.mkdir()
+    data["model"] = dict(data["model"], name="/nowhere/ghost")
+    (ghost / f"geometry_{TASK}_2026-01-02T00-00-00.000000.json").write_text(json.dumps(data))
+    assert _refreshed(root).full
+    shutil.rmtree(ghost)
+    again = _refreshed(root)
+    assert not again.full and again.rows_built == 4  # the records were not kept
