@@ -125,17 +125,6 @@ def _unit_values(rows: pd.DataFrame) -> pd.DataFrame:
     return pooled[[*keys, "value", "n"]]
 
 
-def _per_model(units: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """Each model's mean of its units' values and sum of their documents (`group_sums`)."""
-    sums = group_sums(units, IDENTITY, ["value", "n"]).set_index(IDENTITY)
-    return sums["value"] / sums["_size"], sums["n"]
-
-
-def _k_used(rows: pd.DataFrame) -> str:
-    ks = sorted({int(k) for k in rows["k_used"].dropna()})
-    return ";".join(str(k) for k in ks)
-
-
 def geometry_table(
     long: pd.DataFrame,
     common: dict[str, set[str]] | None = None,
@@ -163,36 +152,66 @@ def geometry_table(
     every_metric = list(dict.fromkeys(long["metric"]))
     every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None
     long = long[np.isfinite(long["value"].astype(float))]
+    units = _unit_values(long)  # every metric at once: one pass, not one per metric
+    keys = list(units[[*IDENTITY, "metric", "unit"]].itertuples(index=False, name=None))
+    of_model: dict[str, dict[tuple, set[str]]] = {}
+    for *identity, metric, unit in keys:
+        of_model.setdefault(metric, {}).setdefault(tuple(identity), set()).add(unit)
     sets = TaskSets()
-    columns: dict[str, pd.Series] = {}
-    for metric, rows in long.groupby("metric", sort=False):
-        units = _unit_values(rows)
-        every = set(units["unit"])
+    shared: dict[str, set[str]] = {}
+    for metric, models in of_model.items():
+        every = set().union(*models.values())
         if common is None:
-            per_model = units.groupby(IDENTITY)["unit"].apply(set)
-            shared = set.intersection(*per_model) if len(per_model) else set()
+            shared[metric] = set.intersection(*models.values())
         else:
-            shared = set(common.get(metric, set()))
-        if shared:
-            units = units[units["unit"].isin(shared)]
-            sets.used[metric] = ";".join(sorted(shared))
-            if every - shared:
-                sets.dropped[metric] = sorted(every - shared)
+            shared[metric] = set(common.get(metric, set()))
+        if shared[metric]:
+            sets.used[metric] = ";".join(sorted(shared[metric]))
+            if every - shared[metric]:
+                sets.dropped[metric] = sorted(every - shared[metric])
         else:
             sets.mixed.append(metric)
             sets.used[metric] = ""
-        grouped = units.groupby(IDENTITY)
-        mean, documents = _per_model(units)
-        columns[metric] = mean
-        columns[f"{metric}__tasks"] = grouped["unit"].apply(lambda u: ";".join(sorted(u)))
-        columns[f"{metric}__n"] = documents
-        k = rows["k_used"].notna().any() if with_k is None else metric in with_k
-        if k:
-            used = rows[rows["unit"].isin(shared)] if shared else rows
-            columns[f"{metric}__k_used"] = used.groupby(IDENTITY)[["k_used"]].apply(_k_used)
+    kept = [not shared[m] or u in shared[m] for *_, m, u in keys]
+    units = units[np.asarray(kept, dtype=bool)]
+    per_model = group_sums(units, [*IDENTITY, "metric"], ["value", "n"])
+    tasks: dict[tuple, list[str]] = {}
+    for *identity, metric, unit in units[[*IDENTITY, "metric", "unit"]].itertuples(
+        index=False, name=None
+    ):
+        tasks.setdefault((*identity, metric), []).append(unit)
+    cells: dict[str, dict[str, dict[tuple, Any]]] = {}
+    for *identity, metric, total, n, size in per_model.itertuples(index=False, name=None):
+        found = cells.setdefault(metric, {"": {}, "__tasks": {}, "__n": {}})
+        identity = tuple(identity)
+        found[""][identity] = total / size
+        found["__tasks"][identity] = ";".join(sorted(tasks[(*identity, metric)]))
+        found["__n"][identity] = n
+    has_k = set(long.loc[long["k_used"].notna(), "metric"]) if with_k is None else with_k
+    k_used: dict[str, dict[tuple, set[int]]] = {}
+    for *identity, metric, unit, k in long[[*IDENTITY, "metric", "unit", "k_used"]].itertuples(
+        index=False, name=None
+    ):
+        if metric in has_k and (not shared[metric] or unit in shared[metric]):
+            ks = k_used.setdefault(metric, {}).setdefault(tuple(identity), set())
+            if k == k:  # not NaN
+                ks.add(int(k))
+    columns: dict[str, pd.Series] = {}
+    for metric in of_model:  # in order of each metric's first finite value
+        for suffix, values in cells[metric].items():
+            columns[f"{metric}{suffix}"] = _by_model(values, float if suffix != "__tasks" else None)
+        if metric in has_k:
+            found = {i: ";".join(str(k) for k in sorted(ks)) for i, ks in k_used[metric].items()}
+            columns[f"{metric}__k_used"] = _by_model(found, None)
     for metric in every_metric:  # measured, but NaN on every model: keep the column
         if metric not in columns:
             columns[metric] = pd.Series(np.nan, index=every_id, dtype=float)
             sets.used[metric] = ""
     wide = pd.DataFrame(columns, index=every_id)
     return wide, sets
+
+
+def _by_model(values: dict[tuple, Any], dtype: type | None) -> pd.Series:
+    """A column indexed by identity."""
+    index = pd.MultiIndex.from_tuples(list(values), names=IDENTITY)
+    return pd.Series(list(values.values()), index=index, dtype=dtype)
