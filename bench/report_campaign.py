@@ -14,7 +14,9 @@ geometry file per task. Then it times:
 * the leaderboard refresh that follows every run (`refresh_leaderboard`) on a
   folder of ``--models`` rows, first with an empty index, then after one more run
   (what the next run of a campaign pays); ``--refresh-sizes 10,50,100`` times
-  only the refresh, on folders of each size (is it independent of the size?).
+  only the refresh, on folders of each size (is it independent of the size?):
+  the median CPU seconds of ``--repeats`` refreshes after one more run, and
+  the bytes of the index read by every refresh, in one table.
 
 A ``--keep`` folder is reused: its real run (``real/runs``) is not run again.
 
@@ -32,6 +34,7 @@ import copy
 import inspect
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -102,22 +105,60 @@ def real_runs(work: Path) -> list[Path]:
     return found or mr.run_lm_eval(work / "real")
 
 
-def refresh_sizes(work: Path, sizes: list[int], n_tasks: int) -> None:
-    """Time the refresh after one more run on folders of each size (index warm)."""
-    from lm_coupling.harness.outputs import refresh_leaderboard
+def refresh_sizes(work: Path, sizes: list[int], n_tasks: int, repeats: int = 3) -> None:
+    """Time the refresh after one more run on folders of each size (index warm).
 
-    template = real_runs(work)[0]
+    Each size: the first refresh (cold index), one with nothing changed, then
+    ``repeats`` times one more run added, refreshed and taken away again
+    (median CPU seconds printed), and what the refresh read
+    (`lm_coupling.report.refresh.RefreshStats`, where the code has it).
+    """
+    refresh = refresh_call()
+    rows = []
     for size in sizes:
         folder = work / f"refresh_{size}"
         if not folder.exists():
-            write_campaign(folder, template, size, n_tasks)
-        timed(f"{size} models: refresh, first", lambda f=folder: refresh_leaderboard(f))
-        timed(f"{size} models: refresh, nothing changed", lambda f=folder: refresh_leaderboard(f))
-        one_more(folder, lambda f=folder: refresh_leaderboard(f), f"{size} models: ")
+            write_campaign(folder, real_runs(work)[0], size, n_tasks)
+        timed(f"{size} models: refresh, first", lambda f=folder: refresh(f))
+        timed(f"{size} models: refresh, nothing changed", lambda f=folder: refresh(f))
+        cpu = [one_more(folder, lambda f=folder: refresh(f), f"{size} models: ")
+               for _ in range(repeats)]  # fmt: skip
+        rows.append((size, statistics.median(cpu), index_bytes(folder)))
+    print("models | refresh after one more run, median CPU s | index bytes read per refresh")
+    for size, cpu, size_bytes in rows:
+        print(f"{size:6d} | {cpu:.3f} | {size_bytes}")
 
 
-def one_more(folder: Path, refresh, prefix: str = "") -> None:
-    """Add one more run to ``folder``, time ``refresh``, take the run away again."""
+def refresh_call():
+    """The refresh: `refresh` (prints what it read) where the code has it, else the run's."""
+    try:
+        from lm_coupling.report.refresh import refresh
+    except ImportError:  # before the per-row records
+        from lm_coupling.harness.outputs import refresh_leaderboard
+
+        return refresh_leaderboard
+
+    def call(folder: Path) -> None:
+        _, stats = refresh(folder)
+        print(
+            f"    rows built {stats.rows_built}, run folders read {stats.folders_read}, "
+            f"files parsed {stats.parsed}",
+            flush=True,
+        )
+
+    return call
+
+
+def index_bytes(folder: Path) -> int:
+    """Bytes of the index a refresh with nothing changed reads (the summary, or the index)."""
+    for name in (".lm_coupling_index/summary.json", ".lm_coupling_index.json"):
+        if (folder / name).is_file():
+            return (folder / name).stat().st_size
+    return 0
+
+
+def one_more(folder: Path, refresh, prefix: str = "") -> float:
+    """Add one more run to ``folder``, time ``refresh``, take the run away again (CPU s)."""
     source = next(iter(sorted(folder.glob("m*__main"))))
     stamp_file = next(source.glob("results_*.json"))
     copy_dir = folder / "m999__main"
@@ -127,19 +168,21 @@ def one_more(folder: Path, refresh, prefix: str = "") -> None:
     results = json.loads(stamp_file.read_text())
     results["config"]["model_args"]["pretrained"] += "-next"
     (copy_dir / stamp_file.name).write_text(json.dumps(results))
-    timed(prefix + "leaderboard refresh after one more run", refresh)
+    cpu = timed(prefix + "leaderboard refresh after one more run", refresh)
     shutil.rmtree(copy_dir)
+    refresh(folder)  # the folder as it was (not timed)
+    return cpu
 
 
 def timed(label: str, call) -> float:
-    """Run ``call`` once with its warnings silenced; print its wall and CPU seconds."""
+    """Run ``call`` once with its warnings silenced; print its wall and CPU seconds (CPU back)."""
     start, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         call()
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     print(f"  {label}: wall {seconds:.2f} s, CPU {cpu:.2f} s", flush=True)
-    return seconds
+    return cpu
 
 
 def main(argv=None) -> None:
@@ -155,6 +198,9 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--refresh-sizes", default="", help="comma list of folder sizes: time only the refresh"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="one-more-run refreshes per size (median)"
+    )
     args = parser.parse_args(argv)
     from lm_coupling.harness.outputs import refresh_leaderboard
     from lm_coupling.report.build import build_report
@@ -163,7 +209,7 @@ def main(argv=None) -> None:
     print(machine_line("cpu"))
     if args.refresh_sizes:
         sizes = [int(n) for n in args.refresh_sizes.split(",")]
-        refresh_sizes(work, sizes, args.tasks)
+        refresh_sizes(work, sizes, args.tasks, args.repeats)
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
         return

@@ -16,14 +16,14 @@ from lm_coupling.report.benchmarks import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from lm_coupling.report.build import ReportResult, build_report
-    from lm_coupling.report.leaderboard import write_leaderboard
     from lm_coupling.report.loading import ReportInputError, ReportWarning, SettingsWarning
+    from lm_coupling.report.refresh import write_leaderboard
 
 _HOMES = {
     "ReportInputError": "lm_coupling.report.loading",
     "ReportWarning": "lm_coupling.report.loading",
     "SettingsWarning": "lm_coupling.report.loading",
-    "write_leaderboard": "lm_coupling.report.leaderboard",
+    "write_leaderboard": "lm_coupling.report.refresh",
     "build_report": "lm_coupling.report.build",
     "ReportResult": "lm_coupling.report.build",
 }

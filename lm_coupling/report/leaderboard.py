@@ -29,7 +29,6 @@ Columns of ``leaderboard.csv`` (schema `SCHEMA_VERSION`, see
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from pathlib import Path
@@ -47,16 +46,13 @@ from lm_coupling.report.benchmarks import (
     parse_step,
 )
 from lm_coupling.report.boundary import boundary_depth, boundary_profile
-from lm_coupling.report.index import FolderIndex
 from lm_coupling.report.loading import (
     IDENTITY,
     ReportInputError,
     RunFile,
     SettingsWarning,
-    load_results,
 )
-from lm_coupling.report.newest import newest_values, setting_conflicts
-from lm_coupling.report.row_cache import RowCache, file_stamps, row_keys
+from lm_coupling.report.newest import setting_conflicts
 from lm_coupling.report.row_settings import (
     ROW_SETTING_COLUMNS,
     cross_row_messages,
@@ -193,14 +189,15 @@ def task_score_column(task: str, metric: str, filt: str) -> str:
     return f"{SCORE_PREFIX}{task}:{metric}{suffix}"
 
 
-def task_scores(selected: pd.DataFrame) -> pd.DataFrame:
+def task_scores(selected: pd.DataFrame, groups: set[str] | None = None) -> pd.DataFrame:
     """Primary scores of the tasks outside the Open LLM v1 columns, one column each.
 
     These are the tasks that are not leaderboard benchmarks, and benchmark
     tasks run with other shots than the Open LLM v1 setting (GSM8K 2-shot);
-    a benchmark's filters are taken in `Benchmark.filters` order.
+    a benchmark's filters are taken in `Benchmark.filters` order. ``groups``:
+    the scored groups of the whole table (default: `scored_groups` of ``selected``).
     """
-    groups = scored_groups(selected)
+    groups = scored_groups(selected) if groups is None else groups
     rows = selected[(selected["kind"] == "score") & selected["primary_score"].astype(bool)]
     keep = [
         not in_open_llm_setting(task, shots) and task_unit(task, group, groups) == task
@@ -294,109 +291,28 @@ def geometry_rows(
     geometry: list[dict[str, Any]],
     by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
     catalogue: Catalogue | None = None,
-    cache: RowCache | None = None,
+    groups: set[str] | None = None,
 ) -> pd.DataFrame:
     """One row per (identity, task, metric): value, unit, documents measured, K used.
 
     A value's geometry file is the one written beside its own results file
     (``by_results``), else the newest for its model and task. The
     thought/fixation boundary is read from the catalogue's boundary
-    profiles (default catalogue: the installed plugins'). With ``cache``
-    (`lm_coupling.report.row_cache`), only the identities whose values or
-    geometry files changed are built; the rows are the same, in the same order.
+    profiles (default catalogue: the installed plugins'). ``groups``: the
+    scored groups of the whole table (default: `scored_groups` of ``selected``;
+    the refresh builds a few rows at a time, `lm_coupling.report.refresh`).
+    The value rows come first, in ``selected``'s order, then the boundary rows.
     """
     catalogue = catalogue if catalogue is not None else Catalogue.installed()
     geo = _first_filter(selected[selected["kind"] == "geometry"], None)
     lookup = _geometry_lookup(geometry)
     by_results = by_results or {}
-    groups = scored_groups(selected)
+    groups = scored_groups(selected) if groups is None else groups
     keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
     group_of = dict(zip(keys, selected["group"], strict=True))
-    known = set(selected[IDENTITY].drop_duplicates().itertuples(index=False, name=None))
-    if cache is None or any(tuple(doc["identity"]) not in known for doc in geometry):
-        # Without a cache, or with a geometry file whose model has no values: built whole.
-        rows = _value_records(geo, lookup, by_results, groups, catalogue)
-        rows += _boundary_records(geometry, group_of, groups, catalogue)
-        return _geometry_frame(rows)
-    return _cached_geometry_rows(
-        selected, geo, geometry, lookup, by_results, groups, group_of, catalogue, cache
-    )
-
-
-def _cached_geometry_rows(
-    selected: pd.DataFrame,
-    geo: pd.DataFrame,
-    geometry: list[dict[str, Any]],
-    lookup: dict[tuple, dict[str, Any]],
-    by_results: dict[tuple[str, str], dict[str, Any]],
-    groups: set[str],
-    group_of: dict[tuple, str],
-    catalogue: Catalogue,
-    cache: RowCache,
-) -> pd.DataFrame:
-    """`geometry_rows` through the row cache: rows built per identity, then put in order.
-
-    A row's fingerprint adds, to its values' (`row_keys`), the stamps of the
-    geometry files of its identity; the catalogue's sampled metrics and
-    boundary profiles name the cache section.
-    """
-    docs: dict[str, dict[str, Any]] = {doc["path"]: doc for doc in geometry}
-    docs.update({doc["path"]: doc for doc in by_results.values()})
-    stamps = file_stamps(pd.Series(sorted(docs), dtype=object))
-    of_identity: dict[tuple, list[str]] = {}
-    for path, stamp in zip(sorted(docs), stamps, strict=True):
-        of_identity.setdefault(tuple(docs[path]["identity"]), []).append(f"{path}={stamp}")
-    keys = row_keys(selected, groups, IDENTITY)
-    extra = ["|".join(of_identity.get(tuple(i), [])) for i in keys.index]
-    keys = keys + "." + pd.Series(extra, index=keys.index, dtype=str).map(_digest)
-    salt = _digest(repr((sorted(catalogue.sampled_metrics()), catalogue.boundary_profiles())))
-
-    def build(wanted: pd.MultiIndex) -> dict[tuple, dict[str, Any]]:
-        mine = set(wanted.tolist())
-        part = geo[pd.MultiIndex.from_frame(geo[IDENTITY]).isin(wanted)]
-        values = _value_records(part, lookup, by_results, groups, catalogue)
-        docs_of = [doc for doc in geometry if tuple(doc["identity"]) in mine]
-        bounds = _boundary_records(docs_of, group_of, groups, catalogue)
-        out: dict[tuple, dict[str, Any]] = {i: {"values": [], "boundary": []} for i in mine}
-        for name, rows in (("values", values), ("boundary", bounds)):
-            for row in rows:
-                identity = tuple(row[k] for k in IDENTITY)
-                out[identity][name].append([row[c] for c in GEOMETRY_ROW_COLUMNS[3:]])
-        return out
-
-    stored = cache.rows(f"geometry_rows.{salt}", keys, build)
-    frames = []
-    for name, order in (
-        ("values", geo[[*IDENTITY, "task", "metric"]]),
-        ("boundary", _boundary_order(geometry, catalogue)),
-    ):
-        rows = [
-            [*identity, *row]
-            for identity, record in zip(keys.index, stored, strict=True)
-            for row in record[name]
-        ]
-        frame = pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS).astype(
-            {c: str for c in [*IDENTITY, "task", "metric"]}
-        )
-        order = order.astype(str).reset_index(drop=True)
-        frames.append(order.merge(frame, on=list(order.columns), how="left", validate="1:1"))
-    out = pd.concat(frames, ignore_index=True)[GEOMETRY_ROW_COLUMNS]
-    return out.astype({"value": float, "n": float})
-
-
-def _boundary_order(geometry: list[dict[str, Any]], catalogue: Catalogue) -> pd.DataFrame:
-    """(identity, task, metric) of the boundary rows, in `_boundary_records`' order."""
-    names = catalogue.boundary_profiles()
-    rows = [
-        (*doc["identity"], str(doc.get("task", "")), BOUNDARY_COLUMN)
-        for doc in geometry
-        if boundary_profile(doc.get("profiles") or {}, names) is not None
-    ]
-    return pd.DataFrame(rows, columns=[*IDENTITY, "task", "metric"])
-
-
-def _digest(text: str) -> str:
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    rows = _value_records(geo, lookup, by_results, groups, catalogue)
+    rows += _boundary_records(geometry, group_of, groups, catalogue)
+    return _geometry_frame(rows)
 
 
 def build_leaderboard(
@@ -407,7 +323,6 @@ def build_leaderboard(
     by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
     runs: list[RunFile] | None = None,
     catalogue: Catalogue | None = None,
-    cache: RowCache | None = None,
 ) -> tuple[pd.DataFrame, TaskSets]:
     """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
 
@@ -419,8 +334,33 @@ def build_leaderboard(
         by_results: every geometry file by (results file, task) (`LoadedResults.by_results`).
         runs: the parsed results files, for the settings columns (`row_settings`).
         catalogue: the runs' catalogue (`LoadedResults.catalogue`).
-        cache: rows built by earlier refreshes (`lm_coupling.report.row_cache`); the
-            table is the same with or without it.
+    """
+    rows = geometry_rows(selected, geometry, by_results, catalogue)
+    wide, sets = geometry_table(rows)
+    board = row_columns(selected, shapes, scores, runs or [])
+    if len(wide.columns):  # the geometry columns go before the settings columns
+        head = board.drop(columns=ROW_SETTING_COLUMNS)
+        head = head.merge(wide.reset_index(), on=IDENTITY, how="left")
+        board = head.join(board[ROW_SETTING_COLUMNS])
+    board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
+    return integer_columns(board), sets
+
+
+def row_columns(
+    selected: pd.DataFrame,
+    shapes: pd.DataFrame,
+    scores: pd.DataFrame,
+    runs: list[RunFile],
+    groups: set[str] | None = None,
+) -> pd.DataFrame:
+    """The leaderboard's columns other than geometry, one row per identity of ``selected``.
+
+    Identity, step, shape, the benchmarks present, ``n_benchmarks``,
+    ``average``, the ``score:`` columns and the settings columns
+    (`row_settings`), in that order, in ``selected``'s identity order, counts
+    not yet made integers (`integer_columns`). Every value of a row comes from
+    the row's own values; ``groups`` (the scored groups of the whole table,
+    default: `scored_groups` of ``selected``) is the one input from other rows.
     """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
@@ -435,17 +375,11 @@ def build_leaderboard(
     complete = board["n_benchmarks"] == len(BENCHMARKS)
     average = board[bench_cols].mean(axis=1) if bench_cols else pd.Series(np.nan, board.index)
     board[AVERAGE] = average.where(complete)
-    extra = task_scores(selected)
+    extra = task_scores(selected, groups)
     if len(extra.columns):
         board = board.merge(extra.reset_index(), on=IDENTITY, how="left")
-    rows = geometry_rows(selected, geometry, by_results, catalogue, cache)
-    wide, sets = geometry_table(rows)
-    if len(wide.columns):
-        board = board.merge(wide.reset_index(), on=IDENTITY, how="left")
-    settings = row_settings(selected, runs or [], cache)
-    board = board.merge(settings.reset_index(), on=IDENTITY, how="left")
-    board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
-    return integer_columns(board), sets
+    settings = row_settings(selected, runs, groups)
+    return board.merge(settings.reset_index(), on=IDENTITY, how="left")
 
 
 def whole_numbers(values: pd.Series) -> bool:
@@ -549,36 +483,6 @@ def primary_target(board: pd.DataFrame, targets: list[str]) -> str | None:
     if AVERAGE in present:
         return AVERAGE
     return max(present, key=lambda t: int(board[t].notna().sum()), default=None)
-
-
-def write_leaderboard(results_dir: str | Path, index: FolderIndex | None = None) -> Path:
-    """Rebuild ``results_dir/leaderboard.csv`` from every run in the folder.
-
-    The same table as the report's ``leaderboard.csv``, without the
-    statistics and figures: the run command refreshes it after every run.
-    Files unchanged since the last refresh are answered from the folder's
-    index (`lm_coupling.report.index`), so a campaign's hundredth refresh
-    parses only its own run's files, and the rows built before are answered
-    from it too (`lm_coupling.report.row_cache`): only the new run's row is built.
-    """
-    index = index if index is not None else FolderIndex(results_dir)
-    loaded = load_results(results_dir, index=index)
-    selected, provenance = newest_values(loaded.values, loaded.paths)
-    board, _ = build_leaderboard(
-        selected,
-        loaded.shapes,
-        benchmark_scores(selected),
-        loaded.geometry,
-        loaded.by_results,
-        loaded.runs,
-        loaded.catalogue,
-        index.rows,
-    )
-    index.save()
-    warn_settings(settings_messages(board, provenance, selected))
-    path = Path(results_dir) / "leaderboard.csv"
-    board.to_csv(path, index=False)
-    return path
 
 
 def settings_messages(

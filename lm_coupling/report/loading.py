@@ -42,6 +42,7 @@ import json
 import math
 import re
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -52,7 +53,6 @@ import pandas as pd
 from lm_coupling.catalogue import INSTALLED, Catalogue, recorded_catalogue
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.report.benchmarks import benchmark_of, is_geometry_metric, parse_step
-from lm_coupling.report.index import FolderIndex
 from lm_coupling.report.settings import TaskSetting, metric_options, task_settings
 
 IDENTITY = ["model", "revision", "dtype"]
@@ -209,9 +209,10 @@ def display_names(models: list[str]) -> dict[str, str]:
     pending, depth = set(parts), 2
     while pending:
         tails = {m: "/".join(p[-depth:]) for m, p in parts.items()}
+        shared = Counter(tails.values())  # another path with this tail: a count above 1
         for model in sorted(pending):
             tail = tails[model]
-            clash = tail in reserved or any(tails[o] == tail for o in parts if o != model)
+            clash = tail in reserved or shared[tail] > 1
             if not clash or depth >= len(parts[model]):
                 names[model] = model if clash else tail
                 pending.discard(model)
@@ -252,7 +253,7 @@ def _as_float(value: Any) -> float:
         return math.nan
 
 
-def parse_results_file(path: Path, index: FolderIndex | None = None) -> RunFile:
+def parse_results_file(path: Path, index: Any = None) -> RunFile:
     """Parse one results JSON (through the folder's index, when given).
 
     Raises:
@@ -459,10 +460,10 @@ def _shapes(runs: list[RunFile], geometry: list[dict[str, Any]]) -> pd.DataFrame
     return pd.DataFrame(rows, columns=[*IDENTITY, "n_params", "n_layers", "d_model"])
 
 
-def load_results(results_dir: str | Path, index: FolderIndex | None = None) -> LoadedResults:
+def load_results(results_dir: str | Path, index: Any = None) -> LoadedResults:
     """Read every results, samples and geometry file under ``results_dir`` (recursively).
 
-    With ``index`` (`lm_coupling.report.index.FolderIndex`, the leaderboard
+    With ``index`` (`lm_coupling.report.index.FolderReader`, the leaderboard
     refresh), unchanged files are answered from it, without the sections the
     leaderboard never reads.
 

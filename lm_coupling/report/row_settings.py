@@ -27,7 +27,6 @@ import pandas as pd
 
 from lm_coupling.report.benchmarks import benchmark_of
 from lm_coupling.report.loading import IDENTITY, RunFile
-from lm_coupling.report.row_cache import RowCache, row_keys
 from lm_coupling.report.settings import differing_options, options_text
 from lm_coupling.report.tasksets import scored_groups, task_unit
 
@@ -94,29 +93,21 @@ def _row_records(
 
 
 def row_settings(
-    selected: pd.DataFrame, runs: list[RunFile], cache: RowCache | None = None
+    selected: pd.DataFrame, runs: list[RunFile], groups: set[str] | None = None
 ) -> pd.DataFrame:
     """The `ROW_SETTING_COLUMNS` of every row, indexed by identity (see the module docstring).
 
     Args:
         selected: the values the leaderboard uses (`newest_values`).
         runs: the parsed results files (their options and settings).
-        cache: rows built by earlier refreshes (`lm_coupling.report.row_cache`): only
-            the rows whose fingerprint changed are built again.
+        groups: the scored groups of the whole table (default: `scored_groups` of
+            ``selected``).
     """
     by_file = {str(run.path): run for run in runs}
-    groups = scored_groups(selected)
+    groups = scored_groups(selected) if groups is None else groups
     ids = selected[IDENTITY].drop_duplicates()
-    if cache is None:
-        built = _row_records(selected, by_file, groups)
-        records = [built[identity] for identity in ids.itertuples(index=False, name=None)]
-    else:
-
-        def build(wanted: pd.MultiIndex) -> dict[tuple, dict[str, Any]]:
-            rows = selected[pd.MultiIndex.from_frame(selected[IDENTITY]).isin(wanted)]
-            return _row_records(rows, by_file, groups)
-
-        records = cache.rows("row_settings", row_keys(selected, groups, IDENTITY), build)
+    built = _row_records(selected, by_file, groups)
+    records = [built[identity] for identity in ids.itertuples(index=False, name=None)]
     frame = pd.DataFrame(records, columns=ROW_SETTING_COLUMNS)
     frame.index = pd.MultiIndex.from_frame(ids)
     return frame

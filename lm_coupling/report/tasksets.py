@@ -85,64 +85,133 @@ def documents_measured(
     return float(fallback)
 
 
+def group_sums(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
+    """Per group of ``keys``: the sum of each column (NaN counted as 0) and the group's size.
+
+    Each group's sum is computed from that group's rows alone, in their order
+    (``numpy.add.reduceat`` over the rows sorted stably by group). pandas'
+    grouped sum and mean carry a round-off term from one group into the next
+    (pandas 3.1: a group's mean changed in its last bit when another model's
+    rows came before it), so a leaderboard value would depend on which other
+    models are in the folder; here it does not, and the refresh, which
+    builds a few rows at a time (`lm_coupling.report.refresh`), writes the
+    same bytes as a build of the whole table.
+
+    Returns:
+        One row per group, in order of first appearance: ``keys``, ``columns``
+        and ``_size``.
+    """
+    if frame.empty:
+        return pd.DataFrame(columns=[*keys, *columns, "_size"])
+    codes = frame.groupby(keys, sort=False).ngroup().to_numpy()
+    order = np.argsort(codes, kind="stable")
+    ranked = codes[order]
+    starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    out = frame[keys].iloc[order[starts]].reset_index(drop=True)
+    for column in columns:
+        values = frame[column].to_numpy(dtype=float)[order]
+        out[column] = np.add.reduceat(np.where(np.isnan(values), 0.0, values), starts)
+    out["_size"] = np.diff(np.r_[starts, len(order)])
+    return out
+
+
 def _unit_values(rows: pd.DataFrame) -> pd.DataFrame:
     """Pool tasks into units: document-weighted mean, summed documents."""
     rows = rows.assign(_w=rows["n"].where(rows["n"] > 0, 1.0).fillna(1.0))
     rows = rows.assign(_wv=rows["value"] * rows["_w"])
     keys = [*IDENTITY, "metric", "unit"]
-    pooled = rows.groupby(keys, sort=False).agg(
-        _wv=("_wv", "sum"), _w=("_w", "sum"), n=("n", "sum")
-    )
+    pooled = group_sums(rows, keys, ["_wv", "_w", "n"])
     pooled["value"] = pooled["_wv"] / pooled["_w"]
-    return pooled.reset_index()[[*keys, "value", "n"]]
+    return pooled[[*keys, "value", "n"]]
 
 
-def _k_used(rows: pd.DataFrame) -> str:
-    ks = sorted({int(k) for k in rows["k_used"].dropna()})
-    return ";".join(str(k) for k in ks)
-
-
-def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
+def geometry_table(
+    long: pd.DataFrame,
+    common: dict[str, set[str]] | None = None,
+    with_k: set[str] | None = None,
+) -> tuple[pd.DataFrame, TaskSets]:
     """Per model and metric: value, tasks used, documents, K used.
 
     Args:
         long: one row per (identity, task, metric) with columns ``IDENTITY``,
             ``metric``, ``unit``, ``value``, ``n`` and ``k_used`` (NaN where
             the metric has no K).
+        common: the common set of each metric over the whole table (an empty
+            set: mixed), when ``long`` holds only some of its rows (the
+            refresh, `lm_coupling.report.refresh`); default: computed from ``long``.
+        with_k: the metrics with a ``__k_used`` column in the whole table
+            (default: those with a K in ``long``).
 
     Returns:
         ``(wide, sets)``: a frame indexed by identity with, per metric, the
         columns ``<metric>``, ``<metric>__tasks``, ``<metric>__n`` (and
-        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`.
+        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`
+        (of ``long`` alone when ``common`` is given). Each row's values depend on
+        its own rows and on its metrics' common sets only.
     """
     every_metric = list(dict.fromkeys(long["metric"]))
     every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None
     long = long[np.isfinite(long["value"].astype(float))]
+    units = _unit_values(long)  # every metric at once: one pass, not one per metric
+    keys = list(units[[*IDENTITY, "metric", "unit"]].itertuples(index=False, name=None))
+    of_model: dict[str, dict[tuple, set[str]]] = {}
+    for *identity, metric, unit in keys:
+        of_model.setdefault(metric, {}).setdefault(tuple(identity), set()).add(unit)
     sets = TaskSets()
-    columns: dict[str, pd.Series] = {}
-    for metric, rows in long.groupby("metric", sort=False):
-        units = _unit_values(rows)
-        per_model = units.groupby(IDENTITY)["unit"].apply(set)
-        common = set.intersection(*per_model) if len(per_model) else set()
-        every = set.union(*per_model) if len(per_model) else set()
-        if common:
-            units = units[units["unit"].isin(common)]
-            sets.used[metric] = ";".join(sorted(common))
-            if every - common:
-                sets.dropped[metric] = sorted(every - common)
+    shared: dict[str, set[str]] = {}
+    for metric, models in of_model.items():
+        every = set().union(*models.values())
+        if common is None:
+            shared[metric] = set.intersection(*models.values())
+        else:
+            shared[metric] = set(common.get(metric, set()))
+        if shared[metric]:
+            sets.used[metric] = ";".join(sorted(shared[metric]))
+            if every - shared[metric]:
+                sets.dropped[metric] = sorted(every - shared[metric])
         else:
             sets.mixed.append(metric)
             sets.used[metric] = ""
-        grouped = units.groupby(IDENTITY)
-        columns[metric] = grouped["value"].mean()
-        columns[f"{metric}__tasks"] = grouped["unit"].apply(lambda u: ";".join(sorted(u)))
-        columns[f"{metric}__n"] = grouped["n"].sum()
-        if rows["k_used"].notna().any():
-            used = rows[rows["unit"].isin(common)] if common else rows
-            columns[f"{metric}__k_used"] = used.groupby(IDENTITY)[["k_used"]].apply(_k_used)
+    kept = [not shared[m] or u in shared[m] for *_, m, u in keys]
+    units = units[np.asarray(kept, dtype=bool)]
+    per_model = group_sums(units, [*IDENTITY, "metric"], ["value", "n"])
+    tasks: dict[tuple, list[str]] = {}
+    for *identity, metric, unit in units[[*IDENTITY, "metric", "unit"]].itertuples(
+        index=False, name=None
+    ):
+        tasks.setdefault((*identity, metric), []).append(unit)
+    cells: dict[str, dict[str, dict[tuple, Any]]] = {}
+    for *identity, metric, total, n, size in per_model.itertuples(index=False, name=None):
+        found = cells.setdefault(metric, {"": {}, "__tasks": {}, "__n": {}})
+        identity = tuple(identity)
+        found[""][identity] = total / size
+        found["__tasks"][identity] = ";".join(sorted(tasks[(*identity, metric)]))
+        found["__n"][identity] = n
+    has_k = set(long.loc[long["k_used"].notna(), "metric"]) if with_k is None else with_k
+    k_used: dict[str, dict[tuple, set[int]]] = {}
+    for *identity, metric, unit, k in long[[*IDENTITY, "metric", "unit", "k_used"]].itertuples(
+        index=False, name=None
+    ):
+        if metric in has_k and (not shared[metric] or unit in shared[metric]):
+            ks = k_used.setdefault(metric, {}).setdefault(tuple(identity), set())
+            if k == k:  # not NaN
+                ks.add(int(k))
+    columns: dict[str, pd.Series] = {}
+    for metric in of_model:  # in order of each metric's first finite value
+        for suffix, values in cells[metric].items():
+            columns[f"{metric}{suffix}"] = _by_model(values, float if suffix != "__tasks" else None)
+        if metric in has_k:
+            found = {i: ";".join(str(k) for k in sorted(ks)) for i, ks in k_used[metric].items()}
+            columns[f"{metric}__k_used"] = _by_model(found, None)
     for metric in every_metric:  # measured, but NaN on every model: keep the column
         if metric not in columns:
             columns[metric] = pd.Series(np.nan, index=every_id, dtype=float)
             sets.used[metric] = ""
     wide = pd.DataFrame(columns, index=every_id)
     return wide, sets
+
+
+def _by_model(values: dict[tuple, Any], dtype: type | None) -> pd.Series:
+    """A column indexed by identity."""
+    index = pd.MultiIndex.from_tuples(list(values), names=IDENTITY)
+    return pd.Series(list(values.values()), index=index, dtype=dtype)
