@@ -3,7 +3,9 @@
 A plugin like any other: it declares ``hidden_states``, and its reducer
 (``lmc_layer_reducer``) streams ``x^0..x^L`` of each batch through
 `lm_coupling.metrics.trajectory.TrajectoryAccumulator`, keeping per-token
-summaries (`lm_coupling.states.TrajectoryStates`), never the stack.
+summaries (`lm_coupling.states.TrajectoryStates`). A batch whose stack of
+states fits in `STACK_BYTES` (16 MiB) is held and summarised at once; a larger
+one is streamed state by state, never stacked.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def lmc_declare_metrics():
 
 
 class TrajectoryReducer:
-    """Per-token trajectory summaries of one batch, streamed state by state.
+    """Per-token trajectory summaries of one batch (held whole when small, else streamed).
 
     Args:
         batch: the batch (its token mask and target positions).
