@@ -508,11 +508,7 @@ def load_results(results_dir: str | Path, index: Any = None) -> LoadedResults:
         except (OSError, ValueError, AttributeError) as exc:
             _skip(path, str(exc), skipped)
             continue
-        key = (geo["identity"], geo.get("task"))
-        if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
-            newest[key] = geo
-        if geo["results_file"]:
-            by_results[(geo["results_file"], str(geo.get("task")))] = geo
+        keep_geometry(geo, newest, by_results)
     rows = [row for run in runs for row in _run_values(run)]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
     geometry = list(newest.values())
@@ -541,3 +537,12 @@ def _catalogue(runs: list[RunFile]) -> tuple[Catalogue, list[str]]:
     )
     warnings.warn(note, CatalogueWarning, stacklevel=3)
     return merged, [note]
+
+
+def keep_geometry(geo: dict[str, Any], newest: dict[tuple, Any], by_results: dict) -> None:
+    """File a parsed geometry file: the newest per (model, task), and by its results file."""
+    key = (geo["identity"], geo.get("task"))
+    if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
+        newest[key] = geo
+    if geo["results_file"]:
+        by_results[(geo["results_file"], str(geo.get("task")))] = geo

@@ -92,6 +92,7 @@ from lm_coupling.report.loading import (
     _parse_geometry,
     _run_values,
     display_names,
+    keep_geometry,
     load_results,
     parse_results_file,
 )
@@ -475,11 +476,7 @@ class _State:
         by_results: dict[tuple[str, str], dict[str, Any]] = {}
         for path in sorted(geometry, key=path_key):
             geo = _parse_geometry(path, by_file, self.names, self.reader)
-            key = (geo["identity"], geo.get("task"))
-            if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
-                newest[key] = geo
-            if geo["results_file"]:
-                by_results[(geo["results_file"], str(geo.get("task")))] = geo
+            keep_geometry(geo, newest, by_results)
         rows = [row for run in runs for row in _run_values(run)]
         values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
         values["_pos"] = values.groupby("file", sort=False).cumcount()
