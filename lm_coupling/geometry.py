@@ -53,6 +53,17 @@ class DocumentGeometry:
     summaries: dict[str, np.ndarray] = field(default_factory=dict)
     failures: list[dict[str, Any]] = field(default_factory=list)
 
+    def copy(self) -> DocumentGeometry:
+        """An independent copy (a later merge into one document's geometry leaves the other's)."""
+        return DocumentGeometry(
+            values=dict(self.values),
+            profiles=dict(self.profiles),
+            jacobian_methods=None if self.jacobian_methods is None else list(self.jacobian_methods),
+            timings=dict(self.timings),
+            summaries=dict(self.summaries),
+            failures=[dict(failure) for failure in self.failures],
+        )
+
     def merge(self, other: DocumentGeometry) -> None:
         """Add ``other``'s values, profiles, summaries, failures and timings to this document's."""
         self.values.update(other.values)
@@ -308,6 +319,45 @@ class GeometryRunner:
             last_index, first_index, target_tokens, self._reducer_factories(), documents, rows
         ) as handle:
             yield handle
+
+    @property
+    def can_record(self) -> bool:
+        """Whether forward passes can be recorded now and reduced later (:meth:`replay`).
+
+        Not when a selected metric reads attention probabilities (they are
+        not recorded), nor when nothing is captured.
+        """
+        return self.collector is not None and self.collector.can_record
+
+    def recording_bytes(self, rows: int, n_tokens: int) -> int:
+        """Bytes the recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
+        dtype = getattr(self.model, "dtype", torch.float32)
+        element_size = torch.empty((), dtype=dtype).element_size()
+        return self.collector.recording_bytes(rows, n_tokens, element_size)
+
+    def record(
+        self,
+        last_index: torch.Tensor,
+        first_index: torch.Tensor,
+        target_tokens: torch.Tensor,
+        documents: Sequence[Sequence[DocumentRef]] | None = None,
+        rows: Sequence[int] | torch.Tensor | None = None,
+    ):
+        """Record the first forward pass run inside the block, to reduce later.
+
+        The arguments are those of :meth:`capture`; the context yields a
+        ``capture.recording.Recording``. Pass a list of complete recordings
+        to :meth:`replay`.
+        """
+        return self.collector.record(last_index, first_index, target_tokens, documents, rows)
+
+    def replay(self, recordings: Sequence[Any]):
+        """Reduce several recorded forward passes as one batch; pass the handle to :meth:`compute`.
+
+        Its rows are the recordings' measured rows, in order. The values equal
+        those of capturing each forward pass (``StateCollector.replay``).
+        """
+        return self.collector.replay(recordings, self._reducer_factories())
 
     def compute(self, captured, metrics: Sequence[str] | None = None) -> list[DocumentGeometry]:
         """Run the plugins on a batch; one `DocumentGeometry` per row.

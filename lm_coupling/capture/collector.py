@@ -41,6 +41,7 @@ from torch import nn
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.capture.attention import attention_modules
 from lm_coupling.capture.lens import LogitLens
+from lm_coupling.capture.recording import Recorder, Recording, forward_shape, merge_recordings
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates, LayerReducer, LayerView, Lens
 
@@ -119,31 +120,17 @@ class _Run:
         if self.phase != "waiting":
             return None
         hidden = args[0] if args else kwargs.get("hidden_states")
-        if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
-            raise LmCouplingError(
-                "expected block 1 to receive hidden states [B, T, d] as its first argument or "
-                f"as hidden_states=, got {type(hidden).__name__}; register an override"
-            )
-        batch, n_tokens = hidden.shape[0], hidden.shape[1]
-        if self.rows is not None:
-            if self.max_row >= batch:
-                raise ValueError(
-                    f"capture() was given row {self.max_row} to measure but the "
-                    f"forward has batch size {batch}; pass rows of the batch"
-                )
-            batch = len(self.rows)
-        elif batch != len(self.last):
-            raise ValueError(
-                f"capture() was given {len(self.last)} last_index entries but the forward "
-                f"has batch size {batch}; pass one index per row of the batch"
-            )
-        if self.max_last >= n_tokens:
-            raise ValueError(
-                f"last_index {self.max_last} is outside the {n_tokens} positions of "
-                "the forward; pass the position of each row's last context token"
-            )
+        batch, n_tokens = forward_shape(
+            hidden, len(self.last), self.max_last, self.max_row, self.rows is not None
+        )
+        self.begin(batch, n_tokens, work_dtype(hidden))
+        self._take(0, hidden)
+        return None
+
+    def begin(self, batch: int, n_tokens: int, dtype: torch.dtype) -> None:
+        """Start the reducers for a batch of ``batch`` measured rows and ``n_tokens`` positions."""
         self.phase = "running"
-        self.handle.info = info = self._info(batch, n_tokens, work_dtype(hidden))
+        self.handle.info = info = self._info(batch, n_tokens, dtype)
         for name, factory in self.factories.items():
             try:
                 reducer = factory(info)
@@ -153,8 +140,6 @@ class _Run:
             if reducer is not None:
                 self.reducers[name] = reducer
         self._route_lens()
-        self._take(0, hidden)
-        return None
 
     def _route_lens(self) -> None:
         """Which started reducers read the lens layer by layer, and which all at once."""
@@ -210,20 +195,30 @@ class _Run:
             self.phase = "done"
         return None
 
-    def _take(self, layer: int, hidden: torch.Tensor) -> None:
-        """Serve one state ``[B, T, d]`` to every reducer, then drop it."""
+    def _take(self, layer: int, hidden: torch.Tensor | None, at_n: torch.Tensor | None = None):
+        """Serve one state to every reducer, then drop it.
+
+        ``hidden`` is the forward's ``[B, T, d]``; a replay gives the measured
+        rows' states instead, or only their rows at n (``at_n``, hidden None).
+        """
         if not self.reducers:
             return
         collector = self.collector
-        hidden = self._measured(hidden.detach())
-        dtype, device = work_dtype(hidden), collector.device
-        at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)  # [B, d]
+        device = collector.device
+        if hidden is not None:
+            hidden = self._measured(hidden.detach())
+            dtype = work_dtype(hidden)
+            at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)
+        else:
+            dtype = work_dtype(at_n)
         if self.stacked:
             self.rows_at_n.append(at_n)
         normed, logits = self._lens(layer, at_n) if self.layer_lens else (None, None)
         view = LayerView(
             layer=layer,
-            hidden=hidden.to(device=device, dtype=dtype) if collector.hidden_states else None,
+            hidden=None
+            if hidden is None or not collector.hidden_states
+            else hidden.to(device=device, dtype=dtype),
             at_n=at_n,
             normed=normed,
             logits=logits,
@@ -394,38 +389,9 @@ class StateCollector:
             ValueError: index shapes disagree, ``first_index > last_index``, or (in
                 the forward) the batch size or length does not fit the indices.
         """
-        last = _as_index(last_index, "last_index")
-        first = _as_index(first_index, "first_index")
-        target = (
-            torch.full_like(last, -1)
-            if target_tokens is None
-            else _as_index(target_tokens, "target_tokens")
+        last, first, target, docs, measured = _indices(
+            last_index, first_index, target_tokens, documents, rows
         )
-        if not (len(last) == len(first) == len(target)):
-            raise ValueError(
-                f"last_index, first_index and target_tokens need one entry per document, got "
-                f"lengths {len(last)}, {len(first)}, {len(target)}"
-            )
-        # The indices are a few per batch: checked as Python numbers (one host read each).
-        last_list, first_list = last.tolist(), first.tolist()
-        if any(not 0 <= f <= n for f, n in zip(first_list, last_list, strict=True)):
-            raise ValueError(
-                f"need 0 <= first_index <= last_index per row, got first_index={first_list} "
-                f"last_index={last_list}"
-            )
-        docs = tuple(tuple(DocumentRef(*ref) for ref in row) for row in documents or ())
-        measured = None if rows is None else _as_index(rows, "rows")
-        if measured is not None:
-            row_list = measured.tolist()
-            if len(row_list) != len(last_list) or any(
-                b <= a for a, b in zip(row_list, row_list[1:], strict=False)
-            ):
-                raise ValueError(
-                    f"rows must be increasing, one per last_index entry, got {row_list} "
-                    f"for {len(last_list)} entries"
-                )
-            if row_list and row_list[0] < 0:
-                raise ValueError(f"rows must be non-negative, got {row_list}")
         handle = CaptureHandle()
         run = _Run(self, last, first, target, dict(reducers), docs, handle, measured)
         hooks = []
@@ -443,6 +409,95 @@ class StateCollector:
         finally:
             for hook in hooks:
                 hook.remove()
+
+    @property
+    def can_record(self) -> bool:
+        """Whether forward passes can be recorded and reduced later (no attentions read)."""
+        return not self.attentions
+
+    def recording_bytes(self, rows: int, n_tokens: int, element_size: int) -> int:
+        """Bytes a recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
+        width = n_tokens if self.hidden_states else 1
+        return (self.parts.n_layers + 1) * rows * width * self.parts.d_model * element_size
+
+    @contextmanager
+    def record(
+        self,
+        last_index: Sequence[int] | torch.Tensor,
+        first_index: Sequence[int] | torch.Tensor,
+        target_tokens: Sequence[int] | torch.Tensor | None,
+        documents: Sequence[Sequence[DocumentRef]] | None = None,
+        rows: Sequence[int] | torch.Tensor | None = None,
+    ) -> Iterator[Recording]:
+        """Record the first forward pass run inside the context, for a later :meth:`replay`.
+
+        The hooks copy the measured rows of each state (``[b, T, d]``, or the
+        rows at n when no reducer reads ``hidden_states``) and run no reducer.
+        The arguments are those of :meth:`capture`.
+
+        Yields:
+            A :class:`~lm_coupling.capture.recording.Recording`, ``complete``
+            once every block has run.
+
+        Raises:
+            ValueError: the collector serves attentions (they are not recorded;
+                use :meth:`capture`), or the indices do not fit (as for :meth:`capture`).
+        """
+        if not self.can_record:
+            raise ValueError(
+                "a collector that serves attention probabilities cannot record: use capture()"
+            )
+        last, first, target, docs, measured = _indices(
+            last_index, first_index, target_tokens, documents, rows
+        )
+        recording = Recording(last, first, target, docs or tuple(() for _ in last.tolist()))
+        recorder = Recorder(recording, self.parts.n_layers, measured, self.hidden_states)
+        hooks = []
+        try:
+            hooks.append(
+                self.parts.blocks[0].register_forward_pre_hook(recorder.pre_hook, with_kwargs=True)
+            )
+            for layer, block in enumerate(self.parts.blocks, start=1):
+                hooks.append(block.register_forward_hook(_bind(recorder.post_hook, layer)))
+            yield recording
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def replay(
+        self, recordings: Sequence[Recording], reducers: Mapping[str, ReducerFactory]
+    ) -> CaptureHandle:
+        """Serve several recorded forward passes to the reducers as one batch.
+
+        The recordings' rows are joined in order and right-padded to the
+        longest (`merge_recordings`); the reducers see one batch whose rows
+        are every recording's measured rows, exactly as :meth:`capture` serves
+        one forward pass, and the handle's rows follow the same order.
+
+        Raises:
+            ValueError: no recording, or one that is incomplete.
+        """
+        if not recordings or not all(recording.complete for recording in recordings):
+            raise ValueError(
+                "replay() needs complete recordings (a forward pass that ran every block)"
+            )
+        last = torch.cat([recording.last_index for recording in recordings])
+        first = torch.cat([recording.first_index for recording in recordings])
+        target = torch.cat([recording.target_tokens for recording in recordings])
+        docs = tuple(row for recording in recordings for row in recording.documents)
+        handle = CaptureHandle()
+        run = _Run(self, last, first, target, dict(reducers), docs, handle)
+        dtype = work_dtype(recordings[0].states[0])
+        states, n_tokens = merge_recordings(list(recordings), self.device, dtype)
+        run.begin(len(last), n_tokens, dtype)
+        for layer, state in enumerate(states):
+            if self.hidden_states:
+                run._take(layer, state)
+            else:
+                run._take(layer, None, at_n=state)
+        run.phase = "done"
+        run.finish()
+        return handle
 
     def capture_prompt(
         self,
@@ -487,6 +542,43 @@ class StateCollector:
                 "check the model's override (register_override)"
             )
         return handle
+
+
+def _indices(last_index, first_index, target_tokens, documents, rows):
+    """The capture's indices as int64 CPU tensors, checked (``StateCollector.capture``)."""
+    last = _as_index(last_index, "last_index")
+    first = _as_index(first_index, "first_index")
+    target = (
+        torch.full_like(last, -1)
+        if target_tokens is None
+        else _as_index(target_tokens, "target_tokens")
+    )
+    if not (len(last) == len(first) == len(target)):
+        raise ValueError(
+            f"last_index, first_index and target_tokens need one entry per document, got "
+            f"lengths {len(last)}, {len(first)}, {len(target)}"
+        )
+    # The indices are a few per batch: checked as Python numbers (one host read each).
+    last_list, first_list = last.tolist(), first.tolist()
+    if any(not 0 <= f <= n for f, n in zip(first_list, last_list, strict=True)):
+        raise ValueError(
+            f"need 0 <= first_index <= last_index per row, got first_index={first_list} "
+            f"last_index={last_list}"
+        )
+    docs = tuple(tuple(DocumentRef(*ref) for ref in row) for row in documents or ())
+    measured = None if rows is None else _as_index(rows, "rows")
+    if measured is not None:
+        row_list = measured.tolist()
+        if len(row_list) != len(last_list) or any(
+            b <= a for a, b in zip(row_list, row_list[1:], strict=False)
+        ):
+            raise ValueError(
+                f"rows must be increasing, one per last_index entry, got {row_list} "
+                f"for {len(last_list)} entries"
+            )
+        if row_list and row_list[0] < 0:
+            raise ValueError(f"rows must be non-negative, got {row_list}")
+    return last, first, target, docs, measured
 
 
 def _is_logit_lens(lens: Any) -> bool:

@@ -25,6 +25,7 @@ import lm_coupling
 from lm_coupling.catalogue import CONFIG_KEY, Catalogue
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness import preflight
+from lm_coupling.harness.batch_pool import BatchPool
 from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
@@ -73,6 +74,7 @@ class CouplingHFLM(HFLMWithHooks):
     _lmc_gathered = False
     _lmc_probing = False
     _lmc_progress: GeometryProgress | None = None
+    _lmc_pool: BatchPool | None = None
 
     def open_session(self, run: RunConfig) -> GeometrySession:
         """Build the run's session whole and measure with it from now on.
@@ -167,10 +169,13 @@ class CouplingHFLM(HFLMWithHooks):
         sampled = session.runner.sampled_metrics
         self._lmc_progress = GeometryProgress(",".join(sampled), disable=disable or not sampled)
         self._lmc_progress.plan(sampled_in_requests(session, requests))
+        self._lmc_pool = BatchPool(session)
         try:
             with counting_requests(self, requests):  # Ctrl-C says how far it got
                 yield
+            self._lmc_pool.flush()  # the batches still held (an interrupted run drops them)
         finally:
+            self._lmc_pool = None
             self._lmc_progress.close()
             self._lmc_progress = None
 
@@ -243,7 +248,7 @@ class CouplingHFLM(HFLMWithHooks):
             return call()
         matched = []
         for b, plans in self._match_rows(inps):
-            plans = [plan for plan in plans if session.wanted(plan.key)]
+            plans = [plan for plan in plans if self._wanted(session, plan.key)]
             if plans:
                 matched.append((b, plans))
         if not matched:
@@ -262,6 +267,7 @@ class CouplingHFLM(HFLMWithHooks):
             last,
             torch.zeros(full.shape[0], dtype=torch.long),
             target,
+            inps.shape[1],
         )
         self._measure_sampled(
             session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]
@@ -301,7 +307,7 @@ class CouplingHFLM(HFLMWithHooks):
             # Keys of one prompt whose lens target is the first's share its row; a prompt
             # with another gold first token is measured alone (counted as such).
             for key in session.generation_keys_of(text):
-                if not session.wanted(key):
+                if not self._wanted(session, key):
                     continue
                 key_target = self._lens_target(session, key)
                 if all(row != b for row, _ in matches):
@@ -312,7 +318,7 @@ class CouplingHFLM(HFLMWithHooks):
         if not matches:
             return call()
         last = torch.full((batch,), width - 1, dtype=torch.long)
-        output = self._captured_call(call, session, matches, last, first, target)
+        output = self._captured_call(call, session, matches, last, first, target, width)
         self._measure_sampled(
             session, [(key, tuple(context[b, int(first[b]) :].tolist())) for b, key in matches]
         )
@@ -340,6 +346,11 @@ class CouplingHFLM(HFLMWithHooks):
         return continuation[0]
 
     # -- shared capture plumbing -------------------------------------------------
+    def _wanted(self, session: GeometrySession, key: GeometryKey) -> bool:
+        """Planned, not measured yet, and not held for a later reduction."""
+        pool = self._lmc_pool
+        return session.wanted(key) and not (pool is not None and pool.holds(key))
+
     def _captured_call(
         self,
         call: Callable[[], Any],
@@ -348,8 +359,12 @@ class CouplingHFLM(HFLMWithHooks):
         last: torch.Tensor,
         first: torch.Tensor,
         target: torch.Tensor,
+        n_tokens: int,
     ) -> Any:
         """Run ``call`` under capture; a capture failure never loses the output.
+
+        A small batch is recorded and reduced later with others
+        (`BatchPool`); a large one is reduced at once.
 
         When the captured call itself fails (an out-of-memory error in the
         capture's hooks, say), the benchmark batch is run again without
@@ -374,7 +389,15 @@ class CouplingHFLM(HFLMWithHooks):
             for b, key in matches:  # a row shared by duplicate prompts measures all their documents
                 refs[at[b]] = refs[at[b]] + session.documents_at(key)
             index = torch.tensor(measured, dtype=torch.long)
-            with runner.capture(last[index], first[index], target[index], refs, index) as handle:
+            indices = (last[index], first[index], target[index], refs, index)
+            pool = self._lmc_pool
+            if pool is not None and pool.accepts(len(measured), n_tokens):
+                with runner.record(*indices) as recording:
+                    output = call()
+                forward = (time.perf_counter() - start) / max(len(matches), 1)
+                pool.add(recording, [(at[b], key) for b, key in matches], forward)
+                return output
+            with runner.capture(*indices) as handle:
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle)
@@ -383,7 +406,7 @@ class CouplingHFLM(HFLMWithHooks):
                 document = documents[at[b]]
                 document.timings["forward_capture"] = forward
                 # Keys sharing a row (duplicate prompts) each keep their own copy.
-                session.store(key, document if b not in stored else _copy(document), "in_batch")
+                session.store(key, document if b not in stored else document.copy(), "in_batch")
                 stored.add(b)
         except Exception as exc:  # geometry must never cost the benchmark its scores
             error = repr(exc)  # the text only: the traceback must not outlive this block
@@ -412,6 +435,8 @@ class CouplingHFLM(HFLMWithHooks):
         for key, tokens in documents:
             if session.sampled(key):
                 by_tokens.setdefault(tokens, []).append(key)
+        if by_tokens and self._lmc_pool is not None:
+            self._lmc_pool.flush()  # the batch's own values first: the sampled part merges in
         groups: dict[tuple[str, ...], list[tuple[GeometryKey, tuple[int, ...]]]] = {}
         for tokens, keys in by_tokens.items():
             wanted = set().union(*(session.needed_metrics(key) for key in keys))
@@ -437,7 +462,7 @@ class CouplingHFLM(HFLMWithHooks):
                     session.fail(keys, repr(result), metrics=metrics)
                     continue
                 for i, key in enumerate(keys):
-                    session.store(key, result if i == 0 else _copy(result))
+                    session.store(key, result if i == 0 else result.copy())
             if self._lmc_progress is not None:
                 self._lmc_progress.advance(sum(len(keys) for keys, _ in group))
 
@@ -531,20 +556,6 @@ def _rows_per_target(
                 copies.append(b)
             rows.append((b if i == 0 else batch + len(copies) - 1, group))
     return rows, copies
-
-
-def _copy(geometry: DocumentGeometry) -> DocumentGeometry:
-    """An independent copy (a later merge into one key's geometry leaves the other's alone)."""
-    return DocumentGeometry(
-        values=dict(geometry.values),
-        profiles=dict(geometry.profiles),
-        jacobian_methods=None
-        if geometry.jacobian_methods is None
-        else list(geometry.jacobian_methods),
-        timings=dict(geometry.timings),
-        summaries=dict(geometry.summaries),
-        failures=[dict(failure) for failure in geometry.failures],
-    )
 
 
 def model_shape(model: Any, runner: GeometryRunner) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Failures inside a captured batch: NaN, one warning, and the benchmark's scores intact.
 
 One in-process run through `lm_coupling.evaluate` (batch size 1) with two
-injected faults: a plugin metric (``fault_probe``) whose plugin raises on the
-second captured batch (the forward pass succeeded; only that plugin's metric
-is NaN there, the built-ins keep their values), and an out-of-memory error
-raised inside the third captured forward pass (the whole capture failed: the
+injected faults: a plugin metric (``fault_probe``) whose plugin raises on
+every batch that holds one chosen document (the forward pass succeeded; the
+batch is retried row by row, so only that document's ``fault_probe`` is NaN,
+and the built-ins keep their values there), and an out-of-memory error raised
+inside the third captured forward pass (the whole capture failed: the
 benchmark batch must be run again, outside the exception handler, once the
 failed capture's tensors are freed).
 """
@@ -30,7 +31,7 @@ TASK = "lmc_arc_easy_offline"
 
 
 class Faults:
-    """Raises in the plugin on the 2nd captured batch and OOM in the 3rd captured forward."""
+    """Raises in the plugin on one document and OOM in the 3rd captured forward."""
 
     @hookimpl
     def lmc_declare_metrics(self):
@@ -42,25 +43,24 @@ class Faults:
 
     def __init__(self, model):
         self.model = model
-        self.compute_calls = 0
+        self.victim: int | None = None  # the document whose batches the plugin fails
         self.captured_forwards = 0
         self.failed_hidden: weakref.ref | None = None
         self.after_oom: tuple | None = None
+        model.transformer.h[-1].register_forward_pre_hook(self.pre_hook, with_kwargs=True)
 
     @hookimpl
     def lmc_compute_batch(self, states):
-        self.compute_calls += 1
-        if self.compute_calls == 1:
-            block = self.model.transformer.h[-1]
-            block.register_forward_pre_hook(self.pre_hook, with_kwargs=True)
-            self.captured_forwards = 1  # this batch's forward ran before the hook existed
-        if self.compute_calls == 2:
+        doc_ids = [ref.doc_id for row in states.documents for ref in row]
+        if self.victim is None:  # the last document of the first batch computed
+            self.victim = doc_ids[-1]
+        if self.victim in doc_ids:
             raise RuntimeError("injected failure")
         return {"values": {"fault_probe": torch.zeros(states.size)}}
 
     def pre_hook(self, module, args, kwargs):
         hidden = args[0] if args else kwargs["hidden_states"]
-        if not module._forward_hooks:  # lm-coupling's capture hooks are off
+        if not _captured(module):  # lm-coupling's capture hooks are off
             if self.failed_hidden is not None and self.after_oom is None:
                 self.after_oom = (sys.exc_info()[0], self.failed_hidden() is None)
             return None
@@ -69,6 +69,14 @@ class Faults:
             self.failed_hidden = weakref.ref(hidden)
             raise torch.OutOfMemoryError("CUDA out of memory (injected)")
         return None
+
+
+def _captured(block) -> bool:
+    """Whether lm-coupling's capture (or recording) hooks are on this block."""
+    return any(
+        getattr(hook, "__module__", "").startswith("lm_coupling.capture")
+        for hook in block._forward_hooks.values()
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,206 @@
+"""Record the measured rows of a forward pass now; reduce several forward passes later.
+
+Reducing one benchmark batch costs a fixed number of small tensor operations
+and plugin calls (a few hundred), whatever its size. Where the forward pass
+is cheap (a small model, a GPU) and a batch measures two or three documents,
+that fixed cost is most of the geometry's overhead. A `Recording` keeps a
+forward pass's measured rows (a copy of each state ``x^l``, l = 0..L, of those
+rows only: the forward's own tensors are not held) and `merge_recordings`
+joins the recordings of several forward passes into one batch, right-padded
+to the longest, which the collector then serves to the reducers as if it had
+been one forward pass (`StateCollector.replay`).
+
+The values do not change: every reduction is per row over the row's measured
+tokens (``BatchInfo.token_mask``: positions ``first_index + 1 .. n``), and
+the extra right pads are outside it, as lm-eval's own pads are. Attention
+probabilities (``[B, H, T, T]`` per block) are never recorded: a run that
+reads them reduces each forward pass at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from lm_coupling.capture.architecture import block_output_hidden
+from lm_coupling.errors import LmCouplingError
+from lm_coupling.states import DocumentRef
+
+__all__ = ["Recording", "Recorder", "forward_shape", "merge_recordings"]
+
+
+def forward_shape(
+    hidden, n_rows: int, max_last: int, max_row: int, measures_subset: bool
+) -> tuple[int, int]:
+    """``(rows measured, positions)`` of a forward pass, checked against the capture's indices.
+
+    Args:
+        hidden: what block 1 received as its hidden states.
+        n_rows: entries of the capture's ``last_index``.
+        max_last: the largest ``last_index`` entry (-1 for none).
+        max_row: the largest measured row (-1 for none).
+        measures_subset: the capture was given ``rows`` (else every row is measured).
+
+    Raises:
+        LmCouplingError: block 1 received no ``[B, T, d]`` tensor.
+        ValueError: the batch size or length does not fit the indices.
+    """
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        raise LmCouplingError(
+            "expected block 1 to receive hidden states [B, T, d] as its first argument or "
+            f"as hidden_states=, got {type(hidden).__name__}; register an override"
+        )
+    batch, n_tokens = hidden.shape[0], hidden.shape[1]
+    if measures_subset:
+        if max_row >= batch:
+            raise ValueError(
+                f"capture() was given row {max_row} to measure but the "
+                f"forward has batch size {batch}; pass rows of the batch"
+            )
+        batch = n_rows
+    elif batch != n_rows:
+        raise ValueError(
+            f"capture() was given {n_rows} last_index entries but the forward "
+            f"has batch size {batch}; pass one index per row of the batch"
+        )
+    if max_last >= n_tokens:
+        raise ValueError(
+            f"last_index {max_last} is outside the {n_tokens} positions of "
+            "the forward; pass the position of each row's last context token"
+        )
+    return batch, n_tokens
+
+
+@dataclass
+class Recording:
+    """The measured rows of one forward pass, for a later reduction.
+
+    Attributes:
+        last_index, first_index, target_tokens: ``[b]`` int64 (CPU), as given
+            to `StateCollector.record`.
+        documents: per measured row, the documents it measures.
+        states: ``x^l`` of the measured rows for l = 0..L as recorded so far:
+            ``[b, T, d]`` when the reducers read ``hidden_states``, else the
+            rows at the target positions ``[b, d]``; the model's dtype and
+            the device of the block that made it.
+        n_tokens: T, the forward's positions (None before the forward).
+        complete: every block's output was recorded.
+    """
+
+    last_index: torch.Tensor
+    first_index: torch.Tensor
+    target_tokens: torch.Tensor
+    documents: tuple[tuple[DocumentRef, ...], ...]
+    states: list[torch.Tensor] = field(default_factory=list)
+    n_tokens: int | None = None
+    complete: bool = False
+
+    @property
+    def size(self) -> int:
+        """b, the measured rows."""
+        return len(self.last_index)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the recorded states hold."""
+        return sum(state.numel() * state.element_size() for state in self.states)
+
+
+class Recorder:
+    """The hooks of one recording: copy the measured rows of each state, nothing else.
+
+    Args:
+        recording: where the copies go.
+        n_layers: L (the recording is complete after block L).
+        rows: the forward's rows measured (None: every row).
+        whole_rows: keep ``[b, T, d]`` (else the rows at the target positions).
+    """
+
+    def __init__(
+        self, recording: Recording, n_layers: int, rows: torch.Tensor | None, whole_rows: bool
+    ) -> None:
+        self.recording, self.n_layers, self.rows = recording, n_layers, rows
+        self.whole_rows = whole_rows
+        self.phase = "waiting"  # -> "running" -> "done"
+        self.index_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        last = recording.last_index
+        self.max_last = max(last.tolist(), default=-1)
+        self.max_row = -1 if rows is None else max(rows.tolist(), default=-1)
+
+    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook on block 1: x^0 is its input hidden states."""
+        if self.phase != "waiting":
+            return None
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        _, n_tokens = forward_shape(
+            hidden, self.recording.size, self.max_last, self.max_row, self.rows is not None
+        )
+        self.phase = "running"
+        self.recording.n_tokens = n_tokens
+        self._keep(hidden)
+        return None
+
+    def post_hook(self, layer: int, module: nn.Module, args: tuple, output) -> None:
+        """Forward hook on block ``layer`` (1-based): x^layer is its output."""
+        if self.phase != "running":
+            return None
+        self._keep(block_output_hidden(output))
+        if layer == self.n_layers:
+            self.phase = "done"
+            self.recording.complete = True
+        return None
+
+    def _keep(self, hidden: torch.Tensor) -> None:
+        """A copy of the measured rows (never a view: the model may write the state in place)."""
+        hidden = hidden.detach()
+        rows, last = self._index(hidden.device)
+        if not self.whole_rows:
+            batch = torch.arange(len(last), device=hidden.device) if rows is None else rows
+            self.recording.states.append(hidden[batch, last])
+        elif rows is None:
+            self.recording.states.append(hidden.clone())
+        else:
+            self.recording.states.append(hidden.index_select(0, rows))
+
+    def _index(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """The measured rows and the target positions on ``device`` (blocks may be spread)."""
+        index = self.index_on.get(device)
+        if index is None:
+            rows = None if self.rows is None else self.rows.to(device)
+            index = self.index_on[device] = (rows, self.recording.last_index.to(device))
+        return index
+
+
+def merge_recordings(
+    recordings: list[Recording], device: torch.device, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], int]:
+    """Each state of several recordings as one batch, right-padded with zeros.
+
+    Args:
+        recordings: complete recordings of one model, with the same kind of
+            states (whole rows, or rows at n).
+        device: where the merged states are made.
+        dtype: what they are made in.
+
+    Returns:
+        ``(states, n_tokens)``: per l = 0..L the rows of every recording in
+        order, ``[sum b, T_max, d]`` (or ``[sum b, d]``), and ``T_max``.
+    """
+    n_tokens = max(recording.n_tokens for recording in recordings)
+    merged = []
+    for layer in range(len(recordings[0].states)):
+        parts = [recording.states[layer] for recording in recordings]
+        if parts[0].dim() == 2 or len(parts) == 1:  # rows at n, or one forward: no padding
+            state = parts[0] if len(parts) == 1 else torch.cat([p.to(device) for p in parts])
+            merged.append(state.to(device=device, dtype=dtype))
+            continue
+        rows = sum(p.shape[0] for p in parts)
+        state = torch.zeros((rows, n_tokens, parts[0].shape[-1]), device=device, dtype=dtype)
+        start = 0
+        for part in parts:
+            state[start : start + part.shape[0], : part.shape[1]] = part
+            start += part.shape[0]
+        merged.append(state)
+    return merged, n_tokens

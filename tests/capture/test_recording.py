@@ -1,0 +1,198 @@
+"""Recorded forward passes reduced together give each forward's own values.
+
+`StateCollector.record` copies a forward's measured rows and runs no reducer;
+`StateCollector.replay` serves several recordings as one batch, right-padded
+to the longest (`capture.recording`). Each test compares a replay with the
+independent route: every forward captured and reduced alone
+(`StateCollector.capture`), on forwards of different lengths, row subsets,
+left padding, and a lens-only selection (the rows at n are recorded, not the
+whole rows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lm_coupling.capture.architecture import locate_model_parts
+from lm_coupling.capture.collector import StateCollector
+from lm_coupling.capture.recording import merge_recordings
+from lm_coupling.geometry import GeometryRunner
+from lm_coupling.plugins.manager import get_registry, new_plugin_manager
+from lm_coupling.selection import make_selection
+
+PROMPTS = (
+    "Question: Which property of a mineral can be determined just by looking at it?",
+    "The sun is a star.",
+    "Plants need light and water to grow",
+    "A magnet attracts iron",
+    "Ice melts when it is warmed",
+    "Which gas do plants take in?",
+    "Water boils at one hundred degrees",
+)
+TRAJ_LENS = "lss,expodistance,equidistance,logit_lens_entropy,tv_to_target"
+
+
+def _runner(model, metrics: str) -> GeometryRunner:
+    manager = new_plugin_manager(load_entry_points=False)
+    selection = make_selection(metrics, None, registry=get_registry(manager))
+    return GeometryRunner(model, selection, manager)
+
+
+def _right_padded(tokenizer, prompts):
+    """``(ids, last, first, target)``: right padding with zeros, as lm-eval pads scoring."""
+    ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in prompts]
+    batch = torch.zeros(len(ids), max(len(i) for i in ids), dtype=torch.int64)
+    for row, i in enumerate(ids):
+        batch[row, : len(i)] = i
+    last = torch.tensor([len(i) - 1 for i in ids])
+    return batch, {}, last, torch.zeros_like(last), batch[:, 1].clone()
+
+
+def _left_padded(tokenizer, prompts):
+    """Left padding with an attention mask, as lm-eval pads a generation batch."""
+    ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in prompts]
+    width = max(len(i) for i in ids)
+    batch = torch.zeros(len(ids), width, dtype=torch.int64)
+    mask = torch.zeros(len(ids), width, dtype=torch.int64)
+    for row, i in enumerate(ids):
+        batch[row, width - len(i) :], mask[row, width - len(i) :] = i, 1
+    first = (mask == 0).sum(dim=1)
+    last = torch.full((len(ids),), width - 1)
+    return batch, {"attention_mask": mask}, last, first, torch.full_like(last, -1)
+
+
+def _forwards(tokenizer):
+    """Three forwards of different lengths and paddings, and the rows each measures."""
+    return [
+        (_right_padded(tokenizer, PROMPTS[:3]), [0, 2]),
+        (_right_padded(tokenizer, PROMPTS[3:5]), [0, 1]),
+        (_left_padded(tokenizer, PROMPTS[4:7]), [1, 2]),
+    ]
+
+
+def _docs(k, rows):
+    return [[("t", 10 * k + row)] for row in rows]
+
+
+def _assert_same_documents(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.failures == [] and b.failures == []
+        assert set(a.values) == set(b.values) and set(a.profiles) == set(b.profiles)
+        for name, value in b.values.items():
+            assert a.values[name] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), name
+        for name, profile in b.profiles.items():
+            torch.testing.assert_close(
+                torch.as_tensor(a.profiles[name]),
+                torch.as_tensor(profile),
+                rtol=1e-5,
+                atol=1e-6,
+                equal_nan=True,
+            )
+
+
+@pytest.mark.parametrize(
+    "model_type,metrics",
+    [("gpt2", TRAJ_LENS), ("llama", TRAJ_LENS), ("llama", "logit_lens_entropy,tv_to_target")],
+)
+def test_a_replay_equals_each_forward_captured_alone(model_type, metrics, tiny_model, tokenizer):
+    model = tiny_model(model_type)
+    runner = _runner(model, metrics)
+    alone, recordings = [], []
+    with torch.no_grad():
+        for k, ((ids, kwargs, last, first, target), rows) in enumerate(_forwards(tokenizer)):
+            index = torch.tensor(rows)
+            args = (last[index], first[index], target[index], _docs(k, rows), index)
+            with runner.capture(*args) as handle:
+                model(ids, **kwargs)
+            alone += runner.compute(handle)
+            with runner.record(*args) as recording:
+                model(ids, **kwargs)
+            assert recording.complete and recording.size == len(rows)
+            recordings.append(recording)
+    handle = runner.replay(recordings)
+    assert handle.errors == {} and handle.lens_error is None
+    assert handle.info.size == 6 and handle.info.n_tokens == max(r.n_tokens for r in recordings)
+    assert [doc.doc_id for row in handle.states.documents for doc in row] == [0, 2, 10, 11, 21, 22]
+    replayed = runner.compute(handle)
+    _assert_same_documents(replayed, alone)
+    assert all(math.isfinite(doc.values["logit_lens_entropy"]) for doc in replayed)
+
+
+def test_lens_only_recordings_keep_the_rows_at_n(tiny_model, tokenizer):
+    model = tiny_model("llama")
+    runner = _runner(model, "logit_lens_entropy")
+    (ids, _, last, first, target), _ = _forwards(tokenizer)[0]
+    with torch.no_grad(), runner.record(last, first, target) as recording:
+        model(ids)
+    parts = locate_model_parts(model)
+    assert len(recording.states) == parts.n_layers + 1
+    assert all(state.shape == (3, parts.d_model) for state in recording.states)
+    assert recording.nbytes == runner.recording_bytes(3, ids.shape[1])
+
+
+def test_a_recording_holds_copies_of_the_measured_rows(tiny_model, tokenizer):
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    parts = locate_model_parts(model)
+    (ids, _, last, first, target), _ = _forwards(tokenizer)[0]
+    outputs = []
+    hooks = [
+        block.register_forward_hook(lambda m, a, out: outputs.append(out)) for block in parts.blocks
+    ]
+    try:
+        with torch.no_grad(), runner.record(last, first, target) as everything:
+            model(ids)
+        with torch.no_grad(), runner.record(last[1:], first[1:], target[1:], None, [1, 2]) as part:
+            model(ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    model_storage = {
+        (out[0] if isinstance(out, tuple) else out).untyped_storage().data_ptr() for out in outputs
+    }
+    for recording in (everything, part):
+        assert not {s.untyped_storage().data_ptr() for s in recording.states} & model_storage
+    for layer, state in enumerate(part.states):  # the measured rows, row for row
+        torch.testing.assert_close(state, everything.states[layer][1:], rtol=0, atol=0)
+    assert everything.nbytes == runner.recording_bytes(3, ids.shape[1])
+
+
+def test_merging_pads_on_the_right_with_zeros(tiny_model, tokenizer):
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    recordings = []
+    with torch.no_grad():
+        for (ids, kwargs, last, first, target), _ in _forwards(tokenizer)[:2]:
+            with runner.record(last, first, target) as recording:
+                model(ids, **kwargs)
+            recordings.append(recording)
+    merged, n_tokens = merge_recordings(recordings, torch.device("cpu"), torch.float32)
+    short, long_ = sorted(recordings, key=lambda r: r.n_tokens)
+    assert n_tokens == long_.n_tokens > short.n_tokens
+    start = recordings.index(short) * recordings[0].size
+    for layer, state in enumerate(merged):
+        assert state.shape == (5, n_tokens, model.config.hidden_size)
+        rows = state[start : start + short.size]
+        torch.testing.assert_close(rows[:, : short.n_tokens], short.states[layer])
+        assert not rows[:, short.n_tokens :].any()
+
+
+def test_replay_and_record_refuse_what_they_cannot_serve(tiny_model, tokenizer):
+    model = tiny_model("llama")  # eager attention (demo.tiny builds every model eager)
+    runner = _runner(model, TRAJ_LENS)
+    (ids, _, last, first, target), _ = _forwards(tokenizer)[0]
+    with runner.record(last, first, target) as unfinished:  # no forward ran inside
+        pass
+    assert not unfinished.complete
+    with pytest.raises(ValueError, match="complete recordings"):
+        runner.replay([unfinished])
+    with pytest.raises(ValueError, match="complete recordings"):
+        runner.replay([])
+    parts = locate_model_parts(model)
+    with pytest.raises(ValueError, match="cannot record"):
+        with StateCollector(model, parts, attentions=True).record(last, first, target):
+            pass
