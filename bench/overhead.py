@@ -24,7 +24,7 @@ unless ``--model-dir`` names another.
 Usage::
 
     python bench/overhead.py                     # GPT-2 small shape on CPU
-    python bench/overhead.py --marginal 3000,10000 --configs plain,traj_lens
+    python bench/overhead.py --marginal 1000,10000 --configs plain,traj_lens --threads 1
     python bench/overhead.py --device cuda --d-model 2048 --layers 24 --heads 16
 
 ``bench/gpu.py`` measures the same on a Pythia-1B-shaped model, each run in a
@@ -34,6 +34,7 @@ fresh process, at a fixed and at ``auto`` batch size.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -144,6 +145,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--model-dir", type=Path, default=None, help="reuse a saved model")
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads, here and in every fresh worker (default: torch's own)",
+    )
+    parser.add_argument(
         "--marginal",
         default=None,
         help="N1,N2: CPU per 1000 synthetic ARC documents and memory growth (bench/marginal.py)",
@@ -164,6 +171,7 @@ def main_marginal(args: argparse.Namespace, names: list[str]) -> None:
         out = marginal(model_dir, sizes, configs, str(args.batch_size), args.device,
                        Path(tmp) / "data", args.repeats)  # fmt: skip
     print(f"\nmodel: {model_dir}; device={args.device}; batch_size={args.batch_size}; "
+          f"threads={args.threads or 'torch default'}; "
           f"N = {sizes[0]} -> {sizes[1]} synthetic ARC-format documents; "
           f"median of {args.repeats} round(s), fresh process per run")  # fmt: skip
     print(machine_line(args.device))
@@ -186,6 +194,11 @@ def main_marginal(args: argparse.Namespace, names: list[str]) -> None:
 def main(argv=None) -> None:
     """Build the model, measure memory and time, print the table."""
     args = parse_args(argv)
+    if args.threads is not None:  # fresh workers read it when torch starts
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     names = args.configs.split(",")
     if "plain" not in names or "traj_lens" not in names:
         raise SystemExit("--configs must include plain and traj_lens (the ratio's terms)")

@@ -65,7 +65,9 @@ class BatchInfo:
         n_layers: L, the number of blocks (states 0..L arrive).
         d_model: d.
         vocab_size: V.
-        size: B, rows of the forward pass.
+        size: B, the measured rows: those of one forward pass, or of several
+            small forward passes pooled into one batch (their rows in order,
+            right-padded to the longest; ``harness.batch_pool``).
         n_tokens: T, positions of the (padded) rows.
         last_index: ``[B]`` int64, the target position n of each row.
         first_index: ``[B]`` int64, the first real token of each row (the
@@ -127,7 +129,9 @@ class LayerReducer(Protocol):
     """What a plugin's ``lmc_layer_reducer`` returns: a reducer of one batch.
 
     ``update`` is called once per state, l = 0..L in order, during the
-    benchmark's forward pass; ``finalize`` once after ``x^L``. What
+    benchmark's forward pass or, for small batches pooled together, from the
+    recorded states after it (``capture.recording``); ``finalize`` once after
+    ``x^L``. What
     ``finalize`` returns reaches the same plugin's ``lmc_compute_batch`` as
     its ``reduced`` argument. Memory: capture holds one layer's states; the
     reducer holds what it keeps (keep reductions, not the states).

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from fixtures.host_reads import HostReads
 
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.collector import StateCollector
@@ -154,25 +154,10 @@ def test_a_failing_lens_leaves_the_stacked_reader_without_values(tiny_model, tok
     assert h.reduced["lens"] is None and h.reduced["trajectory"] is not None
 
 
-class _HostReads(TorchFunctionMode):
-    """Counts the tensor reads that wait for the device (a sync on an accelerator)."""
-
-    READS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__"})
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in self.READS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _host_reads(runner, model, tokenizer, prompts) -> tuple[int, list]:
     batch, last, target = _batch(tokenizer, prompts)
     docs = [[("t", i)] for i in range(len(prompts))]
-    with torch.no_grad(), _HostReads() as reads:
+    with torch.no_grad(), HostReads() as reads:
         with runner.capture(last, torch.zeros_like(last), target, docs) as handle:
             model(batch)
         documents = runner.compute(handle)

@@ -18,6 +18,11 @@ rows ``[(L+1) B, d]``; one that sets ``"none"`` reads no lens. The per-state
 ``view.normed``/``view.logits`` are computed only while a started reducer reads
 them (``lens_route = "layer"``, the default of every reducer that sets nothing).
 
+A forward pass can also be recorded (`StateCollector.record`: its measured
+rows copied, no reducer run) and several recordings served later as one batch
+(`StateCollector.replay`, ``capture.recording``): the harness pools small
+benchmark batches so that their fixed per-batch cost is paid once.
+
 Capture knows no metric: reducers are named objects with ``update`` and
 ``finalize``. One that raises is dropped from the batch and its error kept
 under its name (``CaptureHandle.errors``); every other reducer goes on.
@@ -124,7 +129,7 @@ class _Run:
             hidden, len(self.last), self.max_last, self.max_row, self.rows is not None
         )
         self.begin(batch, n_tokens, work_dtype(hidden))
-        self._take(0, hidden)
+        self.serve(0, hidden)
         return None
 
     def begin(self, batch: int, n_tokens: int, dtype: torch.dtype) -> None:
@@ -190,12 +195,14 @@ class _Run:
         """Forward hook on block ``layer`` (1-based): x^layer is its output."""
         if self.phase != "running":
             return None
-        self._take(layer, block_output_hidden(output))
+        self.serve(layer, block_output_hidden(output))
         if layer == self.collector.parts.n_layers:
             self.phase = "done"
         return None
 
-    def _take(self, layer: int, hidden: torch.Tensor | None, at_n: torch.Tensor | None = None):
+    def serve(
+        self, layer: int, hidden: torch.Tensor | None, at_n: torch.Tensor | None = None
+    ) -> None:
         """Serve one state to every reducer, then drop it.
 
         ``hidden`` is the forward's ``[B, T, d]``; a replay gives the measured
@@ -492,9 +499,9 @@ class StateCollector:
         run.begin(len(last), n_tokens, dtype)
         for layer, state in enumerate(states):
             if self.hidden_states:
-                run._take(layer, state)
+                run.serve(layer, state)
             else:
-                run._take(layer, None, at_n=state)
+                run.serve(layer, None, at_n=state)
         run.phase = "done"
         run.finish()
         return handle
@@ -544,7 +551,13 @@ class StateCollector:
         return handle
 
 
-def _indices(last_index, first_index, target_tokens, documents, rows):
+def _indices(
+    last_index: Sequence[int] | torch.Tensor,
+    first_index: Sequence[int] | torch.Tensor,
+    target_tokens: Sequence[int] | torch.Tensor | None,
+    documents: Sequence[Sequence[DocumentRef]] | None,
+    rows: Sequence[int] | torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, torch.Tensor | None]:
     """The capture's indices as int64 CPU tensors, checked (``StateCollector.capture``)."""
     last = _as_index(last_index, "last_index")
     first = _as_index(first_index, "first_index")

@@ -47,13 +47,16 @@ def lmc_layer_reducer(
 ) -> LayerReducer | None:
     """Start a reducer of the streamed states of one batch.
 
-    Called once per captured forward pass, when block 1 receives ``x^0``, for
-    each plugin that owns a selected metric needing ``hidden_states``,
-    ``lens`` or ``attentions``. The reducer's ``update(view)`` then receives
-    ``x^0 .. x^L`` one `LayerView` at a time (capture holds one layer;
-    the reducer keeps what it reduces), and its ``finalize()`` result reaches
-    this plugin's ``lmc_compute_batch`` as ``reduced``. Not firstresult: each
-    plugin's reducer is its own.
+    Called once per captured batch, before ``x^0`` is served, for each plugin
+    that owns a selected metric needing ``hidden_states``, ``lens`` or
+    ``attentions``. A batch is the measured rows of one forward pass, or of
+    several small ones pooled into one (their rows in order, right-padded
+    with zeros to the longest; ``harness.batch_pool``); a reduction per row
+    over ``batch.token_mask`` gives the same values either way. The
+    reducer's ``update(view)`` then receives ``x^0 .. x^L`` one `LayerView`
+    at a time (capture holds one layer; the reducer keeps what it reduces),
+    and its ``finalize()`` result reaches this plugin's ``lmc_compute_batch``
+    as ``reduced``. Not firstresult: each plugin's reducer is its own.
 
     Args:
         selected: the metric names being computed (answer for your own).
@@ -98,7 +101,8 @@ def lmc_compute_batch(
 ) -> Mapping[str, Mapping[str, torch.Tensor]] | None:
     """Compute per-document values for one batch of documents.
 
-    Called after each captured forward pass (for the rows of lm-eval's batch),
+    Called after each captured batch (the measured rows of lm-eval's forward
+    pass, or of several pooled: ``lmc_layer_reducer``),
     and once per batch of sampled documents for metrics that need Jacobians
     (``states.jacobians`` holds one entry per document, None outside the
     sample). Called for each plugin on its own, with the metric names it owns

@@ -15,6 +15,7 @@ import math
 
 import pytest
 import torch
+from fixtures.host_reads import HostReads
 
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.collector import StateCollector
@@ -196,3 +197,26 @@ def test_replay_and_record_refuse_what_they_cannot_serve(tiny_model, tokenizer):
     with pytest.raises(ValueError, match="cannot record"):
         with StateCollector(model, parts, attentions=True).record(last, first, target):
             pass
+
+
+def _record_and_replay(runner, model, tokenizer, n_forwards: int) -> tuple[int, int]:
+    """Host reads of recording one forward, and of replaying ``n_forwards`` recordings."""
+    (ids, _, last, first, target), _ = _forwards(tokenizer)[0]
+    with torch.no_grad(), HostReads() as recording_reads:
+        with runner.record(last, first, target) as recording:
+            model(ids)
+    with HostReads() as replay_reads:
+        runner.compute(runner.replay([recording] * n_forwards))
+    return recording_reads.count, replay_reads.count
+
+
+def test_host_reads_do_not_grow_with_the_pooled_documents(tiny_model, tokenizer):
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    _record_and_replay(runner, model, tokenizer, 1)  # first calls (lazy set-up) untimed
+    record_one, replay_one = _record_and_replay(runner, model, tokenizer, 1)
+    record_again, replay_many = _record_and_replay(runner, model, tokenizer, 8)
+    # Recording reads the batch's few indices once (no read in the hooks); a replay
+    # reads each value and profile once, however many forwards it joins.
+    assert record_one == record_again <= 4
+    assert replay_one == replay_many
