@@ -50,6 +50,7 @@ from lm_coupling.capture.jacobian_calls import (
 from lm_coupling.capture.jacobian_sequence import SEQUENCE, choose_replay, record_sequences
 from lm_coupling.capture.transformers_adapter import cache_layers, layer_keeps_state, output_cache
 from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.harness.host_memory import trim_host_memory
 from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
 
@@ -411,5 +412,8 @@ def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
     tokens = list(lm.tok_encode(context))[-FIRST_BATCH_TOKENS:] if context else []
     if not tokens:
         tokens = list(range(1, min(PROBE_TOKENS, runner.parts.vocab_size - 1) + 1))
-    check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)
-    check_differentiable(lm.model, runner.parts, torch.tensor(tokens), session.selection)
+    try:
+        check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)
+        check_differentiable(lm.model, runner.parts, torch.tensor(tokens), session.selection)
+    finally:
+        trim_host_memory()  # the probes' freed memory, before the benchmark's peak
