@@ -133,7 +133,7 @@ class LayerReducer(Protocol):
     recorded states after it (``capture.recording``); ``finalize`` once after
     ``x^L``. What
     ``finalize`` returns reaches the same plugin's ``lmc_compute_batch`` as
-    its ``reduced`` argument. Memory: capture holds one layer's states; the
+    its ``reduced`` argument. Memory: capture serves one layer's states; the
     reducer holds what it keeps (keep reductions, not the states).
 
     Optional, the lens route (attribute ``lens_route``): ``"layer"`` (the

@@ -54,7 +54,7 @@ def lmc_layer_reducer(
     with zeros to the longest; ``harness.batch_pool``); a reduction per row
     over ``batch.token_mask`` gives the same values either way. The
     reducer's ``update(view)`` then receives ``x^0 .. x^L`` one `LayerView`
-    at a time (capture holds one layer; the reducer keeps what it reduces),
+    at a time (the reducer keeps what it reduces, never the view),
     and its ``finalize()`` result reaches this plugin's ``lmc_compute_batch``
     as ``reduced``. Not firstresult: each plugin's reducer is its own.
 
