@@ -332,8 +332,7 @@ class GeometryRunner:
     def recording_bytes(self, rows: int, n_tokens: int) -> int:
         """Bytes the recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
         dtype = getattr(self.model, "dtype", torch.float32)
-        element_size = torch.empty((), dtype=dtype).element_size()
-        return self.collector.recording_bytes(rows, n_tokens, element_size)
+        return self.collector.recording_bytes(rows, n_tokens, dtype.itemsize)
 
     def record(
         self,

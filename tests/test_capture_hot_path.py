@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fixtures.host_reads import HostReads
+from fixtures.prompts import PROMPTS, TRAJ_LENS, right_padded
 
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.collector import StateCollector
@@ -24,26 +25,6 @@ from lm_coupling.plugins.builtin.lens import LensReducer
 from lm_coupling.plugins.builtin.trajectory import TrajectoryReducer
 from lm_coupling.plugins.manager import get_registry, new_plugin_manager
 from lm_coupling.selection import make_selection
-
-PROMPTS = (
-    "Question: Which property of a mineral can be determined just by looking at it?",
-    "The sun is a star.",
-    "Plants need light and water to grow",
-    "A magnet attracts iron",
-    "Ice melts when it is warmed",
-    "Which gas do plants take in?",
-)
-TRAJ_LENS = "lss,expodistance,equidistance,logit_lens_entropy,tv_to_target"
-
-
-def _batch(tokenizer, prompts):
-    """Right-padded ids (pad 0, as lm-eval pads), last positions and gold targets."""
-    ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in prompts]
-    batch = torch.zeros(len(ids), max(len(i) for i in ids), dtype=torch.int64)
-    for row, i in enumerate(ids):
-        batch[row, : len(i)] = i
-    last = torch.tensor([len(i) - 1 for i in ids])
-    return batch, last, batch[:, 1].clone()
 
 
 class _Keep:
@@ -70,7 +51,7 @@ def _reducers():
 def test_measured_rows_are_the_full_batchs_rows(model_type, tiny_model, tokenizer):
     model = tiny_model(model_type)
     parts = locate_model_parts(model)
-    batch, last, target = _batch(tokenizer, PROMPTS[:4])
+    batch, last, target = right_padded(tokenizer, PROMPTS[:4])
     collector = StateCollector(model, parts, lens=LogitLens(parts))
     first = torch.zeros_like(last)
     with torch.no_grad(), collector.capture(last, first, target, _reducers()) as full:
@@ -95,7 +76,7 @@ def test_measured_rows_are_the_full_batchs_rows(model_type, tiny_model, tokenize
 def test_rows_must_be_increasing_rows_of_the_batch(tiny_model, tokenizer):
     model = tiny_model("gpt2")
     parts = locate_model_parts(model)
-    batch, last, target = _batch(tokenizer, PROMPTS[:3])
+    batch, last, target = right_padded(tokenizer, PROMPTS[:3])
     collector = StateCollector(model, parts, lens=LogitLens(parts))
     first = torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match="increasing"):
@@ -121,7 +102,7 @@ def test_the_stacked_lens_equals_the_lens_of_each_state(lens_kind, tiny_model, t
             return super().logits(layer, hidden + 0.1 * layer)
 
     lens = LogitLens(parts) if lens_kind == "logit" else Shifted(parts)
-    batch, last, target = _batch(tokenizer, PROMPTS[:3])
+    batch, last, target = right_padded(tokenizer, PROMPTS[:3])
     target[1] = -1  # a document without a target
     collector = StateCollector(model, parts, lens=lens)
     reducers = {"lens": LensReducer, "keep": _Keep}
@@ -146,7 +127,7 @@ def test_a_failing_lens_leaves_the_stacked_reader_without_values(tiny_model, tok
         def logits(self, layer, hidden):
             raise RuntimeError("lens boom")
 
-    batch, last, target = _batch(tokenizer, PROMPTS[:2])
+    batch, last, target = right_padded(tokenizer, PROMPTS[:2])
     collector = StateCollector(model, parts, lens=Failing(parts))
     with torch.no_grad(), collector.capture(last, torch.zeros_like(last), target, _reducers()) as h:
         model(batch)
@@ -155,7 +136,7 @@ def test_a_failing_lens_leaves_the_stacked_reader_without_values(tiny_model, tok
 
 
 def _host_reads(runner, model, tokenizer, prompts) -> tuple[int, list]:
-    batch, last, target = _batch(tokenizer, prompts)
+    batch, last, target = right_padded(tokenizer, prompts)
     docs = [[("t", i)] for i in range(len(prompts))]
     with torch.no_grad(), HostReads() as reads:
         with runner.capture(last, torch.zeros_like(last), target, docs) as handle:
@@ -171,8 +152,8 @@ def test_host_reads_per_batch_do_not_grow_with_its_documents(tiny_model, tokeniz
     runner = GeometryRunner(model, selection, manager)
     _host_reads(runner, model, tokenizer, PROMPTS[:2])  # first calls (lazy set-up) untimed
     small, docs_small = _host_reads(runner, model, tokenizer, PROMPTS[:2])
-    large, docs_large = _host_reads(runner, model, tokenizer, PROMPTS)
-    assert small == large, f"{small} host reads for 2 documents, {large} for {len(PROMPTS)}"
+    large, docs_large = _host_reads(runner, model, tokenizer, PROMPTS[:6])
+    assert small == large, f"{small} host reads for 2 documents, {large} for 6"
     # At most one read per batch for each value and profile returned, and a few checks.
     returned = len(docs_large[0].values) + len(docs_large[0].profiles)
     assert large <= returned + 4, f"{large} host reads per batch for {returned} outputs"

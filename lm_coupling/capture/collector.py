@@ -116,18 +116,13 @@ class _Run:
         self.layer_lens = False  # a started reducer reads view.normed/logits
         self.stacked: list[str] = []  # reducers served the lens of every state at once
         self.rows_at_n: list[torch.Tensor] = []  # x^l_n of l = 0.., for the stacked lens
-        # The largest last index and measured row as Python numbers (no host read per batch).
-        self.max_last = max(last.tolist(), default=-1)
-        self.max_row = -1 if rows is None else max(rows.tolist(), default=-1)
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
         if self.phase != "waiting":
             return None
         hidden = args[0] if args else kwargs.get("hidden_states")
-        batch, n_tokens = forward_shape(
-            hidden, len(self.last), self.max_last, self.max_row, self.rows is not None
-        )
+        batch, n_tokens = forward_shape(hidden, self.last, self.rows)
         self.begin(batch, n_tokens, work_dtype(hidden))
         self.serve(0, hidden)
         return None
@@ -401,18 +396,27 @@ class StateCollector:
         )
         handle = CaptureHandle()
         run = _Run(self, last, first, target, dict(reducers), docs, handle, measured)
-        hooks = []
-        try:
-            hooks.append(
-                self.parts.blocks[0].register_forward_pre_hook(run.pre_hook, with_kwargs=True)
-            )
-            for layer, module in enumerate(self.attention_modules, start=1):
-                hooks.append(module.register_forward_hook(_bind(run.attention_hook, layer)))
-            for layer, block in enumerate(self.parts.blocks, start=1):
-                hooks.append(block.register_forward_hook(_bind(run.post_hook, layer)))
+        with self._hooks(run.pre_hook, run.post_hook, run.attention_hook):
             yield handle
             if run.phase == "done":
                 run.finish()
+
+    @contextmanager
+    def _hooks(self, pre_hook, post_hook, attention_hook=None) -> Iterator[None]:
+        """The hooks of one forward pass, removed on exit (also when it raises).
+
+        ``pre_hook`` on block 1, ``post_hook(l, ...)`` on every block l, and
+        ``attention_hook(l, ...)`` on block l's attention where it serves attentions.
+        """
+        hooks = []
+        try:
+            hooks.append(self.parts.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
+            if attention_hook is not None:
+                for layer, module in enumerate(self.attention_modules, start=1):
+                    hooks.append(module.register_forward_hook(_bind(attention_hook, layer)))
+            for layer, block in enumerate(self.parts.blocks, start=1):
+                hooks.append(block.register_forward_hook(_bind(post_hook, layer)))
+            yield
         finally:
             for hook in hooks:
                 hook.remove()
@@ -459,17 +463,8 @@ class StateCollector:
         )
         recording = Recording(last, first, target, docs or tuple(() for _ in last.tolist()))
         recorder = Recorder(recording, self.parts.n_layers, measured, self.hidden_states)
-        hooks = []
-        try:
-            hooks.append(
-                self.parts.blocks[0].register_forward_pre_hook(recorder.pre_hook, with_kwargs=True)
-            )
-            for layer, block in enumerate(self.parts.blocks, start=1):
-                hooks.append(block.register_forward_hook(_bind(recorder.post_hook, layer)))
+        with self._hooks(recorder.pre_hook, recorder.post_hook):
             yield recording
-        finally:
-            for hook in hooks:
-                hook.remove()
 
     def replay(
         self, recordings: Sequence[Recording], reducers: Mapping[str, ReducerFactory]

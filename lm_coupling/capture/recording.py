@@ -31,17 +31,13 @@ from lm_coupling.states import DocumentRef
 __all__ = ["Recording", "Recorder", "forward_shape", "merge_recordings"]
 
 
-def forward_shape(
-    hidden, n_rows: int, max_last: int, max_row: int, measures_subset: bool
-) -> tuple[int, int]:
+def forward_shape(hidden, last_index: torch.Tensor, rows: torch.Tensor | None) -> tuple[int, int]:
     """``(rows measured, positions)`` of a forward pass, checked against the capture's indices.
 
     Args:
         hidden: what block 1 received as its hidden states.
-        n_rows: entries of the capture's ``last_index``.
-        max_last: the largest ``last_index`` entry (-1 for none).
-        max_row: the largest measured row (-1 for none).
-        measures_subset: the capture was given ``rows`` (else every row is measured).
+        last_index: the capture's ``[b]`` target positions (CPU: read without a sync).
+        rows: the forward's rows measured (CPU), or None for every row.
 
     Raises:
         LmCouplingError: block 1 received no ``[B, T, d]`` tensor.
@@ -53,7 +49,9 @@ def forward_shape(
             f"as hidden_states=, got {type(hidden).__name__}; register an override"
         )
     batch, n_tokens = hidden.shape[0], hidden.shape[1]
-    if measures_subset:
+    n_rows, max_last = len(last_index), max(last_index.tolist(), default=-1)
+    if rows is not None:
+        max_row = max(rows.tolist(), default=-1)
         if max_row >= batch:
             raise ValueError(
                 f"capture() was given row {max_row} to measure but the "
@@ -125,18 +123,13 @@ class Recorder:
         self.whole_rows = whole_rows
         self.phase = "waiting"  # -> "running" -> "done"
         self.index_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        last = recording.last_index
-        self.max_last = max(last.tolist(), default=-1)
-        self.max_row = -1 if rows is None else max(rows.tolist(), default=-1)
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
         if self.phase != "waiting":
             return None
         hidden = args[0] if args else kwargs.get("hidden_states")
-        _, n_tokens = forward_shape(
-            hidden, self.recording.size, self.max_last, self.max_row, self.rows is not None
-        )
+        _, n_tokens = forward_shape(hidden, self.recording.last_index, self.rows)
         self.phase = "running"
         self.recording.n_tokens = n_tokens
         self._keep(hidden)

@@ -26,7 +26,6 @@ from lm_coupling.catalogue import CONFIG_KEY, Catalogue
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness import preflight
 from lm_coupling.harness.batch_pool import BatchPool
-from lm_coupling.harness.host_memory import trim_host_memory
 from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
@@ -93,10 +92,7 @@ class CouplingHFLM(HFLMWithHooks):
             raise RuntimeError("this CouplingHFLM already measures a run; build one per run")
         selection = run.selection
         runner = GeometryRunner(self.model, selection)
-        try:
-            preflight.check_model(self.model, runner.parts, runner.selection)
-        finally:
-            trim_host_memory()  # the probes' freed memory, before the benchmark's peak
+        preflight.check_model(self.model, runner.parts, runner.selection)
         prefix = run.evaluator.use_cache
         session = GeometrySession(
             selection,

@@ -199,11 +199,21 @@ def _looks_ahead(model: nn.Module) -> str:
 def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> ModelProbe:
     """Stop before any request when the model cannot give the selected metrics.
 
+    The memory its probes freed is then handed back (`trim_host_memory`),
+    before the benchmark's peak.
+
     Raises:
         UnsupportedModelError: the model is not causal or its blocks pass
             more than one residual stream (no metric is defined). The message
             names the model and what was found.
     """
+    try:
+        return _check_model(model, parts)
+    finally:
+        trim_host_memory()
+
+
+def _check_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
     probe = probe_model(model, parts)
     name = f"{type(model).__name__} (model_type={parts.model_type!r})"
     if not probe.causal:

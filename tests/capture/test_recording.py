@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 from fixtures.host_reads import HostReads
+from fixtures.prompts import PROMPTS, TRAJ_LENS, right_padded
 
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.collector import StateCollector
@@ -23,17 +24,6 @@ from lm_coupling.capture.recording import merge_recordings
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.plugins.manager import get_registry, new_plugin_manager
 from lm_coupling.selection import make_selection
-
-PROMPTS = (
-    "Question: Which property of a mineral can be determined just by looking at it?",
-    "The sun is a star.",
-    "Plants need light and water to grow",
-    "A magnet attracts iron",
-    "Ice melts when it is warmed",
-    "Which gas do plants take in?",
-    "Water boils at one hundred degrees",
-)
-TRAJ_LENS = "lss,expodistance,equidistance,logit_lens_entropy,tv_to_target"
 
 
 def _runner(model, metrics: str) -> GeometryRunner:
@@ -43,13 +33,9 @@ def _runner(model, metrics: str) -> GeometryRunner:
 
 
 def _right_padded(tokenizer, prompts):
-    """``(ids, last, first, target)``: right padding with zeros, as lm-eval pads scoring."""
-    ids = [torch.tensor(tokenizer(p)["input_ids"]) for p in prompts]
-    batch = torch.zeros(len(ids), max(len(i) for i in ids), dtype=torch.int64)
-    for row, i in enumerate(ids):
-        batch[row, : len(i)] = i
-    last = torch.tensor([len(i) - 1 for i in ids])
-    return batch, {}, last, torch.zeros_like(last), batch[:, 1].clone()
+    """``(ids, kwargs, last, first, target)``: right padding, as lm-eval pads scoring."""
+    ids, last, target = right_padded(tokenizer, prompts)
+    return ids, {}, last, torch.zeros_like(last), target
 
 
 def _left_padded(tokenizer, prompts):
