@@ -129,6 +129,7 @@ class GeometryRunner:
         if streamed:
             self.collector = self._collector(streamed)
         self._engine = None
+        self._state_itemsize: int | None = None
 
     def _collector(self, needs: set[str]):
         from lm_coupling.capture.attention import check_attentions
@@ -179,6 +180,16 @@ class GeometryRunner:
                 )
             return lens
         return LogitLens(self.parts)
+
+    def standing_hooks(self):
+        """A context keeping the capture's hooks registered across forward passes.
+
+        Captures and recordings inside it arm those hooks instead of
+        registering their own (``StateCollector.standing_hooks``).
+        """
+        if self.collector is None:
+            return contextlib.nullcontext()
+        return self.collector.standing_hooks()
 
     @property
     def needs_forward_capture(self) -> bool:
@@ -331,8 +342,9 @@ class GeometryRunner:
 
     def recording_bytes(self, rows: int, n_tokens: int) -> int:
         """Bytes the recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
-        dtype = getattr(self.model, "dtype", torch.float32)
-        return self.collector.recording_bytes(rows, n_tokens, dtype.itemsize)
+        if self._state_itemsize is None:  # transformers' ``dtype`` walks the parameters
+            self._state_itemsize = getattr(self.model, "dtype", torch.float32).itemsize
+        return self.collector.recording_bytes(rows, n_tokens, self._state_itemsize)
 
     def record(
         self,

@@ -351,6 +351,7 @@ class StateCollector:
         self.attention_modules = attention_modules(parts.blocks) if self.attentions else []
         first_param = next(parts.blocks[0].parameters(), None)
         self.device = first_param.device if first_param is not None else torch.device("cpu")
+        self._standing: _StandingHooks | None = None
 
     @contextmanager
     def capture(
@@ -402,12 +403,49 @@ class StateCollector:
                 run.finish()
 
     @contextmanager
+    def standing_hooks(self) -> Iterator[None]:
+        """Keep the hooks registered for every forward pass inside the context.
+
+        :meth:`capture` and :meth:`record` inside it arm these hooks for their
+        forward pass instead of registering and removing their own: a
+        benchmark of short prompts otherwise pays the registration on every
+        batch. Forward passes that nothing armed pass through (the hooks
+        return at once). Removed on exit, also when the block raises.
+        """
+        if self._standing is not None:  # already standing: the outer context removes them
+            yield
+            return
+        standing = _StandingHooks()
+        with self._registered(standing.pre_hook, standing.post_hook, standing.attention_hook):
+            self._standing = standing
+            try:
+                yield
+            finally:
+                self._standing = None
+
+    @contextmanager
     def _hooks(self, pre_hook, post_hook, attention_hook=None) -> Iterator[None]:
-        """The hooks of one forward pass, removed on exit (also when it raises).
+        """The hooks of one forward pass, disarmed or removed on exit (also when it raises).
 
         ``pre_hook`` on block 1, ``post_hook(l, ...)`` on every block l, and
         ``attention_hook(l, ...)`` on block l's attention where it serves attentions.
+        Inside :meth:`standing_hooks` they arm the standing hooks (unless
+        those are armed already: a capture inside a capture registers its own).
         """
+        standing = self._standing
+        if standing is not None and standing.armed is None:
+            standing.armed = (pre_hook, post_hook, attention_hook)
+            try:
+                yield
+            finally:
+                standing.armed = None
+            return
+        with self._registered(pre_hook, post_hook, attention_hook):
+            yield
+
+    @contextmanager
+    def _registered(self, pre_hook, post_hook, attention_hook=None) -> Iterator[None]:
+        """Register the hooks of :meth:`_hooks`; remove them on exit."""
         hooks = []
         try:
             hooks.append(self.parts.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -594,10 +632,36 @@ def _is_logit_lens(lens: Any) -> bool:
     return isinstance(lens, LogitLens) and type(lens).logits is LogitLens.logits
 
 
+class _StandingHooks:
+    """Hooks registered once (`StateCollector.standing_hooks`), each forwarding to the armed pass.
+
+    ``armed`` is ``(pre_hook, post_hook, attention_hook)`` of the capture or
+    recording under way, or None: the forward pass then runs untouched.
+    """
+
+    def __init__(self) -> None:
+        self.armed: tuple | None = None
+
+    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict):
+        armed = self.armed
+        return None if armed is None else armed[0](module, args, kwargs)
+
+    def post_hook(self, layer: int, module: nn.Module, args: tuple, output):
+        armed = self.armed
+        return None if armed is None else armed[1](layer, module, args, output)
+
+    def attention_hook(self, layer: int, module: nn.Module, args: tuple, output):
+        armed = self.armed
+        if armed is None or armed[2] is None:
+            return None
+        return armed[2](layer, module, args, output)
+
+
 def _bind(post_hook, layer: int):
     """A forward hook that calls ``post_hook(layer, module, args, output)``."""
 
     def hook(module: nn.Module, args: tuple, output) -> None:
         return post_hook(layer, module, args, output)
 
+    hook.target = post_hook  # what the hook calls (its owner says whether it is armed)
     return hook

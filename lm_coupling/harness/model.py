@@ -158,7 +158,11 @@ class CouplingHFLM(HFLMWithHooks):
         """Plan the requests' documents, then run lm-eval's loglikelihood."""
         if self._lmc_session is None:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-        with self._geometry_progress(requests, disable_tqdm):
+        # The capture's hooks stay registered for the scoring's forward passes (not
+        # for generation's decoding steps, which would pass through them all).
+        runner = self._lmc_session.runner
+        standing = contextlib.nullcontext() if runner is None else runner.standing_hooks()
+        with self._geometry_progress(requests, disable_tqdm), standing:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
     @contextlib.contextmanager
@@ -202,13 +206,14 @@ class CouplingHFLM(HFLMWithHooks):
         distinct key: all of them are measured from that one row.
         """
         rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = defaultdict(dict)
+        max_length = self.max_length  # a property HFLM resolves from the config: read once
         for cache_key, context_enc, continuation_enc in requests:
             if cache_key is None:  # loglikelihood_rolling windows: no geometry
                 continue
             key = (cache_key[0], cache_key[1])
             if key[0] is None or not session.wanted(key):
                 continue
-            inp, last = loglikelihood_input(self, context_enc, continuation_enc)
+            inp, last = loglikelihood_input(self, context_enc, continuation_enc, max_length)
             if last < 0:
                 continue
             inp = tuple(inp)

@@ -191,6 +191,7 @@ class GeometrySession:
         self._warned: set[Any] = set()
         self._scored: set[DocumentId] = set()
         self._completed: set[str] = set()  # tasks whose deferred metrics are computed
+        self._own_parts: dict[frozenset[str], tuple[list[str], set[str], bool]] = {}
 
     def claim_first_batch(self) -> bool:
         """True the first time only: the run's first captured batch (preflight checks it)."""
@@ -572,14 +573,7 @@ class GeometrySession:
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
         """The part of a measurement that belongs to ``plan``'s document."""
-        specs = self.selection.specs
-        metrics = [
-            n
-            for n in self.selection.metrics
-            if (not specs[n].sampled or n in plan.sampled_metrics) and not specs[n].task_level
-        ]  # a task-level metric has no per-document value: its task's value is added at the end
-        profiles = {p for n in metrics for p in specs[n].profiles}
-        sampled = any(specs[n].sampled for n in metrics)
+        metrics, profiles, sampled = self._own_metrics(plan.sampled_metrics)
         return DocumentGeometry(
             values={name: geometry.values.get(name, math.nan) for name in metrics},
             profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
@@ -588,6 +582,21 @@ class GeometrySession:
             summaries=dict(geometry.summaries),
             failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)],
         )
+
+    def _own_metrics(self, sampled_metrics: frozenset[str]) -> tuple[list[str], set[str], bool]:
+        """``(metrics, profiles, any sampled)`` of a document in these samples (built once each)."""
+        parts = self._own_parts.get(sampled_metrics)
+        if parts is None:
+            specs = self.selection.specs
+            metrics = [
+                n
+                for n in self.selection.metrics
+                if (not specs[n].sampled or n in sampled_metrics) and not specs[n].task_level
+            ]  # a task-level metric has no per-document value: its task's value is added at the end
+            profiles = {p for n in metrics for p in specs[n].profiles}
+            parts = metrics, profiles, any(specs[n].sampled for n in metrics)
+            self._own_parts[sampled_metrics] = parts
+        return parts
 
     def scored(self, task_name: str, doc_id: int | None) -> bool:
         """Whether the document's geometry was already given to lm-eval (an earlier filter)."""

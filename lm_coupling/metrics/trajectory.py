@@ -272,7 +272,14 @@ def trajectory_summaries(
     del x
     # A window never reaches beyond the steps: pad = min(h, L - 1) gives the same windows.
     pad = min(half, n_steps - 1) if windowed else 0
-    padded = steps.new_zeros((batch, n_steps + 2 * pad, n_tokens, width)) if windowed else None
+    # When h >= L - 1 every window [l - h, l + h] ∩ [1, L] is all L steps: each
+    # depth's windowed LSS is the LSS itself, with no window sums to add.
+    every_window_whole = windowed and half >= n_steps - 1
+    padded = (
+        steps.new_zeros((batch, n_steps + 2 * pad, n_tokens, width))
+        if windowed and not every_window_whole
+        else None
+    )
     unit, nonzero, length = _unit_steps_with_length(
         steps, out=None if padded is None else padded[:, pad : pad + n_steps]
     )
@@ -283,7 +290,9 @@ def trajectory_summaries(
         "lss": _lss_from_sums(unit.sum(dim=1), nonzero.sum(dim=1)),
         "windowed_lss": None,
     }
-    if padded is not None:
+    if every_window_whole:
+        out["windowed_lss"] = out["lss"][:, None, :].expand(batch, n_steps, n_tokens).clone()
+    elif padded is not None:
         size = 2 * pad + 1
         sums = padded.unfold(1, size, 1).sum(dim=-1)  # [B, L, T, d]
         count = torch.nn.functional.pad(nonzero.to(torch.int64), (0, 0, pad, pad))

@@ -206,3 +206,50 @@ def test_host_reads_do_not_grow_with_the_pooled_documents(tiny_model, tokenizer)
     # reads each value and profile once, however many forwards it joins.
     assert record_one == record_again <= 4
     assert replay_one == replay_many
+
+
+def _hook_count(parts) -> int:
+    return sum(len(block._forward_hooks) + len(block._forward_pre_hooks) for block in parts.blocks)
+
+
+def test_standing_hooks_capture_what_is_armed_and_nothing_else(tiny_model, tokenizer):
+    """Inside ``standing_hooks`` captures and recordings register no hooks of their own.
+
+    Their values equal those of hooks registered per forward pass; the forward
+    passes nobody armed are left alone; on exit every hook is gone.
+    """
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    parts = locate_model_parts(model)
+    forwards = _forwards(tokenizer)
+    per_forward, standing = [], []
+    with torch.no_grad():
+        for k, ((ids, kwargs, last, first, target), rows) in enumerate(forwards):
+            index = torch.tensor(rows)
+            args = (last[index], first[index], target[index], _docs(k, rows), index)
+            with runner.capture(*args) as handle:
+                model(ids, **kwargs)
+            per_forward += runner.compute(handle)
+        bare = _hook_count(parts)
+        with runner.standing_hooks():
+            held = _hook_count(parts)
+            assert held == bare + 1 + parts.n_layers  # block 1's pre-hook, every block's hook
+            recordings = []
+            for k, ((ids, kwargs, last, first, target), rows) in enumerate(forwards):
+                index = torch.tensor(rows)
+                args = (last[index], first[index], target[index], _docs(k, rows), index)
+                model(ids, **kwargs)  # nobody armed: nothing is kept
+                with runner.record(*args) as recording:
+                    model(ids, **kwargs)
+                    assert _hook_count(parts) == held
+                recordings.append(recording)
+                if k == 0:
+                    with runner.capture(*args) as handle:
+                        with runner.capture(*args) as inner:  # armed already: its own hooks
+                            assert _hook_count(parts) == held + 1 + parts.n_layers
+                            model(ids, **kwargs)
+                    assert handle.states is not None and inner.states is not None
+                    _assert_same_documents(runner.compute(handle), per_forward[:2])
+            standing = runner.compute(runner.replay(recordings))
+        assert _hook_count(parts) == bare
+    _assert_same_documents(standing, per_forward)

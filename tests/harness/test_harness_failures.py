@@ -72,11 +72,17 @@ class Faults:
 
 
 def _captured(block) -> bool:
-    """Whether lm-coupling's capture (or recording) hooks are on this block."""
-    return any(
-        getattr(hook, "__module__", "").startswith("lm_coupling.capture")
-        for hook in block._forward_hooks.values()
-    )
+    """Whether lm-coupling's capture (or recording) hooks are on this block, and armed.
+
+    Hooks that stand through lm-eval's scoring (``StateCollector.standing_hooks``)
+    capture only the forward passes a capture or recording arms them for.
+    """
+    for hook in block._forward_hooks.values():
+        if getattr(hook, "__module__", "").startswith("lm_coupling.capture"):
+            owner = getattr(getattr(hook, "target", None), "__self__", None)
+            if getattr(owner, "armed", True) is not None:
+                return True
+    return False
 
 
 @pytest.fixture(scope="module")

@@ -228,6 +228,19 @@ def test_window_sums_keep_exact_cancellation():
     assert out["lss"].item() == 3.0
 
 
+@pytest.mark.parametrize("n_layers", [5, 6, 7])
+def test_windows_covering_every_step_give_the_lss_at_every_depth(n_layers):
+    """With h >= L - 1 each window [l - h, l + h] is all L steps: the LSS itself, exactly."""
+    gen = torch.Generator().manual_seed(n_layers)
+    states = [torch.randn(2, 3, 4, generator=gen) for _ in range(n_layers + 1)]
+    out = trajectory_summaries(states, window=11)  # h = 5
+    stack = torch.stack(states, dim=2)
+    dense = windowed_line_shape_score(stack, window=11).transpose(1, 2)
+    torch.testing.assert_close(out["windowed_lss"], dense)
+    whole = torch.equal(out["windowed_lss"], out["lss"][:, None, :].expand_as(dense))
+    assert whole == (n_layers <= 6)  # L = 7: the first and last windows leave a step out
+
+
 def test_masked_token_means_equal_row_by_row_means():
     gen = torch.Generator().manual_seed(1)
     values = torch.randn(3, 4, 6, generator=gen)
