@@ -68,7 +68,8 @@ class BatchInfo:
         size: B, the measured rows: those of one forward pass, or of several
             small forward passes pooled into one batch (their rows in order,
             right-padded to the longest; ``harness.batch_pool``).
-        n_tokens: T, positions of the (padded) rows.
+        n_tokens: T, positions of the (padded) rows: ``0 .. max(last_index)``
+            (positions after every row's n, an answer's tokens, are not served).
         last_index: ``[B]`` int64, the target position n of each row.
         first_index: ``[B]`` int64, the first real token of each row (the
             number of left pads; 0 for right padding).

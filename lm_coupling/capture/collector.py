@@ -193,6 +193,9 @@ class _Run:
         self.serve(layer, block_output_hidden(output))
         if layer == self.collector.parts.n_layers:
             self.phase = "done"
+            # Finalized here, inside the forward: the reducers' buffers (the windowed
+            # LSS's ring of unit steps) are freed before the model's logits exist.
+            self.finish()
         return None
 
     def serve(
@@ -208,7 +211,7 @@ class _Run:
         collector = self.collector
         device = collector.device
         if hidden is not None:
-            hidden = self._measured(hidden.detach())
+            hidden = self._measured(hidden.detach())[:, : self.handle.info.n_tokens]
             dtype = work_dtype(hidden)
             at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)
         else:
@@ -281,7 +284,10 @@ class _Run:
         if not self.collector.attentions or layer == 0:
             return None
         weights = self.attentions.pop(layer, None)  # None: the module gave none
-        return None if weights is None else self._measured(weights).to(device=device, dtype=dtype)
+        if weights is None:
+            return None
+        width = self.handle.info.n_tokens  # causal: positions up to n attend to no later one
+        return self._measured(weights)[..., :width, :width].to(device=device, dtype=dtype)
 
     def _measured(self, tensor: torch.Tensor) -> torch.Tensor:
         """The measured rows of a ``[B, ...]`` tensor of the forward (all rows: itself)."""
@@ -386,7 +392,8 @@ class StateCollector:
 
         Yields:
             A :class:`CaptureHandle` whose ``states``, ``reduced`` and ``errors``
-            are set on exit.
+            are set once the forward's last block has run: the reducers finalize
+            inside the forward, before the model's head computes its logits.
 
         Raises:
             ValueError: index shapes disagree, ``first_index > last_index``, or (in
@@ -399,8 +406,6 @@ class StateCollector:
         run = _Run(self, last, first, target, dict(reducers), docs, handle, measured)
         with self._hooks(run.pre_hook, run.post_hook, run.attention_hook):
             yield handle
-            if run.phase == "done":
-                run.finish()
 
     @contextmanager
     def standing_hooks(self) -> Iterator[None]:

@@ -32,7 +32,11 @@ __all__ = ["Recording", "Recorder", "forward_shape", "merge_recordings"]
 
 
 def forward_shape(hidden, last_index: torch.Tensor, rows: torch.Tensor | None) -> tuple[int, int]:
-    """``(rows measured, positions)`` of a forward pass, checked against the capture's indices.
+    """``(rows measured, positions measured)`` of a forward pass, checked against its indices.
+
+    The positions measured are ``0 .. max(last_index)``: no row measures a
+    later one (an answer's tokens after every row's n), so the capture serves
+    and a recording keeps only those.
 
     Args:
         hidden: what block 1 received as its hidden states.
@@ -68,7 +72,7 @@ def forward_shape(hidden, last_index: torch.Tensor, rows: torch.Tensor | None) -
             f"last_index {max_last} is outside the {n_tokens} positions of "
             "the forward; pass the position of each row's last context token"
         )
-    return batch, n_tokens
+    return batch, max_last + 1
 
 
 @dataclass
@@ -122,6 +126,7 @@ class Recorder:
         self.recording, self.n_layers, self.rows = recording, n_layers, rows
         self.whole_rows = whole_rows
         self.phase = "waiting"  # -> "running" -> "done"
+        self.width = 0  # the positions kept (set by the pre-hook)
         self.index_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -129,9 +134,9 @@ class Recorder:
         if self.phase != "waiting":
             return None
         hidden = args[0] if args else kwargs.get("hidden_states")
-        _, n_tokens = forward_shape(hidden, self.recording.last_index, self.rows)
+        _, self.width = forward_shape(hidden, self.recording.last_index, self.rows)
         self.phase = "running"
-        self.recording.n_tokens = n_tokens
+        self.recording.n_tokens = self.width
         self._keep(hidden)
         return None
 
@@ -146,16 +151,22 @@ class Recorder:
         return None
 
     def _keep(self, hidden: torch.Tensor) -> None:
-        """A copy of the measured rows (never a view: the model may write the state in place)."""
+        """A copy of the measured rows (never a view: the model may write the state in place).
+
+        Whole rows are kept up to the last position measured (``forward_shape``).
+        """
         hidden = hidden.detach()
         rows, last = self._index(hidden.device)
         if not self.whole_rows:
             batch = torch.arange(len(last), device=hidden.device) if rows is None else rows
             self.recording.states.append(hidden[batch, last])
-        elif rows is None:
-            self.recording.states.append(hidden.clone())
-        else:
-            self.recording.states.append(hidden.index_select(0, rows))
+            return
+        hidden = hidden[:, : self.width]
+        self.recording.states.append(
+            hidden.clone(memory_format=torch.contiguous_format)
+            if rows is None
+            else hidden.index_select(0, rows)
+        )
 
     def _index(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The measured rows and the target positions on ``device`` (blocks may be spread)."""

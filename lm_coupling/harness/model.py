@@ -272,7 +272,7 @@ class CouplingHFLM(HFLMWithHooks):
             last,
             torch.zeros(full.shape[0], dtype=torch.long),
             target,
-            inps.shape[1],
+            int(last.max()) + 1,  # the positions measured (none after the last n)
         )
         self._measure_sampled(
             session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]

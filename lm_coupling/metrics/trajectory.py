@@ -262,10 +262,15 @@ def trajectory_summaries(
         ``lss [B, T]`` and ``windowed_lss [B, L, T]`` (None unless
         ``windowed``), float32 (float64 if given float64).
     """
-    half = _check_window(window)
+    _check_window(window)
     if len(states) < 2:
         raise ValueError(f"need at least two states (x^0 and x^1), received {len(states)}")
-    x = _as_work(torch.stack(tuple(states), dim=1))  # [B, L+1, T, d]
+    return _summaries_of_stack(_as_work(torch.stack(tuple(states), dim=1)), windowed, window)
+
+
+def _summaries_of_stack(x: torch.Tensor, windowed: bool, window: int) -> dict:
+    """:func:`trajectory_summaries` of the stacked states ``x [B, L+1, T, d]`` (work dtype)."""
+    half = _check_window(window)
     batch, n_steps, n_tokens, width = x.shape[0], x.shape[1] - 1, x.shape[2], x.shape[3]
     norms = torch.linalg.vector_norm(x, dim=-1)
     steps = x[:, 1:] - x[:, :-1]
@@ -416,7 +421,8 @@ class TrajectoryAccumulator:
         """Forget every state seen so far (``finalize`` calls this)."""
         self._prev: torch.Tensor | None = None
         self._dtype: torch.dtype | None = None
-        self._held: list[torch.Tensor] | None = None  # the states, when the stack is held
+        self._held: torch.Tensor | None = None  # [B, L+1, T, d] states, when the stack is held
+        self._n_held = 0
         self._norms: list[torch.Tensor] = []
         self._steps: list[torch.Tensor] = []
         self._unit_sum: torch.Tensor | None = None
@@ -429,7 +435,7 @@ class TrajectoryAccumulator:
     @property
     def n_states(self) -> int:
         """Number of states received so far (L+1 after the last block)."""
-        return len(self._held) if self._held is not None else len(self._norms)
+        return self._n_held if self._held is not None else len(self._norms)
 
     def _fits(self, state: torch.Tensor) -> bool:
         """Whether the ``L+1`` states of this shape fit in ``stack_bytes`` (work dtype)."""
@@ -454,18 +460,23 @@ class TrajectoryAccumulator:
             )
         if self._dtype is None:
             self._dtype = _work_dtype(state)
-            self._held = [] if self._fits(state) else None
-        x = state.detach().to(self._dtype)
+            if self._fits(state):
+                batch, n_tokens, width = state.shape
+                self._held = state.new_empty(
+                    (batch, self._n_layers + 1, n_tokens, width), dtype=self._dtype
+                )
         if self._held is not None:
-            if len(self._held) > self._n_layers:
+            if self._n_held > self._n_layers:
                 raise ValueError(
-                    f"received state {len(self._held)} but the accumulator was built for "
+                    f"received state {self._n_held} but the accumulator was built for "
                     f"n_layers={self._n_layers}; pass the model's number of blocks (or None)"
                 )
-            # Held until finalize: a copy when it shares the caller's memory.
-            self._held.append(x.clone() if x.data_ptr() == state.data_ptr() else x)
-            self._prev = x
+            # Held until finalize: copied into the stack (never a view of the caller's memory).
+            self._held[:, self._n_held].copy_(state.detach())
+            self._prev = self._held[:, self._n_held]  # for the next state's shape check
+            self._n_held += 1
             return
+        x = state.detach().to(self._dtype)
         self._norms.append(torch.linalg.vector_norm(x, dim=-1))
         if self._prev is not None:
             self._add_step(x - self._prev)
@@ -548,7 +559,8 @@ class TrajectoryAccumulator:
                 f"finalize needs at least two states (x^0 and x^1), received {self.n_states}"
             )
         if self._held is not None:
-            out = trajectory_summaries(self._held, self.windowed, self.window)
+            stack = self._held[:, : self._n_held]
+            out = _summaries_of_stack(stack, self.windowed, self.window)
             self.reset()
             return out
         n_steps = len(self._steps)

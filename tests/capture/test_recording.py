@@ -143,9 +143,12 @@ def test_a_recording_holds_copies_of_the_measured_rows(tiny_model, tokenizer):
     }
     for recording in (everything, part):
         assert not {s.untyped_storage().data_ptr() for s in recording.states} & model_storage
+    # Positions up to the last measured one are kept: rows 1-2 end before row 0 does.
+    assert everything.n_tokens == int(last.max()) + 1 > part.n_tokens == int(last[1:].max()) + 1
     for layer, state in enumerate(part.states):  # the measured rows, row for row
-        torch.testing.assert_close(state, everything.states[layer][1:], rtol=0, atol=0)
-    assert everything.nbytes == runner.recording_bytes(3, ids.shape[1])
+        expected = everything.states[layer][1:, : part.n_tokens]
+        torch.testing.assert_close(state, expected, rtol=0, atol=0)
+    assert everything.nbytes == runner.recording_bytes(3, everything.n_tokens)
 
 
 def test_merging_pads_on_the_right_with_zeros(tiny_model, tokenizer):
@@ -253,3 +256,19 @@ def test_standing_hooks_capture_what_is_armed_and_nothing_else(tiny_model, token
             standing = runner.compute(runner.replay(recordings))
         assert _hook_count(parts) == bare
     _assert_same_documents(standing, per_forward)
+
+
+def test_capture_serves_the_positions_up_to_the_last_measured_one(tiny_model, tokenizer):
+    """Positions after every measured row's n are not served; the values do not change."""
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    (ids, _, last, first, target), _ = _forwards(tokenizer)[0]
+    rows = torch.tensor([1, 2])  # they end before row 0 does
+    assert int(last[rows].max()) + 1 < ids.shape[1]
+    with torch.no_grad(), runner.capture(last[rows], first[rows], target[rows], None, rows) as h:
+        model(ids)
+    assert h.info.n_tokens == int(last[rows].max()) + 1
+    assert tuple(h.info.token_mask.shape) == (2, h.info.n_tokens)
+    with torch.no_grad(), runner.capture(last[1:], first[1:], target[1:], None, [1, 2]) as whole:
+        model(ids[:, : int(last[rows].max()) + 1].contiguous())  # the same positions, cut first
+    _assert_same_documents(runner.compute(h), runner.compute(whole))
