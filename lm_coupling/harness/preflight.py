@@ -82,7 +82,9 @@ class ModelProbe:
         cache_layers: the number of layers of the cache (0 without one).
         replay: how the Jacobian engine replays this model's blocks
             (``"cache"`` or ``"sequence"``), and why not from the cache (set
-            by `check_model` once the model passed its checks).
+            by `check_model` once the model passed its checks); None when no
+            selected metric reads Jacobians (the choice, a few forward passes
+            of the model, is then not made).
     """
 
     causal: bool
@@ -92,7 +94,7 @@ class ModelProbe:
     state_layers: tuple[int, ...] = ()
     hidden_shape: tuple[int, ...] = ()
     cache_layers: int = 0
-    replay: tuple[str, str] = ("cache", "")
+    replay: tuple[str, str] | None = None
 
 
 def _tolerance(dtype: torch.dtype, scale: float) -> float:
@@ -208,7 +210,10 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
             names the model and what was found.
     """
     try:
-        return _check_model(model, parts)
+        probe = _check_model(model, parts)
+        if selection.needs & JACOBIAN_NEEDS:  # how the Jacobian engine will replay the blocks
+            probe = dataclasses.replace(probe, replay=choose_replay(model))
+        return probe
     finally:
         trim_host_memory()
 
@@ -241,7 +246,7 @@ def _check_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
             f"blocks, not one residual stream [B, T, d]: {_streams(model, probe.hidden_shape)}. "
             f"{_UNKNOWN_STREAMS}"
         )
-    return dataclasses.replace(probe, replay=choose_replay(model))
+    return probe
 
 
 # -- first captured batch -------------------------------------------------------------------------

@@ -272,3 +272,21 @@ def test_capture_serves_the_positions_up_to_the_last_measured_one(tiny_model, to
     with torch.no_grad(), runner.capture(last[1:], first[1:], target[1:], None, [1, 2]) as whole:
         model(ids[:, : int(last[rows].max()) + 1].contiguous())  # the same positions, cut first
     _assert_same_documents(runner.compute(h), runner.compute(whole))
+
+
+def test_reducers_finalize_before_the_head_computes_the_logits(tiny_model, tokenizer):
+    """The reducers' buffers are freed inside the forward, before the logits [B, T, V] exist."""
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    (ids, _, last, first, target), _ = _forwards(tokenizer)[0]
+    at_head = []
+    with runner.capture(last, first, target) as handle:
+        hook = model.lm_head.register_forward_pre_hook(
+            lambda module, args: at_head.append((handle.states is not None, set(handle.reduced)))
+        )
+        try:
+            with torch.no_grad():
+                model(ids)
+        finally:
+            hook.remove()
+    assert at_head == [(True, set(handle.reduced))] and handle.reduced and not handle.errors

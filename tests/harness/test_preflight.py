@@ -220,3 +220,11 @@ def test_first_captured_batch_stops_a_real_run(tmp_path, tokenizer, restore_over
     assert "GPT2LMHeadModel (model_type='gpt2') is not the model's own function" in message
     assert "register_override('gpt2'" in message
     assert not out.exists() or not list(out.rglob("*.json"))  # nothing written
+
+
+def test_the_replay_is_chosen_only_when_a_metric_reads_jacobians(tokenizer):
+    """Choosing the Jacobian engine's replay runs the model; without a Jacobian metric it is not."""
+    model = _mamba(tokenizer)
+    parts = locate_model_parts(model)
+    assert preflight.check_model(model, parts, TRAJECTORY).replay is None
+    assert preflight.check_model(model, parts, ALL).replay[0] == "sequence"
