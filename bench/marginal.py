@@ -71,10 +71,15 @@ def marginal(model_dir: str, sizes: tuple[int, int], configs: dict, batch_size: 
     return out
 
 
+def per_round(results: dict, sizes: tuple[int, int], field: str) -> list[float]:
+    """``(field(N2) - field(N1)) / (N2 - N1) * 1000`` of each round."""
+    n1, n2 = sizes
+    rounds = zip(results[n1], results[n2], strict=True)
+    return [(b[field] - a[field]) / (n2 - n1) * 1000 for a, b in rounds]
+
+
 def per_thousand(results: dict, sizes: tuple[int, int], field: str) -> float:
     """Median over rounds of ``(field(N2) - field(N1)) / (N2 - N1) * 1000``."""
     from timing import median
 
-    n1, n2 = sizes
-    rounds = zip(results[n1], results[n2], strict=True)
-    return median([(b[field] - a[field]) / (n2 - n1) * 1000 for a, b in rounds])
+    return median(per_round(results, sizes, field))
