@@ -181,7 +181,7 @@ class GeometryRunner:
             return lens
         return LogitLens(self.parts)
 
-    def standing_hooks(self):
+    def standing_hooks(self) -> contextlib.AbstractContextManager[None]:
         """A context keeping the capture's hooks registered across forward passes.
 
         Captures and recordings inside it arm those hooks instead of
