@@ -129,7 +129,8 @@ class GeometryRunner:
         if streamed:
             self.collector = self._collector(streamed)
         self._engine = None
-        self._state_itemsize: int | None = None
+        # transformers' ``dtype`` walks the parameters: read once, for the pool's budget.
+        self._state_itemsize = getattr(model, "dtype", torch.float32).itemsize
 
     def _collector(self, needs: set[str]):
         from lm_coupling.capture.attention import check_attentions
@@ -342,8 +343,6 @@ class GeometryRunner:
 
     def recording_bytes(self, rows: int, n_tokens: int) -> int:
         """Bytes the recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
-        if self._state_itemsize is None:  # transformers' ``dtype`` walks the parameters
-            self._state_itemsize = getattr(self.model, "dtype", torch.float32).itemsize
         return self.collector.recording_bytes(rows, n_tokens, self._state_itemsize)
 
     def record(

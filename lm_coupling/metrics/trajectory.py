@@ -275,18 +275,15 @@ def _summaries_of_stack(x: torch.Tensor, windowed: bool, window: int) -> dict:
     norms = torch.linalg.vector_norm(x, dim=-1)
     steps = x[:, 1:] - x[:, :-1]
     del x
-    # A window never reaches beyond the steps: pad = min(h, L - 1) gives the same windows.
-    pad = min(half, n_steps - 1) if windowed else 0
     # When h >= L - 1 every window [l - h, l + h] ∩ [1, L] is all L steps: each
-    # depth's windowed LSS is the LSS itself, with no window sums to add.
-    every_window_whole = windowed and half >= n_steps - 1
+    # depth's windowed LSS is the LSS itself. Otherwise the windows are summed over
+    # the steps padded with h zero steps on each side.
+    window_sums = windowed and half < n_steps - 1
     padded = (
-        steps.new_zeros((batch, n_steps + 2 * pad, n_tokens, width))
-        if windowed and not every_window_whole
-        else None
+        steps.new_zeros((batch, n_steps + 2 * half, n_tokens, width)) if window_sums else None
     )
     unit, nonzero, length = _unit_steps_with_length(
-        steps, out=None if padded is None else padded[:, pad : pad + n_steps]
+        steps, out=None if padded is None else padded[:, half : half + n_steps]
     )
     del steps
     out: dict[str, torch.Tensor | None] = {
@@ -295,13 +292,13 @@ def _summaries_of_stack(x: torch.Tensor, windowed: bool, window: int) -> dict:
         "lss": _lss_from_sums(unit.sum(dim=1), nonzero.sum(dim=1)),
         "windowed_lss": None,
     }
-    if every_window_whole:
-        out["windowed_lss"] = out["lss"][:, None, :].expand(batch, n_steps, n_tokens).clone()
-    elif padded is not None:
-        size = 2 * pad + 1
+    if window_sums:
+        size = 2 * half + 1
         sums = padded.unfold(1, size, 1).sum(dim=-1)  # [B, L, T, d]
-        count = torch.nn.functional.pad(nonzero.to(torch.int64), (0, 0, pad, pad))
+        count = torch.nn.functional.pad(nonzero.to(torch.int64), (0, 0, half, half))
         out["windowed_lss"] = _lss_from_sums(sums, count.unfold(1, size, 1).sum(dim=-1))
+    elif windowed:
+        out["windowed_lss"] = out["lss"][:, None, :].expand(batch, n_steps, n_tokens).clone()
     return out
 
 
