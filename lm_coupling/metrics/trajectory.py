@@ -279,9 +279,7 @@ def _summaries_of_stack(x: torch.Tensor, windowed: bool, window: int) -> dict:
     # depth's windowed LSS is the LSS itself. Otherwise the windows are summed over
     # the steps padded with h zero steps on each side.
     window_sums = windowed and half < n_steps - 1
-    padded = (
-        steps.new_zeros((batch, n_steps + 2 * half, n_tokens, width)) if window_sums else None
-    )
+    padded = steps.new_zeros((batch, n_steps + 2 * half, n_tokens, width)) if window_sums else None
     unit, nonzero, length = _unit_steps_with_length(
         steps, out=None if padded is None else padded[:, half : half + n_steps]
     )
