@@ -247,13 +247,21 @@ def effective_rank(states: torch.Tensor, mask: torch.Tensor | None = None) -> to
 def effective_rank_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
     """:func:`effective_rank` from the Gram eigenvalues ``sigma_i^2`` (:func:`gram_eigenvalues`).
 
+    Round-off: eigenvalues below ``k * eps(float64) * max_i lambda_i`` are
+    taken as exact zeros before the square root, the tolerance
+    :func:`spectrum_entropy` uses. Applied after it, the square root would
+    lift an eigenvalue's round-off of ``eps`` to ``sqrt(eps)`` in ``sigma``,
+    and a rank-one document would get ``1 + 3e-7``, not 1.
+
     Args:
         eigenvalues: ``[..., k]`` eigenvalues of ``Z Z^T``.
 
     Returns:
         ``[...]`` float64 ``exp(H(sigma / sum sigma))``; NaN as :func:`spectrum_entropy`.
     """
-    sigma = eigenvalues.to(torch.float64).clamp(min=0).sqrt()
+    lam = eigenvalues.to(torch.float64)
+    tol = lam.shape[-1] * torch.finfo(torch.float64).eps * lam.amax(dim=-1, keepdim=True)
+    sigma = torch.where(lam > tol, lam, torch.zeros_like(lam)).sqrt()
     sigma = torch.where(torch.isnan(eigenvalues), eigenvalues.to(torch.float64), sigma)
     return spectrum_entropy(sigma, 1.0).exp()
 

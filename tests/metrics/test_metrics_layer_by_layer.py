@@ -44,8 +44,11 @@ def test_more_tokens_than_width_uses_the_small_gram():
     torch.testing.assert_close(effective_rank(z), torch.tensor([float(d)], dtype=torch.float64))
 
 
-def test_collinear_tokens_give_zero_entropy_and_rank_one():
-    v = torch.randn(8, dtype=torch.float64)
+@pytest.mark.parametrize("seed", range(20))
+def test_collinear_tokens_give_zero_entropy_and_rank_one(seed):
+    # Without the round-off tolerance before the square root, about a third of
+    # these seeds gave an effective rank of 1 + 3e-7.
+    v = torch.randn(8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     z = torch.stack([v, -2 * v, 0.5 * v])[None]
     assert abs(prompt_entropy(z).item()) < 1e-12
     torch.testing.assert_close(effective_rank(z), torch.ones(1, dtype=torch.float64))
@@ -95,7 +98,11 @@ def test_straight_trajectory_has_zero_curvature():
     t = torch.tensor([0.0, 0.5, 2.0, 2.1, 5.0], dtype=torch.float64)  # uneven steps, one direction
     z = (3.0 + t[:, None] * direction)[None]
     assert curvature(z).item() < 1e-12
-    assert curvature(z.float()).item() < 1e-6
+    # In float32 the states themselves are rounded: each step's direction is off by up
+    # to about eps32 * |z| / |step| radians, whatever the arithmetic after that.
+    steps = torch.linalg.vector_norm(z[0].diff(dim=0), dim=-1)
+    bound = 4 * torch.finfo(torch.float32).eps * z.abs().max() * 4 / steps.min()
+    assert curvature(z.float()).item() < bound.item()
 
 
 def test_curvature_closed_forms():
