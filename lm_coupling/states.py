@@ -115,6 +115,13 @@ class LayerView:
         logits: ``[B, V]`` the lens's logits at n; need ``lens``.
         attentions: ``[B, H, T, T]`` block l's attention probabilities (rows:
             queries, columns: keys); None at l = 0; need ``attentions``.
+        stack: ``[B, L+1, T, d]`` every state ``x^0..x^L`` of the batch at
+            once, when capture already holds them together (a replay of
+            recorded batches, ``capture.recording``), else None; need
+            ``hidden_states``. ``hidden`` is then ``stack[:, layer]``. The
+            same tensor at every layer, capture's own and not changed until
+            the batch is finalized: a reducer that reduces all states at once
+            may keep it (without a copy) from layer 0 to ``finalize``.
     """
 
     layer: int
@@ -123,6 +130,7 @@ class LayerView:
     normed: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     attentions: torch.Tensor | None = None
+    stack: torch.Tensor | None = None
 
 
 @runtime_checkable

@@ -272,7 +272,7 @@ class ModelParts:
                 nn.functional.linear(x, rows.to(dtype))
                 for rows in weight.detach().split(_UNEMBED_CHUNK, dim=0)
             ]
-            logits = torch.cat(chunks, dim=-1)
+            logits = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-1)
             if self.unembed_bias is not None:
                 logits = logits + self.unembed_bias.detach().to(dtype)
             if self.logit_scale != 1.0:

@@ -46,7 +46,13 @@ from torch import nn
 from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.capture.attention import attention_modules
 from lm_coupling.capture.lens import LogitLens
-from lm_coupling.capture.recording import Recorder, Recording, forward_shape, merge_recordings
+from lm_coupling.capture.recording import (
+    Recorder,
+    Recording,
+    forward_shape,
+    merge_recordings,
+    stack_recordings,
+)
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates, LayerReducer, LayerView, Lens
 
@@ -81,6 +87,13 @@ class CaptureHandle:
 
 def _as_index(values, name: str) -> torch.Tensor:
     """A 1-D int64 CPU tensor from a sequence or tensor of indices."""
+    if (
+        isinstance(values, torch.Tensor)
+        and values.dtype == torch.int64
+        and values.dim() == 1
+        and values.device.type == "cpu"
+    ):
+        return values  # already one (an integer tensor never needs detaching)
     tensor = torch.as_tensor(values).detach().cpu()
     if tensor.dim() != 1 or tensor.is_floating_point():
         raise ValueError(
@@ -199,12 +212,17 @@ class _Run:
         return None
 
     def serve(
-        self, layer: int, hidden: torch.Tensor | None, at_n: torch.Tensor | None = None
+        self,
+        layer: int,
+        hidden: torch.Tensor | None,
+        at_n: torch.Tensor | None = None,
+        stack: torch.Tensor | None = None,
     ) -> None:
         """Serve one state to every reducer, then drop it.
 
         ``hidden`` is the forward's ``[B, T, d]``; a replay gives the measured
-        rows' states instead, or only their rows at n (``at_n``, hidden None).
+        rows' states instead (views of its ``stack`` of every state, served
+        as ``LayerView.stack``), or only their rows at n (``at_n``, hidden None).
         """
         if not self.reducers:
             return
@@ -228,6 +246,7 @@ class _Run:
             normed=normed,
             logits=logits,
             attentions=self._attentions(layer, device, dtype),
+            stack=stack if collector.hidden_states else None,
         )
         for name, reducer in list(self.reducers.items()):
             try:
@@ -533,12 +552,15 @@ class StateCollector:
         handle = CaptureHandle()
         run = _Run(self, last, first, target, dict(reducers), docs, handle)
         dtype = work_dtype(recordings[0].states[0])
-        states, n_tokens = merge_recordings(list(recordings), self.device, dtype)
-        run.begin(len(last), n_tokens, dtype)
-        for layer, state in enumerate(states):
-            if self.hidden_states:
-                run.serve(layer, state)
-            else:
+        if self.hidden_states:  # whole rows: one stack, each layer a view of it
+            stack, n_tokens = stack_recordings(list(recordings), self.device, dtype)
+            run.begin(len(last), n_tokens, dtype)
+            for layer in range(stack.shape[1]):
+                run.serve(layer, stack[:, layer], stack=stack)
+        else:
+            states, n_tokens = merge_recordings(list(recordings), self.device, dtype)
+            run.begin(len(last), n_tokens, dtype)
+            for layer, state in enumerate(states):
                 run.serve(layer, None, at_n=state)
         run.phase = "done"
         run.finish()

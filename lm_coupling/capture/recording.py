@@ -28,7 +28,7 @@ from lm_coupling.capture.architecture import block_output_hidden
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import DocumentRef
 
-__all__ = ["Recording", "Recorder", "forward_shape", "merge_recordings"]
+__all__ = ["Recording", "Recorder", "forward_shape", "merge_recordings", "stack_recordings"]
 
 
 def forward_shape(hidden, last_index: torch.Tensor, rows: torch.Tensor | None) -> tuple[int, int]:
@@ -127,7 +127,9 @@ class Recorder:
         self.whole_rows = whole_rows
         self.phase = "waiting"  # -> "running" -> "done"
         self.width = 0  # the positions kept (set by the pre-hook)
-        self.index_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.index_on: dict[torch.device, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self._index_device: torch.device | None = None  # the device `_index` served last
+        self._index_last: tuple[torch.Tensor | None, torch.Tensor] | None = None
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
@@ -155,7 +157,8 @@ class Recorder:
 
         Whole rows are kept up to the last position measured (``forward_shape``).
         """
-        hidden = hidden.detach()
+        if hidden.requires_grad:  # never under lm-eval's no_grad: no detach per state
+            hidden = hidden.detach()
         rows, last = self._index(hidden.device)
         if not self.whole_rows:
             batch = torch.arange(len(last), device=hidden.device) if rows is None else rows
@@ -170,10 +173,13 @@ class Recorder:
 
     def _index(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The measured rows and the target positions on ``device`` (blocks may be spread)."""
+        if device == self._index_device:  # the common case: every block on one device
+            return self._index_last
         index = self.index_on.get(device)
         if index is None:
             rows = None if self.rows is None else self.rows.to(device)
             index = self.index_on[device] = (rows, self.recording.last_index.to(device))
+        self._index_device, self._index_last = device, index
         return index
 
 
@@ -190,21 +196,49 @@ def merge_recordings(
 
     Returns:
         ``(states, n_tokens)``: per l = 0..L the rows of every recording in
-        order, ``[sum b, T_max, d]`` (or ``[sum b, d]``), and ``T_max``.
+        order, ``[sum b, T_max, d]`` (views of one `stack_recordings` stack),
+        or ``[sum b, d]`` for rows at n; and ``T_max``.
     """
+    if recordings[0].states[0].dim() == 3:
+        stack, n_tokens = stack_recordings(recordings, device, dtype)
+        return list(stack.unbind(dim=1)), n_tokens
     n_tokens = max(recording.n_tokens for recording in recordings)
     merged = []
     for layer in range(len(recordings[0].states)):
-        parts = [recording.states[layer] for recording in recordings]
-        if parts[0].dim() == 2 or len(parts) == 1:  # rows at n, or one forward: no padding
-            state = parts[0] if len(parts) == 1 else torch.cat([p.to(device) for p in parts])
-            merged.append(state.to(device=device, dtype=dtype))
-            continue
-        rows = sum(p.shape[0] for p in parts)
-        state = torch.zeros((rows, n_tokens, parts[0].shape[-1]), device=device, dtype=dtype)
-        start = 0
-        for part in parts:
-            state[start : start + part.shape[0], : part.shape[1]] = part
-            start += part.shape[0]
-        merged.append(state)
+        parts = [recording.states[layer].to(device) for recording in recordings]
+        state = parts[0] if len(parts) == 1 else torch.cat(parts)
+        merged.append(state.to(device=device, dtype=dtype))
     return merged, n_tokens
+
+
+def stack_recordings(
+    recordings: list[Recording], device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, int]:
+    """The whole-row states of several recordings as one ``[sum b, L+1, T_max, d]`` stack.
+
+    Each recording's rows, in order, hold its states ``x^0..x^L`` at its
+    positions and zeros after them (the right pads). One tensor, filled
+    once: a reducer of every state at once reads it as it is
+    (``LayerView.stack``), and each layer's ``[sum b, T_max, d]`` is a view.
+
+    Args:
+        recordings: complete recordings of whole rows (``[b, T, d]`` states).
+        device: where the stack is made.
+        dtype: what it is made in.
+
+    Returns:
+        ``(stack, T_max)``.
+    """
+    n_tokens = max(recording.n_tokens for recording in recordings)
+    depth, width = len(recordings[0].states), recordings[0].states[0].shape[-1]
+    rows = sum(recording.size for recording in recordings)
+    stack = torch.empty((rows, depth, n_tokens, width), device=device, dtype=dtype)
+    start = 0
+    for recording in recordings:
+        block = stack[start : start + recording.size]
+        for layer, state in enumerate(recording.states):
+            block[:, layer, : state.shape[1]] = state
+        if recording.n_tokens < n_tokens:
+            block[:, :, recording.n_tokens :] = 0
+        start += recording.size
+    return stack, n_tokens

@@ -35,6 +35,7 @@ from lm_coupling.states import DocumentRef
 
 CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
 log = logging.getLogger("lm_coupling")
+_NO_METRICS: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -263,10 +264,11 @@ class GeometrySession:
         """The sampled metrics whose document sample holds the document."""
         sample = self.sample_of(task_name)
         if sample is None:
-            return frozenset()
-        return frozenset(
+            return _NO_METRICS
+        held = frozenset(
             name for name, size in self.sample_sizes.items() if sample.holds(doc_id, size)
         )
+        return held or _NO_METRICS  # one shared empty set, not one per planned document
 
     def reported_id(self, task_name: str, doc_id: int) -> int:
         """The ``doc_id`` lm-eval's samples file gives the document of requests ``doc_id``.

@@ -109,6 +109,47 @@ def test_a_replay_equals_each_forward_captured_alone(model_type, metrics, tiny_m
     assert all(math.isfinite(doc.values["logit_lens_entropy"]) for doc in replayed)
 
 
+class _ViewProbe:
+    """A reducer that keeps what each `LayerView` held (the stack and the hidden views)."""
+
+    def __init__(self, info):
+        self.views = []
+
+    def update(self, view):
+        self.views.append(view)
+
+    def finalize(self):
+        return self.views
+
+
+def test_a_replay_serves_one_stack_of_every_state(tiny_model, tokenizer):
+    """Each layer's ``hidden`` is a view of ``LayerView.stack``; a live capture serves none."""
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    recordings, live = [], None
+    with torch.no_grad():
+        for (ids, kwargs, last, first, target), rows in _forwards(tokenizer)[:2]:
+            index = torch.tensor(rows)
+            with runner.record(last[index], first[index], target[index], None, index) as rec:
+                model(ids, **kwargs)
+            recordings.append(rec)
+        (ids, kwargs, last, first, target), _ = _forwards(tokenizer)[0]
+        with runner.collector.capture(last, first, target, {"probe": _ViewProbe}) as live:
+            model(ids, **kwargs)
+    assert all(view.stack is None for view in live.reduced["probe"])
+    views = runner.collector.replay(recordings, {"probe": _ViewProbe}).reduced["probe"]
+    stack = views[0].stack
+    n_layers = locate_model_parts(model).n_layers
+    assert stack.shape == (4, n_layers + 1, max(r.n_tokens for r in recordings), 32)
+    for layer, view in enumerate(views):
+        assert view.layer == layer and view.stack is stack
+        assert view.hidden.data_ptr() == stack[:, layer].data_ptr()
+        for start, recording in zip((0, 2), recordings, strict=True):
+            rows = view.hidden[start : start + 2]
+            torch.testing.assert_close(rows[:, : recording.n_tokens], recording.states[layer])
+            assert not rows[:, recording.n_tokens :].any()
+
+
 def test_lens_only_recordings_keep_the_rows_at_n(tiny_model, tokenizer):
     model = tiny_model("llama")
     runner = _runner(model, "logit_lens_entropy")

@@ -94,8 +94,17 @@ class TrajectoryReducer:
         self.accumulator = TrajectoryAccumulator(windowed=windowed, n_layers=batch.n_layers)
 
     def update(self, view: LayerView) -> None:
-        """Add ``x^l`` (all positions, or the rows at n with ``tokens=last``)."""
-        self.accumulator.update(view.at_n[:, None] if self.tokens == "last" else view.hidden)
+        """Add ``x^l`` (all positions, or the rows at n with ``tokens=last``).
+
+        When capture serves every state at once (``view.stack``, a replay of
+        recorded batches), the whole stack is taken at layer 0, without a copy.
+        """
+        if self.tokens == "last":
+            self.accumulator.update(view.at_n[:, None])
+        elif view.stack is None:
+            self.accumulator.update(view.hidden)
+        elif view.layer == 0:
+            self.accumulator.update_stack(view.stack)
 
     def finalize(self) -> TrajectoryStates:
         """The batch's `TrajectoryStates` (NaN outside n with ``tokens=last``)."""
