@@ -246,7 +246,7 @@ class _Run:
             normed=normed,
             logits=logits,
             attentions=self._attentions(layer, device, dtype),
-            stack=stack if collector.hidden_states else None,
+            stack=stack,
         )
         for name, reducer in list(self.reducers.items()):
             try:

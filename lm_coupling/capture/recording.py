@@ -128,8 +128,6 @@ class Recorder:
         self.phase = "waiting"  # -> "running" -> "done"
         self.width = 0  # the positions kept (set by the pre-hook)
         self.index_on: dict[torch.device, tuple[torch.Tensor | None, torch.Tensor]] = {}
-        self._index_device: torch.device | None = None  # the device `_index` served last
-        self._index_last: tuple[torch.Tensor | None, torch.Tensor] | None = None
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
@@ -173,13 +171,10 @@ class Recorder:
 
     def _index(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
         """The measured rows and the target positions on ``device`` (blocks may be spread)."""
-        if device == self._index_device:  # the common case: every block on one device
-            return self._index_last
         index = self.index_on.get(device)
         if index is None:
             rows = None if self.rows is None else self.rows.to(device)
             index = self.index_on[device] = (rows, self.recording.last_index.to(device))
-        self._index_device, self._index_last = device, index
         return index
 
 

@@ -272,7 +272,8 @@ class CouplingHFLM(HFLMWithHooks):
             last,
             torch.zeros(full.shape[0], dtype=torch.long),
             target,
-            int(last.max()) + 1,  # the positions measured (none after the last n)
+            # The positions measured (none after the last n), from the plans: no tensor op.
+            max(plans[0].last_index for _, plans in rows) + 1,
         )
         self._measure_sampled(
             session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]

@@ -98,10 +98,7 @@ def spectrum_entropy(eigenvalues: torch.Tensor, alpha: float = 1.0) -> torch.Ten
         ``[...]`` float64; NaN where the spectrum is all zero or not finite.
     """
     alpha = _check_alpha(alpha)
-    lam = eigenvalues.to(torch.float64)
-    top = lam.amax(dim=-1, keepdim=True)
-    tol = lam.shape[-1] * torch.finfo(torch.float64).eps * top
-    lam = torch.where(lam > tol, lam, torch.zeros_like(lam))
+    lam = _round_off_to_zero(eigenvalues)
     total = lam.sum(dim=-1, keepdim=True)
     p = lam / total
     if alpha == 1.0:
@@ -111,6 +108,13 @@ def spectrum_entropy(eigenvalues: torch.Tensor, alpha: float = 1.0) -> torch.Ten
         out = torch.log(powered.sum(dim=-1)) / (1.0 - alpha)
     bad = ~(total.squeeze(-1) > 0) | ~torch.isfinite(eigenvalues.to(torch.float64)).all(dim=-1)
     return torch.where(bad, torch.full_like(out, math.nan), out)
+
+
+def _round_off_to_zero(eigenvalues: torch.Tensor) -> torch.Tensor:
+    """Float64 eigenvalues, those below ``k * eps * max_i lambda_i`` (negatives too) set to 0."""
+    lam = eigenvalues.to(torch.float64)
+    tol = lam.shape[-1] * torch.finfo(torch.float64).eps * lam.amax(dim=-1, keepdim=True)
+    return torch.where(lam > tol, lam, torch.zeros_like(lam))
 
 
 def matrix_entropy(gram: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
@@ -259,9 +263,7 @@ def effective_rank_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[...]`` float64 ``exp(H(sigma / sum sigma))``; NaN as :func:`spectrum_entropy`.
     """
-    lam = eigenvalues.to(torch.float64)
-    tol = lam.shape[-1] * torch.finfo(torch.float64).eps * lam.amax(dim=-1, keepdim=True)
-    sigma = torch.where(lam > tol, lam, torch.zeros_like(lam)).sqrt()
+    sigma = _round_off_to_zero(eigenvalues).sqrt()
     sigma = torch.where(torch.isnan(eigenvalues), eigenvalues.to(torch.float64), sigma)
     return spectrum_entropy(sigma, 1.0).exp()
 
