@@ -200,8 +200,9 @@ def verdict_line(ratio: float, rounds: list[float]) -> str:
     """The per-document verdict, and whether the rounds' spread straddles the target.
 
     On a shared machine one round's ratio moves by several percent (each
-    round is four fresh runs, minutes apart); a median whose rounds fall on
-    both sides of `TARGET` is said to be within that noise, not met or missed.
+    round is four fresh runs, minutes apart). When the rounds fall on both
+    sides of `TARGET`, the line adds their span: the median's verdict is then
+    within that noise, and more rounds are needed to settle it.
     """
     verdict = "meets" if ratio <= TARGET else "MISSES"
     line = f"traj_lens {verdict} the {TARGET:.2f}x per-document CPU target ({ratio:.3f}x"
