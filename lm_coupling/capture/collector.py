@@ -534,9 +534,10 @@ class StateCollector:
         """Serve several recorded forward passes to the reducers as one batch.
 
         The recordings' rows are joined in order and right-padded to the
-        longest (`merge_recordings`); the reducers see one batch whose rows
-        are every recording's measured rows, exactly as :meth:`capture` serves
-        one forward pass, and the handle's rows follow the same order.
+        longest (`stack_recordings`; `merge_recordings` for rows at n); the
+        reducers see one batch whose rows are every recording's measured rows,
+        exactly as :meth:`capture` serves one forward pass, and the handle's
+        rows follow the same order.
 
         Raises:
             ValueError: no recording, or one that is incomplete.

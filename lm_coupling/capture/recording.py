@@ -5,10 +5,11 @@ and plugin calls (a few hundred), whatever its size. Where the forward pass
 is cheap (a small model, a GPU) and a batch measures two or three documents,
 that fixed cost is most of the geometry's overhead. A `Recording` keeps a
 forward pass's measured rows (a copy of each state ``x^l``, l = 0..L, of those
-rows only: the forward's own tensors are not held) and `merge_recordings`
+rows only: the forward's own tensors are not held) and `stack_recordings`
 joins the recordings of several forward passes into one batch, right-padded
-to the longest, which the collector then serves to the reducers as if it had
-been one forward pass (`StateCollector.replay`).
+to the longest (`merge_recordings` when only the rows at n are kept), which
+the collector then serves to the reducers as if it had been one forward pass
+(`StateCollector.replay`).
 
 The values do not change: every reduction is per row over the row's measured
 tokens (``BatchInfo.token_mask``: positions ``first_index + 1 .. n``), and
@@ -181,28 +182,24 @@ class Recorder:
 def merge_recordings(
     recordings: list[Recording], device: torch.device, dtype: torch.dtype
 ) -> tuple[list[torch.Tensor], int]:
-    """Each state of several recordings as one batch, right-padded with zeros.
+    """The rows at n of several recordings as one batch (whole rows: `stack_recordings`).
 
     Args:
-        recordings: complete recordings of one model, with the same kind of
-            states (whole rows, or rows at n).
+        recordings: complete recordings of one model that kept the rows at
+            the target positions (``[b, d]`` states).
         device: where the merged states are made.
         dtype: what they are made in.
 
     Returns:
         ``(states, n_tokens)``: per l = 0..L the rows of every recording in
-        order, ``[sum b, T_max, d]`` (views of one `stack_recordings` stack),
-        or ``[sum b, d]`` for rows at n; and ``T_max``.
+        order, ``[sum b, d]``; and ``T_max``, the longest recording's positions.
     """
-    if recordings[0].states[0].dim() == 3:
-        stack, n_tokens = stack_recordings(recordings, device, dtype)
-        return list(stack.unbind(dim=1)), n_tokens
     n_tokens = max(recording.n_tokens for recording in recordings)
     merged = []
     for layer in range(len(recordings[0].states)):
         parts = [recording.states[layer].to(device) for recording in recordings]
         state = parts[0] if len(parts) == 1 else torch.cat(parts)
-        merged.append(state.to(device=device, dtype=dtype))
+        merged.append(state.to(dtype))
     return merged, n_tokens
 
 

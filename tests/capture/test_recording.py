@@ -20,7 +20,7 @@ from fixtures.prompts import PROMPTS, TRAJ_LENS, right_padded
 
 from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.collector import StateCollector
-from lm_coupling.capture.recording import merge_recordings
+from lm_coupling.capture.recording import stack_recordings
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.plugins.manager import get_registry, new_plugin_manager
 from lm_coupling.selection import make_selection
@@ -201,7 +201,8 @@ def test_merging_pads_on_the_right_with_zeros(tiny_model, tokenizer):
             with runner.record(last, first, target) as recording:
                 model(ids, **kwargs)
             recordings.append(recording)
-    merged, n_tokens = merge_recordings(recordings, torch.device("cpu"), torch.float32)
+    stack, n_tokens = stack_recordings(recordings, torch.device("cpu"), torch.float32)
+    merged = stack.unbind(dim=1)  # each layer's [sum b, T_max, d]
     short, long_ = sorted(recordings, key=lambda r: r.n_tokens)
     assert n_tokens == long_.n_tokens > short.n_tokens
     start = recordings.index(short) * recordings[0].size
