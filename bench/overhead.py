@@ -34,7 +34,9 @@ fresh process, at a fixed and at ``auto`` batch size.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import tempfile
 from pathlib import Path
 
@@ -196,19 +198,67 @@ def main_marginal(args: argparse.Namespace, names: list[str]) -> None:
     print(verdict_line(ratio, round_ratios["traj_lens"]))
 
 
-def verdict_line(ratio: float, rounds: list[float]) -> str:
-    """The per-document verdict, and whether the rounds' spread straddles the target.
+def round_interval(rounds: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of the per-round ratios and its two-sided Student-t interval ``(mean, low, high)``.
+
+    Each round is four fresh runs (plain and traj_lens at N1 and N2), so its
+    ratio is one independent draw of the machine's noise; the interval is
+    ``mean +- t_{level, n-1} s / sqrt(n)`` with ``s`` the rounds' sample
+    standard deviation. Needs at least two rounds.
+    """
+    from scipy import stats
+
+    n = len(rounds)
+    if n < 2:
+        raise ValueError(f"an interval needs at least two rounds, got {n}")
+    mean = statistics.fmean(rounds)
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * statistics.stdev(rounds) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def rounds_to_settle(rounds: list[float], level: float = 0.95) -> int | None:
+    """About how many rounds would put the interval wholly on one side of `TARGET`.
+
+    The rounds' spread taken as it is, with the normal quantile (the t
+    quantile's limit); None when the mean is on the target.
+    """
+    from scipy import stats
+
+    mean, spread = statistics.fmean(rounds), statistics.stdev(rounds)
+    if mean == TARGET:
+        return None
+    needed = (stats.norm.ppf(0.5 + level / 2) * spread / abs(mean - TARGET)) ** 2
+    return max(len(rounds) + 1, math.ceil(needed))
+
+
+def verdict_line(ratio: float, rounds: list[float], level: float = 0.95) -> str:
+    """The per-document verdict: from the rounds' confidence interval when there are two or more.
 
     On a shared machine one round's ratio moves by several percent (each
-    round is four fresh runs, minutes apart). When the rounds fall on both
-    sides of `TARGET`, the line adds their span: the median's verdict is then
-    within that noise, and more rounds are needed to settle it.
+    round is four fresh runs, minutes apart). With two or more rounds the
+    verdict is read from the ``level`` interval of their mean
+    (`round_interval`): ``meets`` when it lies at or below `TARGET`,
+    ``MISSES`` when it lies above, and undecided when it contains the
+    target, with about how many rounds would settle it (`rounds_to_settle`).
+    One round gives the median's verdict alone. ``ratio`` (the table's, the
+    ratio of the medians) is quoted either way.
     """
-    verdict = "meets" if ratio <= TARGET else "MISSES"
-    line = f"traj_lens {verdict} the {TARGET:.2f}x per-document CPU target ({ratio:.3f}x"
-    if len(rounds) > 1 and min(rounds) <= TARGET < max(rounds):
-        line += f"; its rounds span {min(rounds):.3f}-{max(rounds):.3f}, across the target"
-    return line + ")"
+    head = f"traj_lens {{}} the {TARGET:.2f}x per-document CPU target ({ratio:.3f}x"
+    if len(rounds) < 2:
+        return head.format("meets" if ratio <= TARGET else "MISSES") + ")"
+    mean, low, high = round_interval(rounds, level)
+    interval = (
+        f"; rounds' mean {mean:.3f}, {level:.0%} interval {low:.3f}-{high:.3f} "
+        f"over {len(rounds)} rounds"
+    )
+    if high <= TARGET:
+        return head.format("meets") + interval + ")"
+    if low > TARGET:
+        return head.format("MISSES") + interval + ")"
+    needed = rounds_to_settle(rounds, level)
+    more = "" if needed is None else f"; about {needed} rounds would settle it"
+    undecided = head.format("is undecided against")
+    return f"{undecided}{interval}, which contains the target{more})"
 
 
 def main(argv=None) -> None:

@@ -1,14 +1,22 @@
-"""The overhead bench's per-document verdict says when its rounds straddle the target."""
+"""The overhead bench's per-document verdict is read from the rounds' confidence interval."""
 
 from __future__ import annotations
 
 import importlib
+import math
+import statistics
 import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+T_975 = {1: 12.706204736174705, 4: 2.7764451051977987}
+"""Student t quantiles at 0.975 (1 and 4 degrees of freedom), from the tables."""
+
+BUNDLED_ROUNDS = [1.090, 1.071, 1.089, 1.097, 1.088]  # session 12, bundled model
+GPT2_ROUNDS = [1.016, 1.064, 1.021, 1.012, 1.068]  # session 13, GPT-2-small shape
 
 
 @pytest.fixture(scope="module")
@@ -20,16 +28,47 @@ def overhead():
         sys.path.remove(str(BENCH))
 
 
-def test_rounds_on_both_sides_of_the_target_are_called_noise(overhead):
-    line = overhead.verdict_line(1.073, [1.040, 1.108])
-    assert line.startswith("traj_lens MISSES the 1.05x")
-    assert "rounds span 1.040-1.108, across the target" in line
+def test_interval_of_two_rounds_is_the_t_interval(overhead):
+    mean, low, high = overhead.round_interval([1.0, 1.1])
+    half = T_975[1] * (0.1 / math.sqrt(2)) / math.sqrt(2)
+    assert mean == pytest.approx(1.05)
+    assert (low, high) == pytest.approx((1.05 - half, 1.05 + half))
 
 
-@pytest.mark.parametrize(
-    ("ratio", "rounds", "verdict"),
-    [(1.02, [1.01, 1.03], "meets"), (1.09, [1.07, 1.11], "MISSES"), (1.02, [1.02], "meets")],
-)
-def test_rounds_on_one_side_give_a_plain_verdict(overhead, ratio, rounds, verdict):
-    line = overhead.verdict_line(ratio, rounds)
-    assert line == f"traj_lens {verdict} the 1.05x per-document CPU target ({ratio:.3f}x)"
+def test_rounds_wholly_above_the_target_miss_it(overhead):
+    line = overhead.verdict_line(1.088, BUNDLED_ROUNDS)
+    mean = statistics.fmean(BUNDLED_ROUNDS)
+    half = T_975[4] * statistics.stdev(BUNDLED_ROUNDS) / math.sqrt(5)
+    assert mean - half > 1.05
+    assert line == (
+        f"traj_lens MISSES the 1.05x per-document CPU target (1.088x; rounds' mean "
+        f"{mean:.3f}, 95% interval {mean - half:.3f}-{mean + half:.3f} over 5 rounds)"
+    )
+
+
+def test_rounds_wholly_below_the_target_meet_it(overhead):
+    line = overhead.verdict_line(1.02, [1.01, 1.03, 1.02])
+    assert line.startswith("traj_lens meets the 1.05x per-document CPU target (1.020x; ")
+    assert line.endswith("over 3 rounds)")
+
+
+def test_an_interval_across_the_target_is_undecided_and_says_how_many_rounds(overhead):
+    line = overhead.verdict_line(1.021, GPT2_ROUNDS)
+    assert line.startswith("traj_lens is undecided against the 1.05x per-document CPU target")
+    needed = overhead.rounds_to_settle(GPT2_ROUNDS)
+    assert f"which contains the target; about {needed} rounds would settle it)" in line
+    # At that many rounds of the same spread, the normal interval just clears the target.
+    mean, spread = statistics.fmean(GPT2_ROUNDS), statistics.stdev(GPT2_ROUNDS)
+    assert 1.959964 * spread / math.sqrt(needed) <= abs(mean - 1.05)
+    assert 1.959964 * spread / math.sqrt(needed - 1) > abs(mean - 1.05)
+
+
+def test_one_round_gives_the_median_verdict_alone(overhead):
+    assert overhead.verdict_line(1.02, [1.02]) == (
+        "traj_lens meets the 1.05x per-document CPU target (1.020x)"
+    )
+    assert overhead.verdict_line(1.09, [1.09]) == (
+        "traj_lens MISSES the 1.05x per-document CPU target (1.090x)"
+    )
+    with pytest.raises(ValueError, match="at least two rounds"):
+        overhead.round_interval([1.02])
