@@ -143,7 +143,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tasks", default=DEFAULT_TASKS)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="rounds (--marginal: two or more give the verdict from their 95%% interval)",
+    )
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--model-dir", type=Path, default=None, help="reuse a saved model")
     parser.add_argument(
