@@ -248,22 +248,25 @@ def verdict_line(ratio: float, rounds: list[float], level: float = 0.95) -> str:
     One round gives the median's verdict alone. ``ratio`` (the table's, the
     ratio of the medians) is quoted either way.
     """
-    head = f"traj_lens {{}} the {TARGET:.2f}x per-document CPU target ({ratio:.3f}x"
     if len(rounds) < 2:
-        return head.format("meets" if ratio <= TARGET else "MISSES") + ")"
-    mean, low, high = round_interval(rounds, level)
-    interval = (
-        f"; rounds' mean {mean:.3f}, {level:.0%} interval {low:.3f}-{high:.3f} "
-        f"over {len(rounds)} rounds"
-    )
-    if high <= TARGET:
-        return head.format("meets") + interval + ")"
-    if low > TARGET:
-        return head.format("MISSES") + interval + ")"
-    needed = rounds_to_settle(rounds, level)
-    more = "" if needed is None else f"; about {needed} rounds would settle it"
-    undecided = head.format("is undecided against")
-    return f"{undecided}{interval}, which contains the target{more})"
+        verdict, detail = ("meets" if ratio <= TARGET else "MISSES"), ""
+    else:
+        mean, low, high = round_interval(rounds, level)
+        detail = (
+            f"; rounds' mean {mean:.3f}, {level:.0%} interval {low:.3f}-{high:.3f} "
+            f"over {len(rounds)} rounds"
+        )
+        if high <= TARGET:
+            verdict = "meets"
+        elif low > TARGET:
+            verdict = "MISSES"
+        else:
+            verdict = "is undecided against"
+            needed = rounds_to_settle(rounds, level)
+            detail += ", which contains the target"
+            if needed is not None:
+                detail += f"; about {needed} rounds would settle it"
+    return f"traj_lens {verdict} the {TARGET:.2f}x per-document CPU target ({ratio:.3f}x{detail})"
 
 
 def main(argv=None) -> None:
