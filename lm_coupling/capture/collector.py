@@ -94,6 +94,8 @@ def _as_index(values, name: str) -> torch.Tensor:
         and values.device.type == "cpu"
     ):
         return values  # already one (an integer tensor never needs detaching)
+    if type(values) is list and all(type(v) is int for v in values):
+        return torch.tensor(values, dtype=torch.int64)  # the harness's lists: one call
     tensor = torch.as_tensor(values).detach().cpu()
     if tensor.dim() != 1 or tensor.is_floating_point():
         raise ValueError(
@@ -523,10 +525,19 @@ class StateCollector:
         last, first, target, docs, measured = _indices(
             last_index, first_index, target_tokens, documents, rows
         )
-        recording = Recording(last, first, target, docs or tuple(() for _ in last.tolist()))
+        recording = Recording(last, first, target, docs or tuple(() for _ in range(len(last))))
         recorder = Recorder(recording, self.parts.n_layers, measured, self.hidden_states)
-        with self._hooks(recorder.pre_hook, recorder.post_hook):
+        standing = self._standing
+        if standing is None or standing.armed is not None:
+            with self._registered(recorder.pre_hook, recorder.post_hook):
+                yield recording
+            return
+        # As _hooks arms the standing hooks, without a second generator per batch.
+        standing.armed = (recorder.pre_hook, recorder.post_hook, None)
+        try:
             yield recording
+        finally:
+            standing.armed = None
 
     def replay(
         self, recordings: Sequence[Recording], reducers: Mapping[str, ReducerFactory]
@@ -632,17 +643,22 @@ def _indices(
             f"last_index, first_index and target_tokens need one entry per document, got "
             f"lengths {len(last)}, {len(first)}, {len(target)}"
         )
-    # The indices are a few per batch: checked as Python numbers (one host read each).
-    last_list, first_list = last.tolist(), first.tolist()
+    # The indices are a few per batch: checked as Python numbers (one host read each,
+    # none when they came as lists).
+    last_list = last_index if type(last_index) is list else last.tolist()
+    first_list = first_index if type(first_index) is list else first.tolist()
     if any(not 0 <= f <= n for f, n in zip(first_list, last_list, strict=True)):
         raise ValueError(
             f"need 0 <= first_index <= last_index per row, got first_index={first_list} "
             f"last_index={last_list}"
         )
-    docs = tuple(tuple(DocumentRef(*ref) for ref in row) for row in documents or ())
+    docs = tuple(
+        tuple(ref if type(ref) is DocumentRef else DocumentRef(*ref) for ref in row)
+        for row in documents or ()
+    )
     measured = None if rows is None else _as_index(rows, "rows")
     if measured is not None:
-        row_list = measured.tolist()
+        row_list = rows if type(rows) is list else measured.tolist()
         if len(row_list) != len(last_list) or any(
             b <= a for a, b in zip(row_list, row_list[1:], strict=False)
         ):

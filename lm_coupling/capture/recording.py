@@ -108,7 +108,7 @@ class Recording:
     @property
     def nbytes(self) -> int:
         """Bytes the recorded states hold."""
-        return sum(state.numel() * state.element_size() for state in self.states)
+        return sum(state.nbytes for state in self.states)
 
 
 class Recorder:

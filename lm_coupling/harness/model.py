@@ -261,8 +261,10 @@ class CouplingHFLM(HFLMWithHooks):
         batch = inps.shape[0]
         rows, copies = _rows_per_target(matched, batch)
         full = torch.cat([inps, inps[copies]]) if copies else inps
-        last = torch.zeros(full.shape[0], dtype=torch.long)
-        target = torch.full((full.shape[0],), -1, dtype=torch.long)
+        # The indices of the captured rows as Python lists: one tensor each, made
+        # once per batch by the capture (a tensor write per row costs microseconds).
+        size = batch + len(copies)
+        last, target = [0] * size, [-1] * size
         for row, plans in rows:
             last[row], target[row] = plans[0].last_index, plans[0].target_token
         logits = self._captured_call(
@@ -270,7 +272,7 @@ class CouplingHFLM(HFLMWithHooks):
             session,
             [(row, plan.key) for row, plans in rows for plan in plans],
             last,
-            torch.zeros(full.shape[0], dtype=torch.long),
+            [0] * size,
             target,
             # The positions measured (none after the last n), from the plans: no tensor op.
             max(plans[0].last_index for _, plans in rows) + 1,
@@ -304,10 +306,9 @@ class CouplingHFLM(HFLMWithHooks):
         if session is None or contexts is None or len(contexts) != context.shape[0]:
             return call()
         mask = generation_kwargs.get("attention_mask")
-        first = (mask == 0).sum(dim=1).cpu() if mask is not None else torch.zeros(len(contexts))
-        first = first.long()
         batch, width = context.shape
-        target = torch.full((batch,), -1, dtype=torch.long)
+        first = (mask == 0).sum(dim=1).tolist() if mask is not None else [0] * batch
+        target = [-1] * batch
         matches = []
         for b, text in enumerate(contexts):
             # Keys of one prompt whose lens target is the first's share its row; a prompt
@@ -318,15 +319,15 @@ class CouplingHFLM(HFLMWithHooks):
                 key_target = self._lens_target(session, key)
                 if all(row != b for row, _ in matches):
                     target[b] = key_target
-                elif key_target != int(target[b]):
+                elif key_target != target[b]:
                     continue
                 matches.append((b, key))
         if not matches:
             return call()
-        last = torch.full((batch,), width - 1, dtype=torch.long)
+        last = [width - 1] * batch
         output = self._captured_call(call, session, matches, last, first, target, width)
         self._measure_sampled(
-            session, [(key, tuple(context[b, int(first[b]) :].tolist())) for b, key in matches]
+            session, [(key, tuple(context[b, first[b] :].tolist())) for b, key in matches]
         )
         return output
 
@@ -362,12 +363,16 @@ class CouplingHFLM(HFLMWithHooks):
         call: Callable[[], Any],
         session: GeometrySession,
         matches: list[tuple[int, GeometryKey]],
-        last: torch.Tensor,
-        first: torch.Tensor,
-        target: torch.Tensor,
+        last: list[int],
+        first: list[int],
+        target: list[int],
         n_tokens: int,
     ) -> Any:
         """Run ``call`` under capture; a capture failure never loses the output.
+
+        ``last``, ``first`` and ``target`` have one entry per row of the
+        forward (`StateCollector.capture`); only the rows of ``matches`` are
+        measured.
 
         A small batch is recorded and reduced later with others
         (`BatchPool`); a large one is reduced at once.
@@ -394,8 +399,13 @@ class CouplingHFLM(HFLMWithHooks):
             refs: list[tuple] = [()] * len(measured)
             for b, key in matches:  # a row shared by duplicate prompts measures all their documents
                 refs[at[b]] = refs[at[b]] + session.documents_at(key)
-            index = torch.tensor(measured, dtype=torch.long)
-            indices = (last[index], first[index], target[index], refs, index)
+            indices = (
+                [last[b] for b in measured],
+                [first[b] for b in measured],
+                [target[b] for b in measured],
+                refs,
+                measured,
+            )
             pool = self._lmc_pool
             if pool is not None and pool.accepts(len(measured), n_tokens):
                 with runner.record(*indices) as recording:
