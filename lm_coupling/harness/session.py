@@ -14,7 +14,6 @@ cache (``cached``), or ``failed`` (NaN, with a warning naming the document).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import warnings
@@ -433,7 +432,13 @@ class GeometrySession:
         for plan in self.plans_by_key.get(key, ()):
             self.records[plan.task_name].add_profiles(plan.doc_id, geometry.profiles)
         # A copy without them: the caller's object (a duplicate prompt's source) is unchanged.
-        self.measured[key] = dataclasses.replace(geometry, profiles={})
+        self.measured[key] = DocumentGeometry(
+            values=geometry.values,
+            jacobian_methods=geometry.jacobian_methods,
+            timings=geometry.timings,
+            summaries=geometry.summaries,
+            failures=geometry.failures,
+        )
 
     def needed_metrics(self, key: GeometryKey) -> set[str]:
         """The metrics the documents measured at ``key`` need."""

@@ -109,6 +109,40 @@ def test_a_replay_equals_each_forward_captured_alone(model_type, metrics, tiny_m
     assert all(math.isfinite(doc.values["logit_lens_entropy"]) for doc in replayed)
 
 
+def test_indices_given_as_lists_record_what_tensors_record(tiny_model, tokenizer):
+    """The harness passes a batch's indices as Python lists (one tensor each, made once)."""
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    (ids, kwargs, last, first, target), rows = _forwards(tokenizer)[0]
+    index = torch.tensor(rows)
+    as_tensors = (last[index], first[index], target[index], _docs(0, rows), index)
+    as_lists = tuple(x.tolist() if isinstance(x, torch.Tensor) else x for x in as_tensors)
+    recordings = []
+    with torch.no_grad():
+        for args in (as_tensors, as_lists):
+            with runner.record(*args) as recording:
+                model(ids, **kwargs)
+            recordings.append(recording)
+    by_tensors, by_lists = recordings
+    for name in ("last_index", "first_index", "target_tokens"):
+        got, want = getattr(by_lists, name), getattr(by_tensors, name)
+        assert got.dtype == torch.int64 and torch.equal(got, want), name
+    assert by_lists.documents == by_tensors.documents
+    assert by_lists.n_tokens == by_tensors.n_tokens
+    for got, want in zip(by_lists.states, by_tensors.states, strict=True):
+        assert torch.equal(got, want)
+    n = last[index].tolist()
+    with pytest.raises(ValueError, match="rows must be increasing"):
+        with runner.record(n, [0, 0], [-1, -1], None, rows[::-1]):
+            pass
+    with pytest.raises(ValueError, match="first_index <= last_index"):
+        with runner.record(n, [n[0] + 1, 0], [-1, -1], None, rows):
+            pass
+    with pytest.raises(ValueError, match="1-D integer"):
+        with runner.record([float(v) for v in n], [0, 0], [-1, -1], None, rows):
+            pass
+
+
 class _ViewProbe:
     """A reducer that keeps what each `LayerView` held (the stack and the hidden views)."""
 
