@@ -278,6 +278,8 @@ class GeometrySession:
         everything the run writes or warns names documents by this one.
         """
         samples = self.lm_eval_options.get("samples")
+        if not samples:  # the common case: no --samples, the ids are lm-eval's own
+            return doc_id
         chosen = samples.get(task_name) if isinstance(samples, Mapping) else None
         return reported_doc_id(chosen, doc_id)
 
@@ -582,19 +584,24 @@ class GeometrySession:
         if undefined and plan.problem is None and plan.key not in self.failed_keys:
             self.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
         if record:
-            self._record(plan, own)
+            self._record(plan, own, keep=self._own_metrics(plan.sampled_metrics)[2])
         return values
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
         """The part of a measurement that belongs to ``plan``'s document."""
         metrics, profiles, sampled = self._own_metrics(plan.sampled_metrics)
+        values = geometry.values
         return DocumentGeometry(
-            values={name: geometry.values.get(name, math.nan) for name in metrics},
-            profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
+            values={name: values.get(name, math.nan) for name in metrics},
+            profiles={k: v for k, v in geometry.profiles.items() if k in profiles}
+            if geometry.profiles
+            else {},
             jacobian_methods=geometry.jacobian_methods if sampled else None,
             timings=dict(geometry.timings),
             summaries=dict(geometry.summaries),
-            failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)],
+            failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)]
+            if geometry.failures
+            else [],
         )
 
     def _own_metrics(self, sampled_metrics: frozenset[str]) -> tuple[list[str], set[str], bool]:
@@ -639,15 +646,16 @@ class GeometrySession:
             f"lm-coupling error ({error}); the benchmark's own scores are kept. Please report it",
         )
 
-    def _record(self, plan: DocumentPlan, geometry: DocumentGeometry) -> None:
-        """Record a scored document once (lm-eval scores it once per filter)."""
+    def _record(self, plan: DocumentPlan, geometry: DocumentGeometry, keep: bool) -> None:
+        """Record a scored document once (lm-eval scores it once per filter).
+
+        ``keep``: the document carries a sampled metric's values (kept whole).
+        """
         ident = (plan.task_name, plan.doc_id)
         if ident in self._scored:
             return
         self._scored.add(ident)
         records = self.records[plan.task_name]
-        specs = self.selection.specs
-        keep = any(specs[name].sampled for name in geometry.values)
         doc_id = self.reported_id(*ident)
         records.add(doc_id, geometry, keep)
         self._release(plan.key)
@@ -669,8 +677,8 @@ class GeometrySession:
         Its values live on in lm-eval's own per-document results and in the
         task's running summaries (`TaskRecords`).
         """
-        plans = self.plans_by_key.get(key, ())
-        if all((plan.task_name, plan.doc_id) in self._scored for plan in plans):
+        scored = self._scored
+        if all((plan.task_name, plan.doc_id) in scored for plan in self.plans_by_key.get(key, ())):
             self.measured.pop(key, None)
             self._refs_by_key.pop(key, None)
 

@@ -185,13 +185,16 @@ class RunningTimings:
 
     def add(self, timings: dict[str, Any]) -> None:
         """Fold one document's timings in."""
+        scalars = self.scalars
         for name, value in timings.items():
-            if isinstance(value, (list, tuple, np.ndarray)):
+            if type(value) is not float and isinstance(value, (list, tuple, np.ndarray)):
                 self._add_layers(name, np.asarray(value, dtype=np.float64), 1)
-            else:
-                entry = self.scalars.setdefault(name, [0.0, 0])
-                entry[0] += float(value)
-                entry[1] += 1
+                continue
+            entry = scalars.get(name)
+            if entry is None:
+                entry = scalars[name] = [0.0, 0]
+            entry[0] += float(value)
+            entry[1] += 1
 
     def _add_layers(self, name: str, total: np.ndarray, count: int) -> None:
         entry = self.layers.get(name)
