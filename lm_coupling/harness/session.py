@@ -173,7 +173,6 @@ class GeometrySession:
         self.tasks: dict[str, Any] = {}
         self.plans: dict[DocumentId, DocumentPlan | None] = {}
         self.plans_by_key: dict[GeometryKey, list[DocumentPlan]] = defaultdict(list)
-        self._refs_by_key: dict[GeometryKey, tuple[DocumentRef, ...]] = {}  # documents_at
         self.measured: dict[GeometryKey, DocumentGeometry] = {}
         self.sources: dict[GeometryKey, str] = {}
         self.failed_keys: set[GeometryKey] = set()
@@ -242,7 +241,6 @@ class GeometrySession:
         self.plans[ident] = plan
         if plan is not None and plan.problem is None:
             self.plans_by_key[plan.key].append(plan)
-            self._refs_by_key.pop(plan.key, None)
             if plan.kind == "generate_until":
                 if plan.key not in self.generation_keys[plan.key[0]]:
                     self.generation_keys[plan.key[0]].append(plan.key)
@@ -373,16 +371,11 @@ class GeometrySession:
         )
 
     def documents_at(self, key: GeometryKey) -> tuple[DocumentRef, ...]:
-        """The documents measured at ``key`` (their identity, for the plugins; built once)."""
-        refs = self._refs_by_key.get(key)
-        if refs is None:
-            refs = tuple(
-                DocumentRef(p.task_name, self.reported_id(p.task_name, p.doc_id))
-                for p in self.plans_by_key.get(key, ())
-            )
-            if key in self.plans_by_key:
-                self._refs_by_key[key] = refs
-        return refs
+        """The documents measured at ``key`` (their identity, for the plugins)."""
+        return tuple(
+            DocumentRef(p.task_name, self.reported_id(p.task_name, p.doc_id))
+            for p in self.plans_by_key.get(key, ())
+        )
 
     def wanted(self, key: GeometryKey) -> bool:
         """Whether ``key`` is planned and not measured yet."""
@@ -680,7 +673,6 @@ class GeometrySession:
         scored = self._scored
         if all((plan.task_name, plan.doc_id) in scored for plan in self.plans_by_key.get(key, ())):
             self.measured.pop(key, None)
-            self._refs_by_key.pop(key, None)
 
     def capture_report(self) -> dict[str, dict[str, Any]]:
         """Per task: ``capture`` counts and ``n_measured`` per metric.
