@@ -64,6 +64,16 @@ class DocumentGeometry:
             failures=[dict(failure) for failure in self.failures],
         )
 
+    def without_profiles(self) -> DocumentGeometry:
+        """This geometry without its profiles (the other parts shared, not copied)."""
+        return DocumentGeometry(
+            values=self.values,
+            jacobian_methods=self.jacobian_methods,
+            timings=self.timings,
+            summaries=self.summaries,
+            failures=self.failures,
+        )
+
     def merge(self, other: DocumentGeometry) -> None:
         """Add ``other``'s values, profiles, summaries, failures and timings to this document's."""
         self.values.update(other.values)

@@ -527,17 +527,8 @@ class StateCollector:
         )
         recording = Recording(last, first, target, docs or tuple(() for _ in range(len(last))))
         recorder = Recorder(recording, self.parts.n_layers, measured, self.hidden_states)
-        standing = self._standing
-        if standing is None or standing.armed is not None:
-            with self._registered(recorder.pre_hook, recorder.post_hook):
-                yield recording
-            return
-        # As _hooks arms the standing hooks, without a second generator per batch.
-        standing.armed = (recorder.pre_hook, recorder.post_hook, None)
-        try:
+        with self._hooks(recorder.pre_hook, recorder.post_hook):
             yield recording
-        finally:
-            standing.armed = None
 
     def replay(
         self, recordings: Sequence[Recording], reducers: Mapping[str, ReducerFactory]

@@ -427,13 +427,7 @@ class GeometrySession:
         for plan in self.plans_by_key.get(key, ()):
             self.records[plan.task_name].add_profiles(plan.doc_id, geometry.profiles)
         # A copy without them: the caller's object (a duplicate prompt's source) is unchanged.
-        self.measured[key] = DocumentGeometry(
-            values=geometry.values,
-            jacobian_methods=geometry.jacobian_methods,
-            timings=geometry.timings,
-            summaries=geometry.summaries,
-            failures=geometry.failures,
-        )
+        self.measured[key] = geometry.without_profiles()
 
     def needed_metrics(self, key: GeometryKey) -> set[str]:
         """The metrics the documents measured at ``key`` need."""
@@ -577,24 +571,19 @@ class GeometrySession:
         if undefined and plan.problem is None and plan.key not in self.failed_keys:
             self.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
         if record:
-            self._record(plan, own, keep=self._own_metrics(plan.sampled_metrics)[2])
+            self._record(plan, own)
         return values
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
         """The part of a measurement that belongs to ``plan``'s document."""
         metrics, profiles, sampled = self._own_metrics(plan.sampled_metrics)
-        values = geometry.values
         return DocumentGeometry(
-            values={name: values.get(name, math.nan) for name in metrics},
-            profiles={k: v for k, v in geometry.profiles.items() if k in profiles}
-            if geometry.profiles
-            else {},
+            values={name: geometry.values.get(name, math.nan) for name in metrics},
+            profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
             jacobian_methods=geometry.jacobian_methods if sampled else None,
             timings=dict(geometry.timings),
             summaries=dict(geometry.summaries),
-            failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)]
-            if geometry.failures
-            else [],
+            failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)],
         )
 
     def _own_metrics(self, sampled_metrics: frozenset[str]) -> tuple[list[str], set[str], bool]:
@@ -639,16 +628,15 @@ class GeometrySession:
             f"lm-coupling error ({error}); the benchmark's own scores are kept. Please report it",
         )
 
-    def _record(self, plan: DocumentPlan, geometry: DocumentGeometry, keep: bool) -> None:
-        """Record a scored document once (lm-eval scores it once per filter).
-
-        ``keep``: the document carries a sampled metric's values (kept whole).
-        """
+    def _record(self, plan: DocumentPlan, geometry: DocumentGeometry) -> None:
+        """Record a scored document once (lm-eval scores it once per filter)."""
         ident = (plan.task_name, plan.doc_id)
         if ident in self._scored:
             return
         self._scored.add(ident)
         records = self.records[plan.task_name]
+        specs = self.selection.specs
+        keep = any(specs[name].sampled for name in geometry.values)
         doc_id = self.reported_id(*ident)
         records.add(doc_id, geometry, keep)
         self._release(plan.key)

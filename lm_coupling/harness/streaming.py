@@ -187,7 +187,7 @@ class RunningTimings:
         """Fold one document's timings in."""
         scalars = self.scalars
         for name, value in timings.items():
-            if type(value) is not float and isinstance(value, (list, tuple, np.ndarray)):
+            if isinstance(value, (list, tuple, np.ndarray)):
                 self._add_layers(name, np.asarray(value, dtype=np.float64), 1)
                 continue
             entry = scalars.get(name)
