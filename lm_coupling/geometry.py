@@ -28,7 +28,7 @@ from lm_coupling.selection import Selection
 from lm_coupling.states import STREAMED_NEEDS, DocumentRef, GeometryStates, JacobianFactors
 
 
-@dataclass
+@dataclass(slots=True)
 class DocumentGeometry:
     """The geometry of one document.
 

@@ -27,9 +27,13 @@ class PlanError(ValueError):
     """A document's measured request cannot be chosen (its gold is unreadable)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DocumentPlan:
     """Where one document's geometry comes from.
+
+    One is kept per evaluated document until the run ends; with ``__slots__``
+    it is one object, not two (no ``__dict__``), for the garbage collector to
+    walk (issue 28: what geometry keeps per document).
 
     Attributes:
         task_name: lm-eval task name.

@@ -41,6 +41,7 @@ def test_entropy_matches_direct_formula_and_handles_minus_inf():
 def test_lens_summary_against_softmax(monkeypatch):
     # Force several chunks so the chunked route is exercised.
     monkeypatch.setattr(lens, "_CHUNK_ELEMENTS", 64)
+    monkeypatch.setattr(lens, "_CPU_CHUNK_ELEMENTS", 64)
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 5, 40, generator=gen).to(torch.bfloat16)
     target = torch.tensor([4, -1, 39])
