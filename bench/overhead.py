@@ -224,16 +224,23 @@ def round_interval(rounds: list[float], level: float = 0.95) -> tuple[float, flo
 def rounds_to_settle(rounds: list[float], level: float = 0.95) -> int | None:
     """About how many rounds would put the interval wholly on one side of `TARGET`.
 
-    The rounds' spread taken as it is, with the normal quantile (the t
-    quantile's limit); None when the mean is on the target.
+    The rounds' mean and spread taken as they are: the fewest ``n`` rounds
+    (more than were run) whose Student-t interval ``t_{level, n-1} s / sqrt(n)``
+    (`round_interval`) is narrower than the mean's distance to the target.
+    The search starts at the normal quantile's answer, which the t quantile
+    (larger at every ``n``) can only raise. None when the mean is on the target.
     """
     from scipy import stats
 
     mean, spread = statistics.fmean(rounds), statistics.stdev(rounds)
-    if mean == TARGET:
+    gap = abs(mean - TARGET)
+    if gap == 0:
         return None
-    needed = (stats.norm.ppf(0.5 + level / 2) * spread / abs(mean - TARGET)) ** 2
-    return max(len(rounds) + 1, math.ceil(needed))
+    quantile = 0.5 + level / 2
+    n = max(len(rounds) + 1, math.ceil((stats.norm.ppf(quantile) * spread / gap) ** 2))
+    while stats.t.ppf(quantile, n - 1) * spread / math.sqrt(n) > gap:
+        n += 1
+    return n
 
 
 def verdict_line(ratio: float, rounds: list[float], level: float = 0.95) -> str:

@@ -57,10 +57,15 @@ def test_an_interval_across_the_target_is_undecided_and_says_how_many_rounds(ove
     assert line.startswith("traj_lens is undecided against the 1.05x per-document CPU target")
     needed = overhead.rounds_to_settle(GPT2_ROUNDS)
     assert f"which contains the target; about {needed} rounds would settle it)" in line
-    # At that many rounds of the same spread, the normal interval just clears the target.
+    # At that many rounds of the same spread, the t interval just clears the target;
+    # the normal quantile (1.96) alone would have settled for fewer rounds.
+    from scipy import stats
+
     mean, spread = statistics.fmean(GPT2_ROUNDS), statistics.stdev(GPT2_ROUNDS)
-    assert 1.959964 * spread / math.sqrt(needed) <= abs(mean - 1.05)
-    assert 1.959964 * spread / math.sqrt(needed - 1) > abs(mean - 1.05)
+    gap = abs(mean - 1.05)
+    assert stats.t.ppf(0.975, needed - 1) * spread / math.sqrt(needed) <= gap
+    assert stats.t.ppf(0.975, needed - 2) * spread / math.sqrt(needed - 1) > gap
+    assert 1.959964 * spread / math.sqrt(needed - 1) <= gap
 
 
 def test_one_round_gives_the_median_verdict_alone(overhead):
