@@ -223,6 +223,9 @@ class GeometrySession:
             for ident in sorted(handed.keys() - self.plans.keys()):
                 requests = self._instances_of(ident[0]).get(ident[1]) or handed[ident]
                 self._add_plan(ident, requests)
+        # The index holds a list per document: not kept until scoring (issue 28: what
+        # geometry keeps per document). `plan_for` builds it again if it needs it.
+        self._task_instances.clear()
 
     def _instances_of(self, task_name: str) -> dict[int, list[Any]]:
         """Every request of a task, by document (built once per task)."""
