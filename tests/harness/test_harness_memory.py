@@ -86,12 +86,15 @@ def test_what_waits_for_lm_evals_scoring_is_a_few_numbers_per_document(
     score = GeometrySession.geometry_for
     waiting: dict[int, int] = {}
     with_profiles: dict[int, int] = {}
+    indexed: dict[int, int] = {}
 
     def first_score_records_what_waits(session, plan, measure_alone):
         if id(session) not in waiting:  # lm-eval's first scored document: every request has run
             measured = list(session.measured.values())
             waiting[id(session)] = len(pickle.dumps(measured))
             with_profiles[id(session)] = sum(bool(g.profiles) for g in measured)
+            # Planning's index of the requests by document is not kept for scoring.
+            indexed[id(session)] = sum(len(i) for i in session._task_instances.values())
         return score(session, plan, measure_alone)
 
     monkeypatch.setattr(GeometrySession, "geometry_for", first_score_records_what_waits)
@@ -101,6 +104,7 @@ def test_what_waits_for_lm_evals_scoring_is_a_few_numbers_per_document(
     assert growth <= PEAK_BYTES_PER_DOCUMENT, f"{growth:.0f} bytes wait per document"
     # Only the coupled documents (coupling_docs = 4) wait with their profiles.
     assert [with_profiles[id(r.session)] for r in (small, large)] == [4, 4]
+    assert [indexed[id(r.session)] for r in (small, large)] == [0, 0]
     norm = large.geometry[TASK]["profiles"]["norm"]
     assert (
         norm["n"][0] == SIZES[1] and len(norm["mean"]) == large.session.model_shape["n_layers"] + 1

@@ -56,6 +56,34 @@ def test_lens_summary_against_softmax(monkeypatch):
     assert entropy.dtype == prob.dtype == torch.float32 and top1.dtype == torch.int64
 
 
+def test_undefined_rows_are_nan_and_the_others_untouched():
+    # NaN logits, a row entirely -inf and a +inf logit have no distribution: NaN
+    # entropy and target probability; the row beside them keeps its exact values.
+    logits = torch.randn(4, 1, 16, dtype=torch.float64)
+    logits[0, 0, 3] = math.nan
+    logits[1, 0] = -math.inf
+    logits[2, 0, 5] = math.inf
+    entropy, prob, _ = lens_summary(logits, torch.tensor([1, 1, 1, 1]))
+    assert torch.isnan(entropy[:3]).all() and torch.isnan(prob[:3]).all()
+    p = torch.softmax(logits[3, 0], -1)
+    torch.testing.assert_close(entropy[3, 0], -(p * p.log()).sum() / math.log(16))
+    torch.testing.assert_close(prob[3, 0], p[1])
+
+
+def test_a_row_longer_than_a_cpu_chunk_is_one_chunk_of_its_own():
+    # A vocabulary above the CPU chunk (64K elements) goes one row at a time.
+    vocab = lens._CPU_CHUNK_ELEMENTS + 7
+    gen = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn(2, 3, vocab, generator=gen)
+    target = torch.tensor([vocab - 1, 0])
+    entropy, prob, top1 = lens_summary(logits, target)
+    reference = torch.softmax(logits.double(), -1)
+    expected = -(reference * reference.log()).sum(-1) / math.log(vocab)
+    torch.testing.assert_close(entropy.double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(prob[0].double(), reference[0, :, vocab - 1], rtol=1e-5, atol=0)
+    assert torch.equal(top1, logits.argmax(-1))
+
+
 def test_lens_summary_rejects_bad_target():
     logits = torch.zeros(2, 3, 10)
     with pytest.raises(ValueError, match="target ids"):
