@@ -134,6 +134,14 @@ class TaskRecords:
             self.capture[source] = self.capture.get(source, 0) + count
 
 
+def _requests_by_document(task: Any) -> dict[int, list[Any]]:
+    """Every request of an lm-eval task (its ``instances``), by ``doc_id``."""
+    index: dict[int, list[Any]] = defaultdict(list)
+    for instance in getattr(task, "instances", None) or ():
+        index[instance.doc_id].append(instance)
+    return index
+
+
 class GeometrySession:
     """Everything one run measures, keyed the way lm-eval asks for it.
 
@@ -218,23 +226,22 @@ class GeometrySession:
             if instance.task_name in self.tasks:
                 handed[(instance.task_name, instance.doc_id)].append(instance)
         # Each document's gold answer is rendered from the task's template: compiled
-        # once for all of them (lm-eval compiles it on every call otherwise).
+        # once for all of them (lm-eval compiles it on every call otherwise). The
+        # index of each task's requests is this call's own: a list per document,
+        # not kept until scoring (issue 28: what geometry keeps per document).
+        indexes: dict[str, dict[int, list[Any]]] = {}
         with templates_compiled_once():
             for ident in sorted(handed.keys() - self.plans.keys()):
-                requests = self._instances_of(ident[0]).get(ident[1]) or handed[ident]
-                self._add_plan(ident, requests)
-        # The index holds a list per document: not kept until scoring (issue 28: what
-        # geometry keeps per document). `plan_for` builds it again if it needs it.
-        self._task_instances.clear()
+                task_name, doc_id = ident
+                if task_name not in indexes:
+                    indexes[task_name] = _requests_by_document(self.tasks[task_name])
+                self._add_plan(ident, indexes[task_name].get(doc_id) or handed[ident])
 
     def _instances_of(self, task_name: str) -> dict[int, list[Any]]:
-        """Every request of a task, by document (built once per task)."""
+        """Every request of a task, by document, for scoring (built once per task)."""
         index = self._task_instances.get(task_name)
         if index is None:
-            index = defaultdict(list)
-            for instance in getattr(self.tasks[task_name], "instances", None) or ():
-                index[instance.doc_id].append(instance)
-            self._task_instances[task_name] = index
+            index = self._task_instances[task_name] = _requests_by_document(self.tasks[task_name])
         return index
 
     def _add_plan(self, ident: DocumentId, instances: list[Any]) -> DocumentPlan | None:
