@@ -371,6 +371,11 @@ class GeometryRunner:
         """
         return self.collector.record(last_index, first_index, target_tokens, documents, rows)
 
+    def release_buffers(self) -> None:
+        """Free the memory the collector keeps between replays (a pool's stack)."""
+        if self.collector is not None:
+            self.collector.release_buffers()
+
     def replay(self, recordings: Sequence[Any]):
         """Reduce several recorded forward passes as one batch; pass the handle to :meth:`compute`.
 

@@ -85,24 +85,21 @@ class CaptureHandle:
     lens_error: str | None = None
 
 
-def _as_index(values, name: str) -> torch.Tensor:
-    """A 1-D int64 CPU tensor from a sequence or tensor of indices."""
-    if (
-        isinstance(values, torch.Tensor)
-        and values.dtype == torch.int64
-        and values.dim() == 1
-        and values.device.type == "cpu"
-    ):
-        return values  # already one (an integer tensor never needs detaching)
+def _as_list(values, name: str) -> list[int]:
+    """A list of ints from a sequence or 1-D tensor of indices (the harness's lists as they are)."""
     if type(values) is list and all(type(v) is int for v in values):
-        return torch.tensor(values, dtype=torch.int64)  # the harness's lists: one call
+        return values
     tensor = torch.as_tensor(values).detach().cpu()
     if tensor.dim() != 1 or tensor.is_floating_point():
         raise ValueError(
             f"{name} must be a 1-D integer sequence with one entry per document, got "
             f"shape {tuple(tensor.shape)} dtype {tensor.dtype}"
         )
-    return tensor.to(torch.int64)
+    return tensor.tolist()
+
+
+def _as_tensor(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
 
 
 class _Run:
@@ -111,18 +108,19 @@ class _Run:
     def __init__(
         self,
         collector: StateCollector,
-        last: torch.Tensor,
-        first: torch.Tensor,
-        target: torch.Tensor,
+        last: list[int],
+        first: list[int],
+        target: list[int],
         factories: Mapping[str, ReducerFactory],
         documents: tuple[tuple[DocumentRef, ...], ...],
         handle: CaptureHandle,
-        rows: torch.Tensor | None = None,
+        rows: list[int] | None = None,
     ) -> None:
         self.collector = collector
         self.rows = rows  # the forward's rows measured (None: every row)
         self.rows_on: dict[torch.device, torch.Tensor] = {}
-        self.last, self.first, self.target = last, first, target
+        self.last, self.first, self.target = _as_tensor(last), _as_tensor(first), _as_tensor(target)
+        self.last_list, self.rows_list = last, rows
         self.factories, self.documents, self.handle = factories, documents, handle
         self.phase = "waiting"  # -> "running" -> "done"
         self.reducers: dict[str, LayerReducer] = {}
@@ -137,7 +135,7 @@ class _Run:
         if self.phase != "waiting":
             return None
         hidden = args[0] if args else kwargs.get("hidden_states")
-        batch, n_tokens = forward_shape(hidden, self.last, self.rows)
+        batch, n_tokens = forward_shape(hidden, self.last_list, self.rows_list)
         self.begin(batch, n_tokens, work_dtype(hidden))
         self.serve(0, hidden)
         return None
@@ -316,7 +314,7 @@ class _Run:
             return tensor
         rows = self.rows_on.get(tensor.device)
         if rows is None:
-            rows = self.rows_on[tensor.device] = self.rows.to(tensor.device)
+            rows = self.rows_on[tensor.device] = _as_tensor(self.rows).to(tensor.device)
         return tensor.index_select(0, rows)
 
     def _index_at_n(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,6 +377,11 @@ class StateCollector:
         first_param = next(parts.blocks[0].parameters(), None)
         self.device = first_param.device if first_param is not None else torch.device("cpu")
         self._standing: _StandingHooks | None = None
+        # Recording by reference (capture.recording.Recorder) needs every state on one device.
+        devices = {p.device for block in parts.blocks for p in block.parameters()}
+        self.single_device = len(devices) <= 1
+        self.copy_in_hooks = False  # set once a model wrote a recorded state in place
+        self._stack_buffer: torch.Tensor | None = None
 
     @contextmanager
     def capture(
@@ -526,9 +529,24 @@ class StateCollector:
             last_index, first_index, target_tokens, documents, rows
         )
         recording = Recording(last, first, target, docs or tuple(() for _ in range(len(last))))
-        recorder = Recorder(recording, self.parts.n_layers, measured, self.hidden_states)
+        recorder = Recorder(
+            recording,
+            self.parts.n_layers,
+            measured,
+            self.hidden_states,
+            by_reference=self.single_device and not self.copy_in_hooks,
+            on_written=self._copy_from_now_on,
+        )
         with self._hooks(recorder.pre_hook, recorder.post_hook):
             yield recording
+
+    def _copy_from_now_on(self) -> None:
+        """A recorded state was written in place: later recordings copy each state in its hook."""
+        self.copy_in_hooks = True
+
+    def release_buffers(self) -> None:
+        """Free the memory kept for the next replay's stack (`stack_recordings`)."""
+        self._stack_buffer = None
 
     def replay(
         self, recordings: Sequence[Recording], reducers: Mapping[str, ReducerFactory]
@@ -548,15 +566,23 @@ class StateCollector:
             raise ValueError(
                 "replay() needs complete recordings (a forward pass that ran every block)"
             )
-        last = torch.cat([recording.last_index for recording in recordings])
-        first = torch.cat([recording.first_index for recording in recordings])
-        target = torch.cat([recording.target_tokens for recording in recordings])
+        last = [n for recording in recordings for n in recording.last]
+        first = [f for recording in recordings for f in recording.first]
+        target = [t for recording in recordings for t in recording.target]
         docs = tuple(row for recording in recordings for row in recording.documents)
         handle = CaptureHandle()
         run = _Run(self, last, first, target, dict(reducers), docs, handle)
-        dtype = work_dtype(recordings[0].states[0])
+        dtype = work_dtype(recordings[0].stacked)
         if self.hidden_states:  # whole rows: one stack, each layer a view of it
-            stack, n_tokens = stack_recordings(list(recordings), self.device, dtype)
+            buffer = self._stack_buffer
+            if buffer is not None and (buffer.dtype != dtype or buffer.device != self.device):
+                buffer = None
+            stack, n_tokens = stack_recordings(list(recordings), self.device, dtype, buffer)
+            # Kept for the next replay: its memory is reused, not mapped and faulted in anew.
+            # Reducers may keep the stack until they finalize (LayerView.stack), no longer.
+            layers = stack.transpose(0, 1)
+            if buffer is None or layers.data_ptr() != buffer.data_ptr():
+                self._stack_buffer = layers.reshape(-1)
             run.begin(len(last), n_tokens, dtype)
             for layer in range(stack.shape[1]):
                 run.serve(layer, stack[:, layer], stack=stack)
@@ -620,45 +646,40 @@ def _indices(
     target_tokens: Sequence[int] | torch.Tensor | None,
     documents: Sequence[Sequence[DocumentRef]] | None,
     rows: Sequence[int] | torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple, torch.Tensor | None]:
-    """The capture's indices as int64 CPU tensors, checked (``StateCollector.capture``)."""
-    last = _as_index(last_index, "last_index")
-    first = _as_index(first_index, "first_index")
-    target = (
-        torch.full_like(last, -1)
-        if target_tokens is None
-        else _as_index(target_tokens, "target_tokens")
-    )
+) -> tuple[list[int], list[int], list[int], tuple, list[int] | None]:
+    """The capture's indices as lists of ints, checked (``StateCollector.capture``).
+
+    Lists: the indices are a few per batch, read in Python; no tensor is
+    made per batch until a capture or a replay needs one.
+    """
+    last = _as_list(last_index, "last_index")
+    first = _as_list(first_index, "first_index")
+    target = [-1] * len(last) if target_tokens is None else _as_list(target_tokens, "target_tokens")
     if not (len(last) == len(first) == len(target)):
         raise ValueError(
             f"last_index, first_index and target_tokens need one entry per document, got "
             f"lengths {len(last)}, {len(first)}, {len(target)}"
         )
-    # The indices are a few per batch: checked as Python numbers (one host read each,
-    # none when they came as lists).
-    last_list = last_index if type(last_index) is list else last.tolist()
-    first_list = first_index if type(first_index) is list else first.tolist()
-    if any(not 0 <= f <= n for f, n in zip(first_list, last_list, strict=True)):
+    if any(not 0 <= f <= n for f, n in zip(first, last, strict=True)):
         raise ValueError(
-            f"need 0 <= first_index <= last_index per row, got first_index={first_list} "
-            f"last_index={last_list}"
+            f"need 0 <= first_index <= last_index per row, got first_index={first} "
+            f"last_index={last}"
         )
     docs = tuple(
         tuple(ref if type(ref) is DocumentRef else DocumentRef(*ref) for ref in row)
         for row in documents or ()
     )
-    measured = None if rows is None else _as_index(rows, "rows")
+    measured = None if rows is None else _as_list(rows, "rows")
     if measured is not None:
-        row_list = rows if type(rows) is list else measured.tolist()
-        if len(row_list) != len(last_list) or any(
-            b <= a for a, b in zip(row_list, row_list[1:], strict=False)
+        if len(measured) != len(last) or any(
+            b <= a for a, b in zip(measured, measured[1:], strict=False)
         ):
             raise ValueError(
-                f"rows must be increasing, one per last_index entry, got {row_list} "
-                f"for {len(last_list)} entries"
+                f"rows must be increasing, one per last_index entry, got {measured} "
+                f"for {len(last)} entries"
             )
-        if row_list and row_list[0] < 0:
-            raise ValueError(f"rows must be non-negative, got {row_list}")
+        if measured and measured[0] < 0:
+            raise ValueError(f"rows must be non-negative, got {measured}")
     return last, first, target, docs, measured
 
 

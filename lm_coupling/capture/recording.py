@@ -5,11 +5,25 @@ and plugin calls (a few hundred), whatever its size. Where the forward pass
 is cheap (a small model, a GPU) and a batch measures two or three documents,
 that fixed cost is most of the geometry's overhead. A `Recording` keeps a
 forward pass's measured rows (a copy of each state ``x^l``, l = 0..L, of those
-rows only: the forward's own tensors are not held) and `stack_recordings`
-joins the recordings of several forward passes into one batch, right-padded
-to the longest (`merge_recordings` when only the rows at n are kept), which
-the collector then serves to the reducers as if it had been one forward pass
+rows only, as one ``[L+1, b, T, d]`` tensor) and `stack_recordings` joins the
+recordings of several forward passes into one batch, right-padded to the
+longest (`merge_recordings` when only the rows at n are kept), which the
+collector then serves to the reducers as if it had been one forward pass
 (`StateCollector.replay`).
+
+How the rows are copied (`Recorder`). A tensor operation run inside the
+forward pass, between the model's own, costs several times what it costs
+outside it (measured on the shared CPU: an ``index_select`` of a block's
+output took 29 µs in a hook, 4 µs in a loop; issue 28, docs/benchmarks.md).
+So when every state of the forward is small (`REFERENCE_BYTES`) and on one
+device, the hooks only keep a reference to each state ``x^l`` and its
+version counter, and the measured rows of all of them are copied at once,
+in two operations, when block L has run (before the model's head computes
+its logits, so the forward's peak memory does not grow). A state written in
+place by a later block (its version counter moved) would make the reference
+wrong: the recording is then marked (`Recording.error`) and the collector
+copies each state in its own hook from then on (`StateCollector.copy_in_hooks`),
+as it always does for larger forwards and for models spread over devices.
 
 The values do not change: every reduction is per row over the row's measured
 tokens (``BatchInfo.token_mask``: positions ``first_index + 1 .. n``), and
@@ -20,7 +34,7 @@ reads them reduces each forward pass at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -29,10 +43,22 @@ from lm_coupling.capture.architecture import block_output_hidden
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import DocumentRef
 
-__all__ = ["Recording", "Recorder", "forward_shape", "merge_recordings", "stack_recordings"]
+__all__ = [
+    "REFERENCE_BYTES",
+    "Recording",
+    "Recorder",
+    "forward_shape",
+    "merge_recordings",
+    "stack_recordings",
+]
+
+REFERENCE_BYTES = 8 * 2**20
+"""Largest forward (every state of every row, ``(L+1) B T d`` elements) whose states are
+referenced during the forward and copied together after block L (8 MiB); a larger
+one is copied state by state in the hooks."""
 
 
-def forward_shape(hidden, last_index: torch.Tensor, rows: torch.Tensor | None) -> tuple[int, int]:
+def forward_shape(hidden, last_index: list[int], rows: list[int] | None) -> tuple[int, int]:
     """``(rows measured, positions measured)`` of a forward pass, checked against its indices.
 
     The positions measured are ``0 .. max(last_index)``: no row measures a
@@ -41,8 +67,8 @@ def forward_shape(hidden, last_index: torch.Tensor, rows: torch.Tensor | None) -
 
     Args:
         hidden: what block 1 received as its hidden states.
-        last_index: the capture's ``[b]`` target positions (CPU: read without a sync).
-        rows: the forward's rows measured (CPU), or None for every row.
+        last_index: the capture's ``[b]`` target positions.
+        rows: the forward's rows measured, or None for every row.
 
     Raises:
         LmCouplingError: block 1 received no ``[B, T, d]`` tensor.
@@ -54,9 +80,9 @@ def forward_shape(hidden, last_index: torch.Tensor, rows: torch.Tensor | None) -
             f"as hidden_states=, got {type(hidden).__name__}; register an override"
         )
     batch, n_tokens = hidden.shape[0], hidden.shape[1]
-    n_rows, max_last = len(last_index), max(last_index.tolist(), default=-1)
+    n_rows, max_last = len(last_index), max(last_index, default=-1)
     if rows is not None:
-        max_row = max(rows.tolist(), default=-1)
+        max_row = max(rows, default=-1)
         if max_row >= batch:
             raise ValueError(
                 f"capture() was given row {max_row} to measure but the "
@@ -81,63 +107,91 @@ class Recording:
     """The measured rows of one forward pass, for a later reduction.
 
     Attributes:
-        last_index, first_index, target_tokens: ``[b]`` int64 (CPU), as given
-            to `StateCollector.record`.
+        last, first, target: per measured row, its target position n, its
+            first real token and its gold next token (-1: none), as given to
+            `StateCollector.record`.
         documents: per measured row, the documents it measures.
-        states: ``x^l`` of the measured rows for l = 0..L as recorded so far:
-            ``[b, T, d]`` when the reducers read ``hidden_states``, else the
-            rows at the target positions ``[b, d]``; the model's dtype and
-            the device of the block that made it.
-        n_tokens: T, the forward's positions (None before the forward).
+        stacked: ``x^0..x^L`` of the measured rows, once every block has run:
+            ``[L+1, b, T, d]`` when the reducers read ``hidden_states``, else
+            the rows at the target positions ``[L+1, b, d]``; the model's
+            dtype, on the device of block 1. None before.
+        n_tokens: T, the positions kept (None before the forward).
         complete: every block's output was recorded.
+        error: why the recording is unusable though every block ran (a
+            state written in place after its hook read it), else None.
     """
 
-    last_index: torch.Tensor
-    first_index: torch.Tensor
-    target_tokens: torch.Tensor
+    last: list[int]
+    first: list[int]
+    target: list[int]
     documents: tuple[tuple[DocumentRef, ...], ...]
-    states: list[torch.Tensor] = field(default_factory=list)
+    stacked: torch.Tensor | None = None
     n_tokens: int | None = None
     complete: bool = False
+    error: str | None = None
 
     @property
     def size(self) -> int:
         """b, the measured rows."""
-        return len(self.last_index)
+        return len(self.last)
+
+    @property
+    def states(self) -> list[torch.Tensor]:
+        """Per l = 0..L, ``x^l`` of the measured rows (views of `stacked`; empty before)."""
+        return [] if self.stacked is None else list(self.stacked.unbind(0))
 
     @property
     def nbytes(self) -> int:
         """Bytes the recorded states hold."""
-        return sum(state.nbytes for state in self.states)
+        return 0 if self.stacked is None else self.stacked.nbytes
 
 
 class Recorder:
-    """The hooks of one recording: copy the measured rows of each state, nothing else.
+    """The hooks of one recording: keep the measured rows of each state, run nothing else.
 
     Args:
-        recording: where the copies go.
+        recording: where the states go.
         n_layers: L (the recording is complete after block L).
         rows: the forward's rows measured (None: every row).
-        whole_rows: keep ``[b, T, d]`` (else the rows at the target positions).
+        whole_rows: keep ``[b, T, d]`` per state (else the rows at the target positions).
+        by_reference: reference the states during the forward and copy them
+            together after block L, when the forward's states are small
+            (`REFERENCE_BYTES`); else copy each state in its own hook.
+        on_written: called (no argument) when a referenced state was written
+            in place after its hook (the collector then copies in the hooks).
     """
 
     def __init__(
-        self, recording: Recording, n_layers: int, rows: torch.Tensor | None, whole_rows: bool
+        self,
+        recording: Recording,
+        n_layers: int,
+        rows: list[int] | None,
+        whole_rows: bool,
+        by_reference: bool = True,
+        on_written=None,
     ) -> None:
         self.recording, self.n_layers, self.rows = recording, n_layers, rows
-        self.whole_rows = whole_rows
+        self.whole_rows, self.by_reference, self.on_written = whole_rows, by_reference, on_written
         self.phase = "waiting"  # -> "running" -> "done"
         self.width = 0  # the positions kept (set by the pre-hook)
-        self.index_on: dict[torch.device, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        self.kept: list[torch.Tensor] = []  # per state so far: a reference, or a copy
+        self.versions: list[int] = []  # the references' version counters when read
+        self._indices: dict[tuple[torch.device, int | None], torch.Tensor] = {}
+        if rows is not None and whole_rows:  # made before the forward, where it is cheap
+            self._indices[(torch.device("cpu"), None)] = torch.tensor(rows)
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
         if self.phase != "waiting":
             return None
         hidden = args[0] if args else kwargs.get("hidden_states")
-        _, self.width = forward_shape(hidden, self.recording.last_index, self.rows)
+        _, self.width = forward_shape(hidden, self.recording.last, self.rows)
         self.phase = "running"
         self.recording.n_tokens = self.width
+        if self.by_reference:
+            batch, n_tokens, width = hidden.shape
+            elements = (self.n_layers + 1) * batch * n_tokens * width
+            self.by_reference = elements * hidden.element_size() <= REFERENCE_BYTES
         self._keep(hidden)
         return None
 
@@ -148,89 +202,136 @@ class Recorder:
         self._keep(block_output_hidden(output))
         if layer == self.n_layers:
             self.phase = "done"
-            self.recording.complete = True
+            self._finish()
         return None
 
     def _keep(self, hidden: torch.Tensor) -> None:
-        """A copy of the measured rows (never a view: the model may write the state in place).
+        """Keep a reference to ``x^l`` (and its version), or a copy of its measured rows."""
+        if self.by_reference:
+            self.kept.append(hidden)
+            self.versions.append(hidden._version)
+        else:  # a copy, never a view: the model may write the state in place
+            self.kept.append(self._measured(hidden.detach(), dim=0))
 
-        Whole rows are kept up to the last position measured (``forward_shape``).
-        """
-        if hidden.requires_grad:  # never under lm-eval's no_grad: no detach per state
-            hidden = hidden.detach()
-        rows, last = self._index(hidden.device)
-        if not self.whole_rows:
-            batch = torch.arange(len(last), device=hidden.device) if rows is None else rows
-            self.recording.states.append(hidden[batch, last])
+    def _finish(self) -> None:
+        """After block L: the measured rows of every state, as one tensor."""
+        kept, self.kept = self.kept, []
+        recording = self.recording
+        if not self.by_reference:
+            recording.stacked = torch.stack(kept)
+            recording.complete = True
             return
-        hidden = hidden[:, : self.width]
-        self.recording.states.append(
-            hidden.clone(memory_format=torch.contiguous_format)
-            if rows is None
-            else hidden.index_select(0, rows)
-        )
+        written = [
+            layer
+            for layer, (state, version) in enumerate(zip(kept, self.versions, strict=True))
+            if state._version != version
+        ]
+        if written:
+            recording.error = (
+                f"the model wrote state x^{written[0]} in place after its block returned it, "
+                "so its recorded reference changed; its states are now copied in each hook"
+            )
+            if self.on_written is not None:
+                self.on_written()
+            return
+        # [L+1, B, T, d] in the forward's own dtype; then its measured rows, a second copy.
+        recording.stacked = self._measured(torch.stack(kept).detach(), dim=1)
+        recording.complete = True
 
-    def _index(self, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """The measured rows and the target positions on ``device`` (blocks may be spread)."""
-        index = self.index_on.get(device)
-        if index is None:
-            rows = None if self.rows is None else self.rows.to(device)
-            index = self.index_on[device] = (rows, self.recording.last_index.to(device))
-        return index
+    def _measured(self, states: torch.Tensor, dim: int) -> torch.Tensor:
+        """A copy of the measured rows of ``states`` (rows: dimension ``dim``, positions: the next).
+
+        Whole rows keep every position up to the last one measured; otherwise
+        only each row's target position n (``[.., b, d]``).
+        """
+        if not self.whole_rows:  # one gather of the rows at n from the [.., B T, d] view
+            return states.flatten(dim, dim + 1).index_select(
+                dim, self._index(states.device, states.shape[dim + 1])
+            )
+        if self.width < states.shape[dim + 1]:
+            states = states.narrow(dim + 1, 0, self.width)
+        if self.rows is None:
+            return states.clone(memory_format=torch.contiguous_format)
+        return states.index_select(dim, self._index(states.device))
+
+    def _index(self, device: torch.device, n_tokens: int | None = None) -> torch.Tensor:
+        """The measured rows (or, given ``n_tokens``, the flat positions ``b T + n``) on ``device``.
+
+        Made once per device and kind (blocks may be spread over devices).
+        """
+        cached = self._indices.get((device, n_tokens))
+        if cached is None:
+            if n_tokens is None:
+                values = self.rows
+            else:
+                rows = range(len(self.recording.last)) if self.rows is None else self.rows
+                values = [b * n_tokens + n for b, n in zip(rows, self.recording.last, strict=True)]
+            cpu = self._indices.get((torch.device("cpu"), n_tokens))
+            host = torch.tensor(values) if cpu is None else cpu
+            cached = self._indices[(device, n_tokens)] = host.to(device)
+        return cached
 
 
 def merge_recordings(
     recordings: list[Recording], device: torch.device, dtype: torch.dtype
-) -> tuple[list[torch.Tensor], int]:
+) -> tuple[torch.Tensor, int]:
     """The rows at n of several recordings as one batch (whole rows: `stack_recordings`).
 
     Args:
         recordings: complete recordings of one model that kept the rows at
-            the target positions (``[b, d]`` states).
+            the target positions (``[L+1, b, d]``).
         device: where the merged states are made.
         dtype: what they are made in.
 
     Returns:
-        ``(states, n_tokens)``: per l = 0..L the rows of every recording in
-        order, ``[sum b, d]``; and ``T_max``, the longest recording's positions.
+        ``(states, n_tokens)``: ``[L+1, sum b, d]``, the rows of every
+        recording in order; and ``T_max``, the longest recording's positions.
     """
     n_tokens = max(recording.n_tokens for recording in recordings)
-    merged = []
-    for layer in range(len(recordings[0].states)):
-        parts = [recording.states[layer].to(device) for recording in recordings]
-        state = parts[0] if len(parts) == 1 else torch.cat(parts)
-        merged.append(state.to(dtype))
-    return merged, n_tokens
+    parts = [recording.stacked.to(device) for recording in recordings]
+    merged = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return merged.to(dtype), n_tokens
 
 
 def stack_recordings(
-    recordings: list[Recording], device: torch.device, dtype: torch.dtype
+    recordings: list[Recording],
+    device: torch.device,
+    dtype: torch.dtype,
+    buffer: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The whole-row states of several recordings as one ``[sum b, L+1, T_max, d]`` stack.
 
     Each recording's rows, in order, hold its states ``x^0..x^L`` at its
     positions and zeros after them (the right pads). One tensor, filled
-    once: a reducer of every state at once reads it as it is
-    (``LayerView.stack``), and each layer's ``[sum b, T_max, d]`` is a view.
+    once (one copy per recording): a reducer of every state at once reads it
+    as it is (``LayerView.stack``). It is laid out layer by layer in memory
+    (a ``[L+1, sum b, T_max, d]`` tensor, transposed), so each layer's
+    ``[sum b, T_max, d]`` is a contiguous view.
 
     Args:
-        recordings: complete recordings of whole rows (``[b, T, d]`` states).
+        recordings: complete recordings of whole rows (``[L+1, b, T, d]``).
         device: where the stack is made.
         dtype: what it is made in.
+        buffer: memory to make it in when it is large enough (a flat tensor
+            of ``dtype`` on ``device``, reused across calls); else new memory.
 
     Returns:
         ``(stack, T_max)``.
     """
     n_tokens = max(recording.n_tokens for recording in recordings)
-    depth, width = len(recordings[0].states), recordings[0].states[0].shape[-1]
+    depth, _, _, width = recordings[0].stacked.shape
     rows = sum(recording.size for recording in recordings)
-    stack = torch.empty((rows, depth, n_tokens, width), device=device, dtype=dtype)
+    shape = (depth, rows, n_tokens, width)
+    numel = depth * rows * n_tokens * width
+    if buffer is not None and buffer.numel() >= numel:
+        layers = buffer[:numel].view(shape)
+    else:
+        layers = torch.empty(shape, device=device, dtype=dtype)
     start = 0
     for recording in recordings:
-        block = stack[start : start + recording.size]
-        for layer, state in enumerate(recording.states):
-            block[:, layer, : state.shape[1]] = state
+        block = layers[:, start : start + recording.size]
+        block[:, :, : recording.n_tokens] = recording.stacked
         if recording.n_tokens < n_tokens:
             block[:, :, recording.n_tokens :] = 0
         start += recording.size
-    return stack, n_tokens
+    return layers.transpose(0, 1), n_tokens

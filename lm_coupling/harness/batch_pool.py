@@ -92,6 +92,8 @@ class BatchPool:
             LmCouplingError: the recording is incomplete (the forward did not
                 run every block through the hooks); nothing is held.
         """
+        if recording.error is not None:
+            raise LmCouplingError(recording.error)
         if not recording.complete:
             raise LmCouplingError(
                 "the forward pass did not run every decoder block through its hooks; "
@@ -103,6 +105,13 @@ class BatchPool:
         self.rows += recording.size
         if self.nbytes >= self.budget_bytes or self.rows >= self.max_rows:
             self.flush()
+
+    def close(self) -> None:
+        """Drop the held batches unreduced and free the memory kept for reductions."""
+        self.held, self.held_keys, self.nbytes, self.rows = [], set(), 0, 0
+        runner = self.session.runner
+        if runner is not None:
+            runner.release_buffers()
 
     def flush(self) -> None:
         """Reduce every held batch as one and store its documents' values.

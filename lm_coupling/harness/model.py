@@ -179,6 +179,7 @@ class CouplingHFLM(HFLMWithHooks):
                 yield
             self._lmc_pool.flush()  # the batches still held (an interrupted run drops them)
         finally:
+            self._lmc_pool.close()
             self._lmc_pool = None
             self._lmc_progress.close()
             self._lmc_progress = None
@@ -410,6 +411,9 @@ class CouplingHFLM(HFLMWithHooks):
             if pool is not None and pool.accepts(len(measured), n_tokens):
                 with runner.record(*indices) as recording:
                     output = call()
+                if recording.error is not None:  # a state written in place: record again,
+                    with runner.record(*indices) as recording:  # now copying in the hooks
+                        output = call()
                 forward = (time.perf_counter() - start) / max(len(matches), 1)
                 pool.add(recording, [(at[b], key) for b, key in matches], forward)
                 return output

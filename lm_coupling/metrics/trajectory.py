@@ -280,8 +280,10 @@ def _summaries_of_stack(x: torch.Tensor, windowed: bool, window: int) -> dict:
     # the steps padded with h zero steps on each side.
     window_sums = windowed and half < n_steps - 1
     padded = steps.new_zeros((batch, n_steps + 2 * half, n_tokens, width)) if window_sums else None
+    # The unit steps overwrite the steps (a temporary of this call) unless they go
+    # into the padded window buffer: one stack-sized allocation fewer per batch.
     unit, nonzero, length = _unit_steps_with_length(
-        steps, out=None if padded is None else padded[:, half : half + n_steps]
+        steps, out=steps if padded is None else padded[:, half : half + n_steps]
     )
     del steps
     out: dict[str, torch.Tensor | None] = {

@@ -363,7 +363,9 @@ def _rows(
         if isinstance(tensor, torch.Tensor):
             narrow = not wide and tensor.is_floating_point() and tensor.dtype != torch.float64
             dtype = torch.float32 if narrow else torch.float64
-            array = tensor.detach().to("cpu", dtype).numpy()
+            # Always a copy: an answer may be a view of capture's memory, which the
+            # next batch reuses (a replay's stack, `StateCollector.replay`).
+            array = tensor.detach().to("cpu", dtype, copy=True).numpy()
         else:
             array = np.asarray(tensor)
             narrow = not wide and array.dtype in (np.float32, np.float16)

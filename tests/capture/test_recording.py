@@ -124,10 +124,11 @@ def test_indices_given_as_lists_record_what_tensors_record(tiny_model, tokenizer
                 model(ids, **kwargs)
             recordings.append(recording)
     by_tensors, by_lists = recordings
-    for name in ("last_index", "first_index", "target_tokens"):
+    for name in ("last", "first", "target"):
         got, want = getattr(by_lists, name), getattr(by_tensors, name)
-        assert got.dtype == torch.int64 and torch.equal(got, want), name
+        assert got == want and all(type(v) is int for v in got), name
     assert by_lists.documents == by_tensors.documents
+    assert torch.equal(by_lists.stacked, by_tensors.stacked)
     assert by_lists.n_tokens == by_tensors.n_tokens
     for got, want in zip(by_lists.states, by_tensors.states, strict=True):
         assert torch.equal(got, want)
@@ -224,6 +225,95 @@ def test_a_recording_holds_copies_of_the_measured_rows(tiny_model, tokenizer):
         expected = everything.states[layer][1:, : part.n_tokens]
         torch.testing.assert_close(state, expected, rtol=0, atol=0)
     assert everything.nbytes == runner.recording_bytes(3, everything.n_tokens)
+
+
+def _record_twice(runner, model, tokenizer, copy_in_hooks: bool):
+    """Two recordings of one forward (rows 0 and 2 of three), the second copying in the hooks."""
+    (ids, kwargs, last, first, target), rows = _forwards(tokenizer)[0]
+    index = torch.tensor(rows)
+    args = (last[index], first[index], target[index], _docs(0, rows), index)
+    recordings = []
+    with torch.no_grad():
+        for copy in (False, copy_in_hooks):
+            runner.collector.copy_in_hooks = copy
+            with runner.record(*args) as recording:
+                model(ids, **kwargs)
+            recordings.append(recording)
+    return recordings
+
+
+@pytest.mark.parametrize("metrics", [TRAJ_LENS, "logit_lens_entropy"])
+def test_states_referenced_in_the_forward_equal_states_copied_in_each_hook(
+    metrics, tiny_model, tokenizer
+):
+    """A small forward's states are referenced and copied after block L; the copy is exact."""
+    model = tiny_model("gpt2")
+    runner = _runner(model, metrics)
+    by_reference, copied = _record_twice(runner, model, tokenizer, copy_in_hooks=True)
+    for recording in (by_reference, copied):
+        assert recording.complete and recording.error is None
+    assert torch.equal(by_reference.stacked, copied.stacked)
+    assert by_reference.stacked.is_contiguous()
+
+
+def test_a_forward_above_the_reference_budget_is_copied_in_each_hook(
+    tiny_model, tokenizer, monkeypatch
+):
+    import lm_coupling.capture.recording as recording_module
+
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    kept: list[bool] = []
+    keep = recording_module.Recorder._keep
+
+    def spy(self, hidden):
+        kept.append(self.by_reference)
+        return keep(self, hidden)
+
+    monkeypatch.setattr(recording_module.Recorder, "_keep", spy)
+    small, _ = _record_twice(runner, model, tokenizer, copy_in_hooks=False)
+    assert kept and all(kept)  # every state referenced
+    kept.clear()
+    monkeypatch.setattr(recording_module, "REFERENCE_BYTES", 1024)
+    large, _ = _record_twice(runner, model, tokenizer, copy_in_hooks=False)
+    assert kept and not any(kept)  # every state copied in its hook
+    assert torch.equal(small.stacked, large.stacked)
+
+
+def test_a_state_written_in_place_is_detected_and_then_copied(tiny_model, tokenizer, monkeypatch):
+    """A block that writes its input (x^1) in place: the reference is refused, never used.
+
+    The recording says why and the collector copies each state in its hook
+    from then on; that recording's values equal the capture route's, which
+    reduces each state as its hook receives it.
+    """
+    model = tiny_model("gpt2")
+    parts = locate_model_parts(model)
+    block = parts.blocks[1]
+    forward = block.forward
+
+    def writes_its_input(hidden_states, *args, **kwargs):
+        hidden_states.mul_(2.0)  # x^1, block 1's output, changed after its hook read it
+        return forward(hidden_states, *args, **kwargs)
+
+    monkeypatch.setattr(block, "forward", writes_its_input)  # the shared model is restored
+    runner = _runner(model, TRAJ_LENS)
+    (ids, kwargs, last, first, target), rows = _forwards(tokenizer)[0]
+    index = torch.tensor(rows)
+    args = (last[index], first[index], target[index], _docs(0, rows), index)
+    with torch.no_grad():
+        with runner.record(*args) as refused:
+            model(ids, **kwargs)
+        assert not refused.complete and "x^1 in place" in refused.error
+        assert runner.collector.copy_in_hooks
+        with runner.record(*args) as recording:
+            model(ids, **kwargs)
+        with runner.capture(*args) as handle:
+            model(ids, **kwargs)
+    assert recording.complete and recording.error is None
+    with pytest.raises(ValueError, match="complete recordings"):
+        runner.replay([refused])
+    _assert_same_documents(runner.compute(runner.replay([recording])), runner.compute(handle))
 
 
 def test_merging_pads_on_the_right_with_zeros(tiny_model, tokenizer):

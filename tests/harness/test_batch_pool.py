@@ -35,11 +35,29 @@ class BatchSizes:
         self.sizes.append(states.size)
 
 
-def _run(harness_setup, output, pool_rows: int | None) -> tuple[dict, list[int]]:
+def _writing_block_1_output_in_place(patch: pytest.MonkeyPatch) -> None:
+    """Make block 2 write its input, x^1, in place (same values: only its version moves)."""
+    from transformers.models.llama import modeling_llama
+
+    forward = modeling_llama.LlamaDecoderLayer.forward
+
+    def writes_its_input(self, hidden_states, *args, **kwargs):
+        if self.self_attn.layer_idx == 1:
+            hidden_states.mul_(1.0)
+        return forward(self, hidden_states, *args, **kwargs)
+
+    patch.setattr(modeling_llama.LlamaDecoderLayer, "forward", writes_its_input)
+
+
+def _run(
+    harness_setup, output, pool_rows: int | None, in_place: bool = False
+) -> tuple[dict, list[int]]:
     observer = BatchSizes()
     with pytest.MonkeyPatch.context() as patch:
         if pool_rows is not None:
             patch.setattr(batch_pool, "POOL_ROWS", pool_rows)
+        if in_place:
+            _writing_block_1_output_in_place(patch)
         with plugin_registered(observer, "test.batch_sizes"):
             results = lm_coupling.evaluate(
                 model_args={"pretrained": str(harness_setup.models["llama"])},
@@ -62,13 +80,17 @@ def pooled_and_alone(harness_setup, tmp_path_factory):
     return {
         "pooled": _run(harness_setup, root / "pooled", None),
         "alone": _run(harness_setup, root / "alone", 1),
+        # The first recording sees x^1 change under its reference and is refused;
+        # the batch is recorded again, copying each state in its hook, as every later one.
+        "written_in_place": _run(harness_setup, root / "in_place", None, in_place=True),
     }
 
 
 def test_the_pool_joins_batches(pooled_and_alone):
     _, pooled = pooled_and_alone["pooled"]
     _, alone = pooled_and_alone["alone"]
-    assert sum(pooled) == sum(alone) >= 10  # every measured row, once in each run
+    _, written = pooled_and_alone["written_in_place"]
+    assert sum(pooled) == sum(alone) == sum(written) >= 10  # every measured row, once each
     assert max(alone) <= 2 < max(pooled)  # batch size 2 alone; several batches pooled
     assert len(pooled) < len(alone)
 
@@ -83,12 +105,14 @@ def _measured(results: dict, task: str) -> dict[int, dict]:
 def test_pooled_values_equal_each_batch_reduced_alone(pooled_and_alone, task):
     pooled = _measured(pooled_and_alone["pooled"][0], task)
     alone = _measured(pooled_and_alone["alone"][0], task)
-    assert sorted(pooled) == sorted(alone) == [0, 1, 2, 3, 4]
+    written = _measured(pooled_and_alone["written_in_place"][0], task)
+    assert sorted(pooled) == sorted(alone) == sorted(written) == [0, 1, 2, 3, 4]
     for doc_id, row in pooled.items():
         for metric in METRICS.split(","):
             value = row[metric]
             assert math.isfinite(value), (task, doc_id, metric)
             assert value == pytest.approx(alone[doc_id][metric], rel=1e-6, abs=1e-9), metric
+            assert value == pytest.approx(written[doc_id][metric], rel=1e-6, abs=1e-9), metric
     for results, _ in pooled_and_alone.values():
         capture = results["config"]["lm_coupling"]["capture"][task]
         assert capture == {"in_batch": 5, "alone": 0, "cached": 0, "failed": 0}
