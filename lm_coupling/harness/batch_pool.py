@@ -134,12 +134,14 @@ class BatchPool:
             session.fail([key for batch in held for _, key in batch.matches], error)
             return
         offset = 0
+        measurements = []
         for batch in held:
             stored: set[int] = set()
             for row, key in batch.matches:
                 document = documents[offset + row]
                 document.timings["forward_capture"] = batch.forward_seconds
                 # Keys sharing a row (duplicate prompts) each keep their own copy.
-                session.store(key, document if row not in stored else document.copy(), "in_batch")
+                measurements.append((key, document if row not in stored else document.copy()))
                 stored.add(row)
             offset += batch.recording.size
+        session.store_many(measurements, "in_batch")

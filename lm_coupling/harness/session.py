@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness.lm_eval_adapter import reported_doc_id, templates_compiled_once
@@ -112,6 +114,26 @@ class TaskRecords:
         for name, array in profiles.items():
             self.profiles[name].add(position, array)
 
+    def add_profiles_of(self, documents: list[tuple[int, dict[str, Any]]]) -> None:
+        """`add_profiles` of several documents ``(doc_id, profiles)``, in order.
+
+        A profile every document has, in one shape, is folded in as one block.
+        """
+        start = len(self.profiled_ids)
+        names = documents[0][1].keys() if documents else ()
+        if any(profiles.keys() != names for _, profiles in documents):
+            for doc_id, profiles in documents:  # documents without some profile: one at a time
+                self.add_profiles(doc_id, profiles)
+            return
+        self.profiled_ids.extend(doc_id for doc_id, _ in documents)
+        for name in names:
+            arrays = [np.asarray(profiles[name], dtype=np.float64) for _, profiles in documents]
+            if len({array.shape for array in arrays}) == 1:
+                self.profiles[name].add_block(start, np.stack(arrays))
+            else:
+                for position, array in enumerate(arrays, start=start):
+                    self.profiles[name].add(position, array)
+
     def n_measured(self, metrics: Iterable[str]) -> dict[str, int]:
         """Documents with a finite value of each metric."""
         return {name: self.finite.get(name, 0) for name in metrics}
@@ -200,6 +222,7 @@ class GeometrySession:
         self._scored: set[DocumentId] = set()
         self._completed: set[str] = set()  # tasks whose deferred metrics are computed
         self._own_parts: dict[frozenset[str], tuple[list[str], set[str], bool]] = {}
+        self._sampled_names = frozenset(n for n, spec in selection.specs.items() if spec.sampled)
 
     def claim_first_batch(self) -> bool:
         """True the first time only: the run's first captured batch (preflight checks it)."""
@@ -415,15 +438,47 @@ class GeometrySession:
         if source is not None:
             self.sources[key] = source
         if self.cache is not None and key not in self.failed_keys and source != "cached":
-            try:
-                self.cache.put(key, geometry)
-            except Exception as exc:  # the measurement stands; only its caching failed
-                self._warn_once(
-                    "cache", f"the geometry cache {self.cache.path} could not be written "
-                    f"({exc!r}); values are kept but not cached",
-                )  # fmt: skip
+            self._cache_put(key, geometry)
         if source is not None and not self.sampled(key):
             self._fold_profiles(key, geometry)
+
+    def store_many(
+        self, measurements: list[tuple[GeometryKey, DocumentGeometry]], source: str
+    ) -> None:
+        """`store` several measurements of one source; their profiles folded in together.
+
+        The geometries are the caller's to give away (fresh from
+        `GeometryRunner.compute`, one object per key): a folded geometry's
+        profiles are dropped from it, not from a copy.
+        """
+        folded: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+        emptied: list[DocumentGeometry] = []
+        for key, geometry in measurements:
+            existing = self.measured.get(key)
+            if existing is not None:
+                existing.merge(geometry)
+                geometry = existing
+            self.measured[key] = geometry
+            self.sources[key] = source
+            if self.cache is not None and key not in self.failed_keys:
+                self._cache_put(key, geometry)
+            if geometry.profiles and not self.sampled(key):
+                for plan in self.plans_by_key.get(key, ()):
+                    folded[plan.task_name].append((plan.doc_id, geometry.profiles))
+                emptied.append(geometry)
+        for task_name, documents in folded.items():
+            self.records[task_name].add_profiles_of(documents)
+        for geometry in emptied:
+            geometry.profiles = {}
+
+    def _cache_put(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
+        try:
+            self.cache.put(key, geometry)
+        except Exception as exc:  # the measurement stands; only its caching failed
+            self._warn_once(
+                "cache", f"the geometry cache {self.cache.path} could not be written "
+                f"({exc!r}); values are kept but not cached",
+            )  # fmt: skip
 
     def _fold_profiles(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
         """Fold a measurement's profiles into its documents' task summaries, then drop them.
@@ -568,8 +623,10 @@ class GeometrySession:
         """
         own = self._own_geometry(plan, geometry)
         values = {k: v for k, v in own.values.items() if math.isfinite(v)}
-        failed = {name for failure in own.failures for name in failure.get("metrics", ())}
-        undefined = [name for name in own.values if name not in values and name not in failed]
+        undefined: list[str] = []
+        if len(values) < len(own.values):
+            failed = {name for failure in own.failures for name in failure.get("metrics", ())}
+            undefined = [name for name in own.values if name not in values and name not in failed]
         if "tv_to_target" in undefined and plan.target_problem is not None:
             undefined.remove("tv_to_target")
             reported = self.reported_id(plan.task_name, plan.doc_id)
@@ -587,6 +644,16 @@ class GeometrySession:
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
         """The part of a measurement that belongs to ``plan``'s document."""
         metrics, profiles, sampled = self._own_metrics(plan.sampled_metrics)
+        if (
+            not sampled
+            and not geometry.profiles
+            and not geometry.failures
+            and not geometry.summaries
+            and geometry.jacobian_methods is None
+            and len(geometry.values) == len(metrics)
+            and all(name in geometry.values for name in metrics)
+        ):
+            return geometry  # all of it is the document's own (never changed by the caller)
         return DocumentGeometry(
             values={name: geometry.values.get(name, math.nan) for name in metrics},
             profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
@@ -645,8 +712,7 @@ class GeometrySession:
             return
         self._scored.add(ident)
         records = self.records[plan.task_name]
-        specs = self.selection.specs
-        keep = any(specs[name].sampled for name in geometry.values)
+        keep = not self._sampled_names.isdisjoint(geometry.values)
         doc_id = self.reported_id(*ident)
         records.add(doc_id, geometry, keep)
         self._release(plan.key)

@@ -35,7 +35,9 @@ class RunningProfile:
         mixed: profiles of different shapes were added (the summary is then
             None; `ProfileByShape` keeps one `RunningProfile` per shape, so a
             run never mixes them).
-        pending: profiles taken but not folded in yet (fewer than `CHUNK`).
+        pending: profiles taken but not folded in yet (fewer than `CHUNK`), as
+            blocks of one or more documents' profiles (``[n, ...]``).
+        pending_rows: the documents in ``pending``.
     """
 
     n: np.ndarray | None = None
@@ -43,23 +45,29 @@ class RunningProfile:
     m2: np.ndarray | None = None
     mixed: bool = False
     pending: list[np.ndarray] = field(default_factory=list)
+    pending_rows: int = 0
 
     def add(self, array: Any) -> None:
         """Take one document's profile; every `CHUNK` of them are folded in at once."""
-        self.pending.append(np.asarray(array, dtype=np.float64))
-        if len(self.pending) >= CHUNK:
+        self.add_block(np.asarray(array, dtype=np.float64)[None])
+
+    def add_block(self, block: np.ndarray) -> None:
+        """Take several documents' profiles at once, ``[n, ...]`` (float64)."""
+        self.pending.append(block)
+        self.pending_rows += len(block)
+        if self.pending_rows >= CHUNK:
             self._flush()
 
     def _flush(self) -> None:
         """Fold the pending profiles in: their NaN-aware stack statistics, then `merge`."""
-        pending, self.pending = self.pending, []
+        pending, self.pending, self.pending_rows = self.pending, [], 0
         if not pending:
             return
-        shapes = {a.shape for a in pending}
+        shapes = {a.shape[1:] for a in pending}
         if len(shapes) > 1 or (self.n is not None and self.n.shape not in shapes):
             self.mixed = True
             return
-        stack = np.stack(pending)
+        stack = pending[0] if len(pending) == 1 else np.concatenate(pending)
         finite = np.isfinite(stack)
         n = finite.sum(axis=0)
         values = np.where(finite, stack, 0.0)
@@ -132,6 +140,16 @@ class ProfileByShape:
             self.runs[shape] = []
         profile.add(array)
         _extend_runs(self.runs[shape], position, position + 1)
+
+    def add_block(self, position: int, block: np.ndarray) -> None:
+        """Take the profiles ``block [n, ...]`` (float64) of the documents at ``position..+n``."""
+        shape = block.shape[1:]
+        profile = self.shapes.get(shape)
+        if profile is None:
+            profile = self.shapes[shape] = RunningProfile()
+            self.runs[shape] = []
+        profile.add_block(block)
+        _extend_runs(self.runs[shape], position, position + len(block))
 
     def merge(self, other: ProfileByShape, offset: int) -> None:
         """Fold another rank's profile in; its positions come ``offset`` after this one's."""

@@ -147,3 +147,50 @@ def test_profiles_of_one_shape_keep_one_run_of_positions():
         records.add(doc_id, DocumentGeometry({}, {"norm": np.zeros(3)}))
     assert records.profiles["norm"].runs == {(3,): [[0, 300]]}
     assert records.profiles["norm"].odd(records.doc_ids) == []
+
+
+def _profiles_state(records: TaskRecords) -> dict:
+    """Every running summary, odd document and position of ``records``, comparable."""
+    out = {"ids": records.profiled_ids}
+    for name, by_shape in records.profiles.items():
+        out[name] = {
+            "summary": by_shape.summary(),
+            "runs": by_shape.runs,
+            "odd": by_shape.odd(records.profiled_ids),
+        }
+    return out
+
+
+@pytest.mark.parametrize("case", ["one shape", "odd shapes", "a profile missing"])
+def test_profiles_folded_as_a_block_equal_profiles_folded_one_by_one(case):
+    """A pool's documents' profiles go in as one block each (`add_profiles_of`); the same sums."""
+    from lm_coupling.harness.streaming import CHUNK
+
+    rng = np.random.default_rng(1)
+    documents = []
+    for doc_id in range(CHUNK + 40):  # across a CHUNK boundary
+        norm = rng.normal(size=5)
+        norm[rng.random(5) < 0.2] = np.nan
+        if case == "odd shapes" and doc_id in (3, 70):
+            norm = rng.normal(size=4)
+        profiles = {"norm": norm, "windowed_lss": rng.normal(size=4)}
+        if case == "a profile missing" and doc_id == 10:
+            del profiles["windowed_lss"]
+        documents.append((1000 + doc_id, profiles))
+    one_by_one, blocks = TaskRecords(), TaskRecords()
+    for doc_id, profiles in documents:
+        one_by_one.add_profiles(doc_id, profiles)
+    for start in range(0, len(documents), 62):  # pools of 62 documents
+        blocks.add_profiles_of(documents[start : start + 62])
+    expected, got = _profiles_state(one_by_one), _profiles_state(blocks)
+    assert got["ids"] == expected["ids"]
+    for name in ("norm", "windowed_lss"):
+        assert got[name]["runs"] == expected[name]["runs"]
+        assert got[name]["odd"] == expected[name]["odd"]
+        for part in ("mean", "stderr"):
+            np.testing.assert_allclose(
+                np.array(got[name]["summary"][part], dtype=float),
+                np.array(expected[name]["summary"][part], dtype=float),
+                rtol=1e-12,
+            )
+        assert got[name]["summary"]["n"] == expected[name]["summary"]["n"]
