@@ -142,8 +142,8 @@ class Recording:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the recorded states hold."""
-        return 0 if self.stacked is None else self.stacked.nbytes
+        """Bytes of the recorded states (of the positions kept)."""
+        return 0 if self.stacked is None else self.stacked.numel() * self.stacked.element_size()
 
 
 class Recorder:
@@ -235,7 +235,10 @@ class Recorder:
                 self.on_written()
             return
         # [L+1, B, T, d] in the forward's own dtype; then its measured rows, a second copy.
-        recording.stacked = self._measured(torch.stack(kept).detach(), dim=1)
+        stacked = torch.stack(kept)
+        recording.stacked = self._measured(
+            stacked.detach() if stacked.requires_grad else stacked, dim=1
+        )
         recording.complete = True
 
     def _measured(self, states: torch.Tensor, dim: int) -> torch.Tensor:
@@ -248,11 +251,14 @@ class Recorder:
             return states.flatten(dim, dim + 1).index_select(
                 dim, self._index(states.device, states.shape[dim + 1])
             )
-        if self.width < states.shape[dim + 1]:
-            states = states.narrow(dim + 1, 0, self.width)
         if self.rows is None:
-            return states.clone(memory_format=torch.contiguous_format)
-        return states.index_select(dim, self._index(states.device))
+            return states.narrow(dim + 1, 0, self.width).clone(
+                memory_format=torch.contiguous_format
+            )
+        # The rows first (a contiguous source copies fastest), then the positions kept: a
+        # view of them (the few positions after the last n stay in its memory).
+        rows = states.index_select(dim, self._index(states.device))
+        return rows if self.width == rows.shape[dim + 1] else rows.narrow(dim + 1, 0, self.width)
 
     def _index(self, device: torch.device, n_tokens: int | None = None) -> torch.Tensor:
         """The measured rows (or, given ``n_tokens``, the flat positions ``b T + n``) on ``device``.

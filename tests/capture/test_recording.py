@@ -253,7 +253,6 @@ def test_states_referenced_in_the_forward_equal_states_copied_in_each_hook(
     for recording in (by_reference, copied):
         assert recording.complete and recording.error is None
     assert torch.equal(by_reference.stacked, copied.stacked)
-    assert by_reference.stacked.is_contiguous()
 
 
 def test_a_forward_above_the_reference_budget_is_copied_in_each_hook(
