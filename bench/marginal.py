@@ -53,13 +53,20 @@ def write_arc_items(folder: Path, n: int, seed: int = 0) -> Path:
 
 def marginal(model_dir: str, sizes: tuple[int, int], configs: dict, batch_size: str,
              device: str, data_dir: Path, repeats: int = 1) -> dict:  # fmt: skip
-    """``{config: {N: [result, ...]}}`` of fresh runs at each size (interleaved rounds)."""
+    """``{config: {N: [result, ...]}}`` of fresh runs at each size (interleaved rounds).
+
+    Within a round the configurations run in turn at each size, in the given
+    order in odd rounds and the reverse in even ones; an even number of
+    rounds balances the order.
+    """
     write_arc_items(data_dir, max(sizes))
     os.environ["LM_COUPLING_DATA_DIR"] = str(data_dir)  # the workers inherit it
     out: dict = {name: {n: [] for n in sizes} for name in configs}
+    names = list(configs)
     for round_ in range(repeats):
         for n in sizes:
-            for name, (metrics, metric_args) in configs.items():
+            for name in run_order(names, round_):
+                metrics, metric_args = configs[name]
                 spec = RunSpec(model_dir=model_dir, tasks="lmc_arc_easy_offline", limit=n,
                                batch_size=batch_size, device=device, metrics=metrics,
                                metric_args=metric_args)  # fmt: skip
@@ -69,6 +76,16 @@ def marginal(model_dir: str, sizes: tuple[int, int], configs: dict, batch_size: 
                       f"wall {result['wall_s']:.1f} s, peak {result['peak_mb']:.0f} MiB",
                       flush=True)  # fmt: skip
     return out
+
+
+def run_order(names: list[str], round_: int) -> list[str]:
+    """The configurations in the order round ``round_`` (0-based) runs them at each size.
+
+    Counterbalanced: as given in even rounds, reversed in odd ones, so that no
+    configuration always runs first (a run that always came second would
+    carry alone whatever drift the machine has within a round).
+    """
+    return list(names) if round_ % 2 == 0 else list(names)[::-1]
 
 
 def per_round(results: dict, sizes: tuple[int, int], field: str) -> list[float]:

@@ -410,8 +410,9 @@ class GeometryRunner:
         seconds = (time.perf_counter() - start) / max(states.size, 1)
         for doc in docs:
             doc.timings["metrics"] = seconds
-            for name in metrics:
-                doc.values.setdefault(name, math.nan)
+            if len(doc.values) < len(metrics):  # a failed plugin's metrics: NaN
+                for name in metrics:
+                    doc.values.setdefault(name, math.nan)
         return docs
 
     def position_jacobians(self, input_ids: torch.Tensor) -> dict:

@@ -70,6 +70,7 @@ class CouplingHFLM(HFLMWithHooks):
     # one is replaced on the instance, never changed in place.
     _lmc_session: GeometrySession | None = None
     _lmc_rows: Mapping[int, dict[tuple[int, ...], list[RowPlan]]] = MappingProxyType({})
+    _lmc_lengths: list[int] = []  # sorted(_lmc_rows), made once per scoring call
     _lmc_gen_contexts: list[str] | None = None
     _lmc_gathered = False
     _lmc_probing = False
@@ -192,10 +193,11 @@ class CouplingHFLM(HFLMWithHooks):
             yield
             return
         self._lmc_rows = self._plan_rows(requests, session)
+        self._lmc_lengths = sorted(self._lmc_rows)
         try:
             yield
         finally:
-            self._lmc_rows = MappingProxyType({})
+            self._lmc_rows, self._lmc_lengths = MappingProxyType({}), []
 
     def _plan_rows(
         self, requests: list[Any], session: GeometrySession
@@ -227,7 +229,7 @@ class CouplingHFLM(HFLMWithHooks):
     def _match_rows(self, inps: torch.Tensor) -> list[tuple[int, list[RowPlan]]]:
         """Find each right-padded row's plans (pads are zeros, as lm-eval pads)."""
         matches = []
-        lengths = sorted(self._lmc_rows)
+        lengths = self._lmc_lengths
         for b, row in enumerate(inps.tolist()):
             shortest = len(row)  # the row without its trailing pads (at least 1 token)
             while shortest > 1 and row[shortest - 1] == 0:
@@ -278,9 +280,10 @@ class CouplingHFLM(HFLMWithHooks):
             # The positions measured (none after the last n), from the plans: no tensor op.
             max(plans[0].last_index for _, plans in rows) + 1,
         )
-        self._measure_sampled(
-            session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]
-        )
+        if session.runner.sampled_metrics:
+            self._measure_sampled(
+                session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]
+            )
         return logits
 
     # -- generation ------------------------------------------------------------

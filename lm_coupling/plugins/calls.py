@@ -196,10 +196,11 @@ class PluginCalls:
     def _keep(self, plugin, own, answer, failed, states, docs) -> None:
         """Store the well-formed parts of an answer in ``docs``; fail the others' metrics."""
         for kind, name, rows in answer:
-            for doc, row in zip(docs, rows, strict=True):
-                if kind == "values":
-                    doc.values[name] = float(row)
-                else:
+            if kind == "values":  # Python floats, made in one call
+                for doc, value in zip(docs, rows.tolist(), strict=True):
+                    doc.values[name] = value
+            else:
+                for doc, row in zip(docs, rows, strict=True):
                     getattr(doc, kind)[name] = row
         for error, names in failed.items():
             self.fail(plugin, tuple(dict.fromkeys(names)), states, docs, error)

@@ -77,3 +77,16 @@ def test_one_round_gives_the_median_verdict_alone(overhead):
     )
     with pytest.raises(ValueError, match="at least two rounds"):
         overhead.round_interval([1.02])
+
+
+def test_marginal_rounds_alternate_which_configuration_runs_first():
+    sys.path.insert(0, str(BENCH))
+    try:
+        marginal = importlib.import_module("marginal")
+    finally:
+        sys.path.remove(str(BENCH))
+    names = ["plain", "traj_lens"]
+    orders = [marginal.run_order(names, r) for r in range(4)]
+    assert orders == [names, names[::-1], names, names[::-1]]
+    firsts = [order[0] for order in orders]
+    assert firsts.count("plain") == firsts.count("traj_lens")  # an even number of rounds
