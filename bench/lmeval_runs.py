@@ -215,18 +215,32 @@ def _worker(spec_json: str) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def start_fresh(spec: RunSpec) -> subprocess.Popen:
+    """Start ``spec`` in a fresh subprocess (`finish_fresh` reads its result)."""
+    argv = [sys.executable, __file__, "--worker", json.dumps(dataclasses.asdict(spec))]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_fresh(proc: subprocess.Popen, spec: RunSpec) -> dict:
+    """Wait for a `start_fresh` run; its :func:`run_in_process` result plus ``peak_mb``.
+
+    Raises:
+        RuntimeError: the subprocess failed (its stderr tail is in the message).
+    """
+    stdout, stderr = proc.communicate()
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"lm-eval run {spec} failed:\n{stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
 def run_fresh(spec: RunSpec) -> dict:
     """Run ``spec`` once in a fresh subprocess; its :func:`run_in_process` result plus ``peak_mb``.
 
     Raises:
         RuntimeError: the subprocess failed (its stderr tail is in the message).
     """
-    argv = [sys.executable, __file__, "--worker", json.dumps(dataclasses.asdict(spec))]
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"lm-eval run {spec} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(lines[-1][len("RESULT ") :])
+    return finish_fresh(start_fresh(spec), spec)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import os
 import random
 from pathlib import Path
 
-from lmeval_runs import RunSpec, run_fresh
+from lmeval_runs import RunSpec, finish_fresh, run_fresh, start_fresh
 
 WORDS = (
     "red blue green stone river cloud apple bread tiger horse north south water fire wind "
@@ -52,12 +52,15 @@ def write_arc_items(folder: Path, n: int, seed: int = 0) -> Path:
 
 
 def marginal(model_dir: str, sizes: tuple[int, int], configs: dict, batch_size: str,
-             device: str, data_dir: Path, repeats: int = 1) -> dict:  # fmt: skip
+             device: str, data_dir: Path, repeats: int = 1,
+             paired: bool = False) -> dict:  # fmt: skip
     """``{config: {N: [result, ...]}}`` of fresh runs at each size (interleaved rounds).
 
     Within a round the configurations run in turn at each size, in the given
     order in odd rounds and the reverse in even ones; an even number of
-    rounds balances the order.
+    rounds balances the order. ``paired``: they run at the same time instead,
+    one process each (give each its own core: two configurations on two),
+    so that whatever the machine's speed does during a run, both see it.
     """
     write_arc_items(data_dir, max(sizes))
     os.environ["LM_COUPLING_DATA_DIR"] = str(data_dir)  # the workers inherit it
@@ -65,12 +68,18 @@ def marginal(model_dir: str, sizes: tuple[int, int], configs: dict, batch_size: 
     names = list(configs)
     for round_ in range(repeats):
         for n in sizes:
+            specs = {}
             for name in run_order(names, round_):
                 metrics, metric_args = configs[name]
-                spec = RunSpec(model_dir=model_dir, tasks="lmc_arc_easy_offline", limit=n,
-                               batch_size=batch_size, device=device, metrics=metrics,
-                               metric_args=metric_args)  # fmt: skip
-                result = run_fresh(spec)
+                specs[name] = RunSpec(model_dir=model_dir, tasks="lmc_arc_easy_offline", limit=n,
+                                      batch_size=batch_size, device=device, metrics=metrics,
+                                      metric_args=metric_args)  # fmt: skip
+            if paired:
+                started = {name: start_fresh(spec) for name, spec in specs.items()}
+                results = {name: finish_fresh(started[name], spec) for name, spec in specs.items()}
+            else:
+                results = {name: run_fresh(spec) for name, spec in specs.items()}
+            for name, result in results.items():
                 out[name][n].append(result)
                 print(f"  round {round_ + 1} {name} N={n}: cpu {result['cpu_s']:.1f} s, "
                       f"wall {result['wall_s']:.1f} s, peak {result['peak_mb']:.0f} MiB",

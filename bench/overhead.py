@@ -19,7 +19,14 @@ each configuration runs once in a fresh subprocess that reports ``ru_maxrss``
 
 ``--marginal N1,N2`` measures instead the cost per 1000 synthetic ARC-format
 documents and the memory growth with N (`marginal`), on the bundled model
-unless ``--model-dir`` names another.
+unless ``--model-dir`` names another. Its rounds run the configurations one
+after another, in alternating order; with ``--paired`` they run at the same
+time, one process each, so that a change of the machine's speed during a
+round (this shared CPU's runs of one configuration vary by 10% within
+minutes) falls on both: the rounds' ratios then spread far less. Give each
+configuration its own core (two on a 2-core machine); sharing memory
+bandwidth and caches with the other run may shift the ratio, so the two
+modes are reported side by side (docs/benchmarks.md).
 
 Usage::
 
@@ -162,6 +169,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="N1,N2: CPU per 1000 synthetic ARC documents and memory growth (bench/marginal.py)",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="--marginal: run the configurations of a round at the same time, one process "
+        "each, so that both see the same machine (give each a core of its own)",
+    )
     return parser.parse_args(argv)
 
 
@@ -176,11 +189,13 @@ def main_marginal(args: argparse.Namespace, names: list[str]) -> None:
     configs = {name: CONFIGS[name] for name in names}
     with tempfile.TemporaryDirectory(prefix="lmc-marginal-") as tmp:
         out = marginal(model_dir, sizes, configs, str(args.batch_size), args.device,
-                       Path(tmp) / "data", args.repeats)  # fmt: skip
+                       Path(tmp) / "data", args.repeats, args.paired)  # fmt: skip
     print(f"\nmodel: {model_dir}; device={args.device}; batch_size={args.batch_size}; "
           f"threads={args.threads or 'torch default'}; "
           f"N = {sizes[0]} -> {sizes[1]} synthetic ARC-format documents; "
-          f"median of {args.repeats} round(s), fresh process per run")  # fmt: skip
+          f"median of {args.repeats} round(s), fresh process per run"
+          + ("; the configurations of a round run at the same time (--paired)"
+             if args.paired else "; counterbalanced order"))  # fmt: skip
     print(machine_line(args.device))
     cpu = {name: per_thousand(out[name], sizes, "cpu_s") for name in names}
     wall = {name: per_thousand(out[name], sizes, "wall_s") for name in names}
