@@ -218,7 +218,7 @@ class Recorder:
         kept, self.kept = self.kept, []
         recording = self.recording
         if not self.by_reference:
-            recording.stacked = torch.stack(kept)
+            recording.stacked = torch.stack(_joinable(kept))
             recording.complete = True
             return
         written = [
@@ -235,7 +235,7 @@ class Recorder:
                 self.on_written()
             return
         # [L+1, B, T, d] in the forward's own dtype; then its measured rows, a second copy.
-        stacked = torch.stack(kept)
+        stacked = torch.stack(_joinable(kept))
         recording.stacked = self._measured(
             stacked.detach() if stacked.requires_grad else stacked, dim=1
         )
@@ -276,6 +276,22 @@ class Recorder:
             host = torch.tensor(values) if cpu is None else cpu
             cached = self._indices[(device, n_tokens)] = host.to(device)
         return cached
+
+
+def _joinable(states: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``states`` on one device and in one dtype, so that they stack (as they almost always are).
+
+    A block that returns another dtype than the others (a hybrid's float32
+    layer in a bfloat16 model) or, copied in its hook, sits on another device
+    is converted to the first state's device and the promoted dtype.
+    """
+    first = states[0]
+    if all(s.dtype == first.dtype and s.device == first.device for s in states):
+        return states
+    dtype = first.dtype
+    for state in states:
+        dtype = torch.promote_types(dtype, state.dtype)
+    return [state.to(device=first.device, dtype=dtype) for state in states]
 
 
 def merge_recordings(

@@ -455,3 +455,15 @@ def test_reducers_finalize_before_the_head_computes_the_logits(tiny_model, token
         finally:
             hook.remove()
     assert at_head == [(True, set(handle.reduced))] and handle.reduced and not handle.errors
+
+
+def test_states_of_mixed_dtypes_are_stacked_in_the_promoted_dtype():
+    """A hybrid whose one block returns float32 in a bfloat16 model still records (no error)."""
+    from lm_coupling.capture.recording import _joinable
+
+    states = [torch.ones(2, 3, 4, dtype=torch.bfloat16), torch.full((2, 3, 4), 0.1)]
+    joined = _joinable(states)
+    assert [s.dtype for s in joined] == [torch.float32, torch.float32]
+    assert torch.equal(joined[1], states[1]) and torch.equal(joined[0], states[0].float())
+    same = [torch.ones(2), torch.zeros(2)]
+    assert _joinable(same) is same  # nothing converted when nothing differs
