@@ -1,8 +1,9 @@
-"""The package's dependencies as contracts: private names only in the two adapters; no cycles.
+"""The package's dependencies as contracts: private names only in the adapters; no cycles.
 
-- No module but ``harness/lm_eval_adapter.py`` and ``capture/transformers_adapter.py``
-  reads or writes a private name (``obj._name``, ``getattr(obj, "_name")``,
-  ``obj.__dict__.get("_name")``) that the package does not define itself, calls
+- No module but ``harness/lm_eval_adapter.py``, ``capture/transformers_adapter.py``
+  and ``capture/torch_adapter.py`` reads or writes a private name (``obj._name``,
+  ``getattr(obj, "_name")``, ``obj.__dict__.get("_name")``) that the package does
+  not define itself, calls
   a base class's private method through ``super()``, or overrides a private
   method of an lm-eval or transformers class; nor does any string of its code
   (docstrings aside) name one of the private names the adapters use (a search
@@ -23,7 +24,11 @@ import pytest
 import lm_coupling
 
 PACKAGE = Path(lm_coupling.__file__).resolve().parent
-ADAPTERS = {"harness/lm_eval_adapter.py", "capture/transformers_adapter.py"}
+ADAPTERS = {
+    "harness/lm_eval_adapter.py",
+    "capture/transformers_adapter.py",
+    "capture/torch_adapter.py",
+}
 FOREIGN = ("lm_eval", "transformers")
 NAME_FUNCTIONS = {"getattr", "setattr", "hasattr", "delattr"}
 
@@ -151,9 +156,9 @@ def test_private_names_of_lm_eval_and_transformers_are_used_in_the_adapters_only
         for line, text in [*_private_uses(tree, own), *_private_names_in_text(tree, foreign)]
     ]
     assert not offenders, (
-        "private names of another library used outside harness/lm_eval_adapter.py and "
-        "capture/transformers_adapter.py (move each use into its adapter, with a contract "
-        "test):\n" + "\n".join(offenders)
+        "private names of another library used outside harness/lm_eval_adapter.py, "
+        "capture/transformers_adapter.py and capture/torch_adapter.py (move each use into "
+        "its adapter, with a contract test):\n" + "\n".join(offenders)
     )
 
 

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from lm_coupling.capture.architecture import block_output_hidden
+from lm_coupling.capture.torch_adapter import write_count
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.states import DocumentRef
 
@@ -209,7 +210,7 @@ class Recorder:
         """Keep a reference to ``x^l`` (and its version), or a copy of its measured rows."""
         if self.by_reference:
             self.kept.append(hidden)
-            self.versions.append(hidden._version)
+            self.versions.append(write_count(hidden))
         else:  # a copy, never a view: the model may write the state in place
             self.kept.append(self._measured(hidden.detach(), dim=0))
 
@@ -224,7 +225,7 @@ class Recorder:
         written = [
             layer
             for layer, (state, version) in enumerate(zip(kept, self.versions, strict=True))
-            if state._version != version
+            if write_count(state) != version
         ]
         if written:
             recording.error = (
