@@ -90,7 +90,8 @@ class BatchPool:
 
         Raises:
             LmCouplingError: the recording is incomplete (the forward did not
-                run every block through the hooks); nothing is held.
+                run every block through the hooks) or was refused (its
+                ``error``: a state written in place); nothing is held.
         """
         if recording.error is not None:
             raise LmCouplingError(recording.error)
