@@ -175,7 +175,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="--marginal: run the configurations of a round at the same time, one process "
         "each, so that both see the same machine (give each a core of its own)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.paired and not args.marginal:
+        parser.error("--paired pairs the rounds of --marginal; add --marginal N1,N2")
+    return args
 
 
 def main_marginal(args: argparse.Namespace, names: list[str]) -> None:

@@ -90,3 +90,11 @@ def test_marginal_rounds_alternate_which_configuration_runs_first():
     assert orders == [names, names[::-1], names, names[::-1]]
     firsts = [order[0] for order in orders]
     assert firsts.count("plain") == firsts.count("traj_lens")  # an even number of rounds
+
+
+def test_paired_without_marginal_is_refused(overhead, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        overhead.parse_args(["--paired"])
+    assert exit_info.value.code == 2
+    assert "add --marginal" in capsys.readouterr().err
+    assert overhead.parse_args(["--marginal", "10,20", "--paired"]).paired
