@@ -430,15 +430,7 @@ class GeometrySession:
             source: ``in_batch``, ``alone`` or ``cached`` for the trajectory/lens
                 part; None for a later part (the Jacobian metrics).
         """
-        existing = self.measured.get(key)
-        if existing is not None:
-            existing.merge(geometry)
-            geometry = existing
-        self.measured[key] = geometry
-        if source is not None:
-            self.sources[key] = source
-        if self.cache is not None and key not in self.failed_keys and source != "cached":
-            self._cache_put(key, geometry)
+        geometry = self._keep_measurement(key, geometry, source)
         if source is not None and not self.sampled(key):
             self._fold_profiles(key, geometry)
 
@@ -454,14 +446,7 @@ class GeometrySession:
         folded: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
         emptied: list[DocumentGeometry] = []
         for key, geometry in measurements:
-            existing = self.measured.get(key)
-            if existing is not None:
-                existing.merge(geometry)
-                geometry = existing
-            self.measured[key] = geometry
-            self.sources[key] = source
-            if self.cache is not None and key not in self.failed_keys:
-                self._cache_put(key, geometry)
+            geometry = self._keep_measurement(key, geometry, source)
             if geometry.profiles and not self.sampled(key):
                 for plan in self.plans_by_key.get(key, ()):
                     folded[plan.task_name].append((plan.doc_id, geometry.profiles))
@@ -471,14 +456,29 @@ class GeometrySession:
         for geometry in emptied:
             geometry.profiles = {}
 
-    def _cache_put(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
-        try:
-            self.cache.put(key, geometry)
-        except Exception as exc:  # the measurement stands; only its caching failed
-            self._warn_once(
-                "cache", f"the geometry cache {self.cache.path} could not be written "
-                f"({exc!r}); values are kept but not cached",
-            )  # fmt: skip
+    def _keep_measurement(
+        self, key: GeometryKey, geometry: DocumentGeometry, source: str | None
+    ) -> DocumentGeometry:
+        """`store`'s part shared with `store_many`: merge, keep, note the source, cache.
+
+        Returns the geometry now kept at ``key`` (an earlier part it was merged into).
+        """
+        existing = self.measured.get(key)
+        if existing is not None:
+            existing.merge(geometry)
+            geometry = existing
+        self.measured[key] = geometry
+        if source is not None:
+            self.sources[key] = source
+        if self.cache is not None and key not in self.failed_keys and source != "cached":
+            try:
+                self.cache.put(key, geometry)
+            except Exception as exc:  # the measurement stands; only its caching failed
+                self._warn_once(
+                    "cache", f"the geometry cache {self.cache.path} could not be written "
+                    f"({exc!r}); values are kept but not cached",
+                )  # fmt: skip
+        return geometry
 
     def _fold_profiles(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
         """Fold a measurement's profiles into its documents' task summaries, then drop them.
