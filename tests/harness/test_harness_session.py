@@ -113,6 +113,41 @@ def test_running_profile_equals_the_whole_stack_across_chunks_and_ranks():
     assert summary["n"] == n.tolist()
 
 
+def test_running_profile_reuses_its_memory_and_folds_blocks_across_chunk_boundaries():
+    """Nothing a run keeps is allocated per document or per chunk (issue 28: the C heap).
+
+    The pending profiles go into one buffer made at the first profile; each
+    fold updates n, mean and m2 in place; blocks that straddle a chunk's end
+    give the statistics of the whole stack.
+    """
+    from lm_coupling.harness.streaming import CHUNK, RunningProfile
+
+    rng = np.random.default_rng(2)
+    stack = rng.normal(size=(4 * CHUNK + 11, 3, 2))
+    stack[rng.random(stack.shape) < 0.05] = np.nan
+    profile = RunningProfile()
+    profile.add_block(stack[:5])
+    buffer = profile.pending
+    profile.add_block(stack[5 : CHUNK + 9])  # past the first chunk: folded, then refilled
+    arrays = (profile.n, profile.mean, profile.m2)
+    assert profile.pending is buffer and profile.pending_rows == 9
+    start = CHUNK + 9
+    for size in (CHUNK - 1, 2 * CHUNK + 1, 2):  # blocks ending before, across and after a fold
+        profile.add_block(stack[start : start + size])
+        start += size
+    assert start == len(stack)
+    assert profile.pending is buffer
+    now = (profile.n, profile.mean, profile.m2)
+    assert all(a is b for a, b in zip(now, arrays, strict=True))  # updated in place
+    summary = profile.summary()
+    n = np.isfinite(stack).sum(axis=0)
+    np.testing.assert_allclose(summary["mean"], np.nanmean(stack, axis=0))
+    np.testing.assert_allclose(summary["stderr"], np.nanstd(stack, axis=0, ddof=1) / np.sqrt(n))
+    assert summary["n"] == n.tolist()
+    profile.add_block(stack[:1, :2])  # another shape: no summary rather than a wrong one
+    assert profile.mixed and profile.summary() is None
+
+
 def test_a_profile_of_another_shape_is_left_out_and_named_across_ranks():
     """Streamed summaries still report a document whose profile has another shape (issue 23)."""
     from lm_coupling.harness.outputs import profile_summaries
