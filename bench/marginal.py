@@ -12,16 +12,31 @@ in the differences:
 The ratio traj_lens / plain of the first is the per-document overhead of
 trajectory + lens where the forward pass is cheap; the difference of the
 second is what geometry keeps per document beyond lm-eval's own growth.
+
+With ``in_process`` every run is made in this process instead (one task
+manager, each configuration warmed up first), the configurations
+alternating within each round: no process start and no second process, but
+no per-run peak memory either (``peak_mb`` is NaN).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from pathlib import Path
 
-from lmeval_runs import RunSpec, finish_fresh, run_fresh, start_fresh
+from lmeval_runs import (
+    RunSpec,
+    finish_fresh,
+    run_fresh,
+    run_in_process,
+    start_fresh,
+    task_manager,
+)
+
+TASK = "lmc_arc_easy_offline"
 
 WORDS = (
     "red blue green stone river cloud apple bread tiger horse north south water fire wind "
@@ -53,32 +68,46 @@ def write_arc_items(folder: Path, n: int, seed: int = 0) -> Path:
 
 def marginal(model_dir: str, sizes: tuple[int, int], configs: dict, batch_size: str,
              device: str, data_dir: Path, repeats: int = 1,
-             paired: bool = False) -> dict:  # fmt: skip
-    """``{config: {N: [result, ...]}}`` of fresh runs at each size (interleaved rounds).
+             paired: bool = False, in_process: bool = False) -> dict:  # fmt: skip
+    """``{config: {N: [result, ...]}}`` of runs at each size (interleaved rounds).
 
     Within a round the configurations run in turn at each size, in the given
     order in odd rounds and the reverse in even ones; an even number of
-    rounds balances the order. ``paired``: they run at the same time instead,
-    one process each (give each its own core: two configurations on two),
-    so that whatever the machine's speed does during a run, both see it.
+    rounds balances the order. Each run is a fresh process, unless
+    ``in_process`` (see the module docstring). ``paired``: they run at the
+    same time instead, one process each (give each its own core: two
+    configurations on two), so that whatever the machine's speed does
+    during a run, both see it.
     """
+    if paired and in_process:
+        raise ValueError("paired runs are fresh processes; in_process runs one at a time")
     write_arc_items(data_dir, max(sizes))
     os.environ["LM_COUPLING_DATA_DIR"] = str(data_dir)  # the workers inherit it
     out: dict = {name: {n: [] for n in sizes} for name in configs}
     names = list(configs)
+
+    def spec(name: str, n: int) -> RunSpec:
+        metrics, metric_args = configs[name]
+        return RunSpec(model_dir=model_dir, tasks=TASK, limit=n, batch_size=batch_size,
+                       device=device, metrics=metrics, metric_args=metric_args)  # fmt: skip
+
+    manager = task_manager(TASK) if in_process else None
+    if in_process:  # untimed: imports, first calls, dataset caches of every configuration
+        for name in names:
+            run_in_process(spec(name, 2), manager)
     for round_ in range(repeats):
         for n in sizes:
-            specs = {}
-            for name in run_order(names, round_):
-                metrics, metric_args = configs[name]
-                specs[name] = RunSpec(model_dir=model_dir, tasks="lmc_arc_easy_offline", limit=n,
-                                      batch_size=batch_size, device=device, metrics=metrics,
-                                      metric_args=metric_args)  # fmt: skip
-            if paired:
-                started = {name: start_fresh(spec) for name, spec in specs.items()}
-                results = {name: finish_fresh(started[name], spec) for name, spec in specs.items()}
+            specs = {name: spec(name, n) for name in run_order(names, round_)}
+            if in_process:
+                results = {
+                    name: {**run_in_process(run, manager), "peak_mb": math.nan}
+                    for name, run in specs.items()
+                }
+            elif paired:
+                started = {name: start_fresh(run) for name, run in specs.items()}
+                results = {name: finish_fresh(started[name], run) for name, run in specs.items()}
             else:
-                results = {name: run_fresh(spec) for name, spec in specs.items()}
+                results = {name: run_fresh(run) for name, run in specs.items()}
             for name, result in results.items():
                 out[name][n].append(result)
                 print(f"  round {round_ + 1} {name} N={n}: cpu {result['cpu_s']:.1f} s, "

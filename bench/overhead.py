@@ -26,12 +26,16 @@ round (this shared CPU's runs of one configuration vary by 10% within
 minutes) falls on both: the rounds' ratios then spread far less. Give each
 configuration its own core (two on a 2-core machine); sharing memory
 bandwidth and caches with the other run may shift the ratio, so the two
-modes are reported side by side (docs/benchmarks.md).
+modes are reported side by side (docs/benchmarks.md). With ``--in-process``
+every run is made in this one process instead, the configurations
+alternating within each round: no process start and no second process
+sharing the machine, and no per-run peak memory (its columns are NaN).
 
 Usage::
 
     python bench/overhead.py                     # GPT-2 small shape on CPU
     python bench/overhead.py --marginal 1000,10000 --configs plain,traj_lens --threads 1
+    python bench/overhead.py --marginal 1000,10000 --configs plain,traj_lens --in-process
     python bench/overhead.py --device cuda --d-model 2048 --layers 24 --heads 16
 
 ``bench/gpu.py`` measures the same on a Pythia-1B-shaped model, each run in a
@@ -175,9 +179,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="--marginal: run the configurations of a round at the same time, one process "
         "each, so that both see the same machine (give each a core of its own)",
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="--marginal: make every run in this process, the configurations alternating "
+        "(no second process; no per-run peak memory)",
+    )
     args = parser.parse_args(argv)
     if args.paired and not args.marginal:
         parser.error("--paired pairs the rounds of --marginal; add --marginal N1,N2")
+    if args.in_process and not args.marginal:
+        parser.error("--in-process runs the rounds of --marginal; add --marginal N1,N2")
+    if args.in_process and args.paired:
+        parser.error("--paired runs fresh processes at once; --in-process runs one at a time")
     return args
 
 
@@ -192,11 +206,14 @@ def main_marginal(args: argparse.Namespace, names: list[str]) -> None:
     configs = {name: CONFIGS[name] for name in names}
     with tempfile.TemporaryDirectory(prefix="lmc-marginal-") as tmp:
         out = marginal(model_dir, sizes, configs, str(args.batch_size), args.device,
-                       Path(tmp) / "data", args.repeats, args.paired)  # fmt: skip
+                       Path(tmp) / "data", args.repeats, args.paired,
+                       args.in_process)  # fmt: skip
     print(f"\nmodel: {model_dir}; device={args.device}; batch_size={args.batch_size}; "
           f"threads={args.threads or 'torch default'}; "
           f"N = {sizes[0]} -> {sizes[1]} synthetic ARC-format documents; "
-          f"median of {args.repeats} round(s), fresh process per run"
+          f"median of {args.repeats} round(s), "
+          + ("every run in this process (--in-process; no per-run peak memory)"
+             if args.in_process else "fresh process per run")
           + ("; the configurations of a round run at the same time (--paired)"
              if args.paired else "; counterbalanced order"))  # fmt: skip
     print(machine_line(args.device))

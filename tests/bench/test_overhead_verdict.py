@@ -98,3 +98,38 @@ def test_paired_without_marginal_is_refused(overhead, capsys):
     assert exit_info.value.code == 2
     assert "add --marginal" in capsys.readouterr().err
     assert overhead.parse_args(["--marginal", "10,20", "--paired"]).paired
+
+
+def test_in_process_needs_marginal_and_excludes_paired(overhead, capsys):
+    for argv, said in (
+        (["--in-process"], "add --marginal"),
+        (["--marginal", "10,20", "--in-process", "--paired"], "one at a time"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            overhead.parse_args(argv)
+        assert exit_info.value.code == 2
+        assert said in capsys.readouterr().err
+    assert overhead.parse_args(["--marginal", "10,20", "--in-process"]).in_process
+
+
+def test_in_process_rounds_run_every_configuration_at_both_sizes(tmp_path, monkeypatch):
+    """Real in-process runs on the bundled model: CPU measured, no per-run peak memory."""
+    monkeypatch.setenv("LM_COUPLING_DATA_DIR", str(tmp_path / "data"))  # restored afterwards
+    monkeypatch.syspath_prepend(str(BENCH))
+    marginal = importlib.import_module("marginal")
+    from lmeval_runs import TRAJ_LENS
+
+    from lm_coupling.demo.assets import bundled_model_path
+
+    configs = {"plain": (None, None), "traj_lens": (TRAJ_LENS, None)}
+    out = marginal.marginal(str(bundled_model_path()), (2, 4), configs, "8", "cpu",
+                            tmp_path / "data", repeats=1, in_process=True)  # fmt: skip
+    for name in configs:
+        for n in (2, 4):
+            (result,) = out[name][n]
+            assert result["cpu_s"] > 0 and math.isnan(result["peak_mb"])
+    assert [out["traj_lens"][n][0]["n_geometry"] for n in (2, 4)] == [2, 4]
+    assert all(out["plain"][n][0]["n_geometry"] == 0 for n in (2, 4))
+    with pytest.raises(ValueError, match="one at a time"):
+        marginal.marginal("unused", (2, 4), configs, "8", "cpu", tmp_path / "data",
+                          paired=True, in_process=True)  # fmt: skip
