@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import statistics
 import sys
@@ -122,8 +123,13 @@ def test_in_process_rounds_run_every_configuration_at_both_sizes(tmp_path, monke
     from lm_coupling.demo.assets import bundled_model_path
 
     configs = {"plain": (None, None), "traj_lens": (TRAJ_LENS, None)}
-    out = marginal.marginal(str(bundled_model_path()), (2, 4), configs, "8", "cpu",
-                            tmp_path / "data", repeats=1, in_process=True)  # fmt: skip
+    lm_eval_log = logging.getLogger("lm_eval")
+    level = lm_eval_log.level  # the bench runs lm-eval at verbosity ERROR: restored after
+    try:
+        out = marginal.marginal(str(bundled_model_path()), (2, 4), configs, "8", "cpu",
+                                tmp_path / "data", repeats=1, in_process=True)  # fmt: skip
+    finally:
+        lm_eval_log.setLevel(level)
     for name in configs:
         for n in (2, 4):
             (result,) = out[name][n]

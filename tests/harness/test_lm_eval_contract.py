@@ -352,10 +352,15 @@ def test_the_metadata_hint_comes_from_the_task_logger():
     handler.emit = records.append
     task_log = logging.getLogger(adapter.TASK_LOGGER)
     task_log.addHandler(handler)
+    # An earlier in-process lm-eval run of this worker may have set lm-eval's level to ERROR.
+    lm_eval_log = logging.getLogger("lm_eval")
+    level = lm_eval_log.level
+    lm_eval_log.setLevel(logging.WARNING)
     try:
         TaskManager(include_path=str(TASKS_DIR), include_defaults=False).load(TASK)
     finally:
         task_log.removeHandler(handler)
+        lm_eval_log.setLevel(level)
     hints = [r for r in records if r.getMessage().startswith(f"{TASK}: Custom kwargs")]
     assert hints, _broke("TASK_LOGGER", f"no --metadata hint for {TASK} through it")
     assert not OwnTaskMetadataFilter().filter(hints[0]), _broke(
