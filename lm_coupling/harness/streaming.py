@@ -30,8 +30,8 @@ class RunningProfile:
 
     Memory: the profiles waiting to be folded in are copied into one buffer
     of `CHUNK` rows, made at the first profile and reused, and each fold
-    updates ``n``, ``mean`` and ``m2`` in place. A run makes no allocation
-    that lives from one chunk to the next: small arrays kept across a
+    updates ``n``, ``mean`` and ``m2`` in place: nothing allocated for a
+    document or a chunk outlives its fold. Small arrays kept across a
     benchmark's batches would sit between the batches' large temporaries in
     the C heap and keep it from reusing their memory (issue 28: at
     GPT-2-small shape, one small array per document held until its chunk
