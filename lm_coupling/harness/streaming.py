@@ -64,14 +64,14 @@ class RunningProfile:
     def add_block(self, block: np.ndarray) -> None:
         """Take several documents' profiles at once, ``[n, ...]`` (copied, as float64)."""
         shape = tuple(block.shape[1:])
-        if self.mixed or (self.n is not None and self.n.shape != shape):
+        known = self.n.shape if self.n is not None else None
+        if known is None and self.pending is not None:
+            known = self.pending.shape[1:]
+        if self.mixed or (known is not None and known != shape):
             self._mix()
             return
         if self.pending is None:
             self.pending = np.empty((CHUNK, *shape))
-        elif self.pending.shape[1:] != shape:
-            self._mix()
-            return
         taken = 0
         while taken < len(block):
             count = min(CHUNK - self.pending_rows, len(block) - taken)
