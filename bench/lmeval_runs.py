@@ -156,10 +156,10 @@ def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
         chosen batch sizes, for ``auto``), ``n_geometry`` (documents measured),
         ``n_coupling`` (documents with a finite coupling value) and
         ``breakdown``: the mean seconds per coupled document of each part of
-        the geometry work, from the documents' own timings (`BREAKDOWN`).
+        the geometry work, from the documents' own timings (`BREAKDOWN`);
+        ``gc_s`` and ``gc_full``: seconds in Python's garbage collector and
+        its full (oldest-generation) collections during the run (`CollectorTime`).
     """
-    import lm_eval
-
     kwargs = dict(
         model_args=f"pretrained={spec.model_dir},dtype={spec.dtype}",
         tasks=spec.tasks.split(","),
@@ -170,7 +170,26 @@ def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
         bootstrap_iters=0,
         verbosity="ERROR",
     )
+    collector = CollectorTime()
     start, cpu = time.perf_counter(), time.process_time()
+    with collector:
+        results, measured, n_geometry = _evaluate(spec, kwargs)
+    return {
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": time.process_time() - cpu,
+        "gc_s": collector.seconds,
+        "gc_full": collector.full,
+        "batch_sizes": (results or {}).get("config", {}).get("batch_sizes", []),
+        "n_geometry": n_geometry,
+        "n_coupling": sum(_coupled(g) for g in measured),
+        "breakdown": breakdown(measured),
+    }
+
+
+def _evaluate(spec: RunSpec, kwargs: dict) -> tuple[dict | None, list, int]:
+    """lm-eval's results, the documents kept whole and the documents measured."""
+    import lm_eval
+
     if spec.metrics is None:
         # simple_evaluate logs samples by default (rendering every document's target once
         # more); the geometry run, like the lm_eval command line, does not: same work.
@@ -190,14 +209,39 @@ def run_in_process(spec: RunSpec, tm, limit: int | None = None) -> dict:
         n_geometry = sum(getattr(t, "n_documents", len(t.documents)) for t in records)
         if not n_geometry:
             raise RuntimeError(f"{spec.metrics} measured no document: the bench is broken")
-    return {
-        "wall_s": time.perf_counter() - start,
-        "cpu_s": time.process_time() - cpu,
-        "batch_sizes": (results or {}).get("config", {}).get("batch_sizes", []),
-        "n_geometry": n_geometry,
-        "n_coupling": sum(_coupled(g) for g in measured),
-        "breakdown": breakdown(measured),
-    }
+    return results, measured, n_geometry
+
+
+OLDEST_GENERATION = 2
+"""CPython's oldest garbage-collector generation: a collection of it is a full one."""
+
+
+class CollectorTime:
+    """Inside the context: the seconds Python's garbage collector ran, and its full collections.
+
+    A full collection walks every object the process keeps (lm-eval's requests
+    and documents above all); it runs when the objects that survived the
+    younger collections since the last one pass a quarter of those kept. One
+    more or one fewer in a run moves its CPU time by the cost of a whole walk,
+    so a per-document figure taken between two N can jump by it.
+    """
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._started = 0.0, 0, 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full += info["generation"] == OLDEST_GENERATION
+
+    def __enter__(self) -> CollectorTime:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def _worker(spec_json: str) -> None:

@@ -234,8 +234,38 @@ def main_marginal(args: argparse.Namespace, names: list[str]) -> None:
         rounds = zip(per_round(out[name], sizes, "cpu_s"), plain_rounds, strict=True)
         round_ratios[name] = ratios = [t / p for t, p in rounds]
         print(f"{name} cpu ratio of each round: {', '.join(f'{r:.3f}' for r in ratios)}")
+    print(collector_lines(out, sizes, names))
     ratio = cpu["traj_lens"] / cpu["plain"]
     print(verdict_line(ratio, round_ratios["traj_lens"]))
+
+
+def collector_lines(out: dict, sizes: tuple[int, int], names: list[str]) -> str:
+    """Python's garbage collector in the marginal runs: its seconds and full collections.
+
+    A diagnostic beside the verdict, not part of it: a full collection walks
+    every object lm-eval keeps, so one more of them at N2 than plain makes
+    moves the per-document ratio by a whole walk (`lmeval_runs.CollectorTime`).
+    """
+    from marginal import per_thousand
+    from timing import median
+
+    n1, n2 = sizes
+    lines = ["garbage collector (seconds per 1000 documents; full collections at N1 -> N2 "
+             "of each round):"]  # fmt: skip
+    without = {}
+    for name in names:
+        rounds = list(zip(out[name][n1], out[name][n2], strict=True))
+        counts = ", ".join(f"{a['gc_full']} -> {b['gc_full']}" for a, b in rounds)
+        collector = per_thousand(out[name], sizes, "gc_s")
+        lines.append(f"  {name}: {collector:.3f} s/1000; full collections {counts}")
+        without[name] = median([
+            ((b["cpu_s"] - b["gc_s"]) - (a["cpu_s"] - a["gc_s"])) / (n2 - n1) * 1000
+            for a, b in rounds
+        ])  # fmt: skip
+    lines.append("  cpu ratio without the collector's time: " + ", ".join(
+        f"{name} {without[name] / without['plain']:.3f}" for name in names if name != "plain"
+    ))  # fmt: skip
+    return "\n".join(lines)
 
 
 def round_interval(rounds: list[float], level: float = 0.95) -> tuple[float, float, float]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import math
@@ -134,8 +135,28 @@ def test_in_process_rounds_run_every_configuration_at_both_sizes(tmp_path, monke
         for n in (2, 4):
             (result,) = out[name][n]
             assert result["cpu_s"] > 0 and math.isnan(result["peak_mb"])
+            assert 0 <= result["gc_s"] < result["wall_s"] and result["gc_full"] >= 0
     assert [out["traj_lens"][n][0]["n_geometry"] for n in (2, 4)] == [2, 4]
     assert all(out["plain"][n][0]["n_geometry"] == 0 for n in (2, 4))
+    lines = importlib.import_module("overhead").collector_lines(out, (2, 4), list(configs))
+    for name in configs:
+        counts = f"{out[name][2][0]['gc_full']} -> {out[name][4][0]['gc_full']}"
+        assert f"  {name}: " in lines and f"full collections {counts}" in lines
+    assert "cpu ratio without the collector's time: traj_lens " in lines
     with pytest.raises(ValueError, match="one at a time"):
         marginal.marginal("unused", (2, 4), configs, "8", "cpu", tmp_path / "data",
                           paired=True, in_process=True)  # fmt: skip
+
+
+def test_collector_time_counts_full_collections_inside_it_only(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from lmeval_runs import CollectorTime
+
+    with CollectorTime() as clock:
+        gc.collect(0)  # a young collection: timed, not a full one
+        assert clock.full == 0 and clock.seconds > 0
+        gc.collect()
+    assert clock.full == 1
+    seconds = clock.seconds
+    gc.collect()  # after the context: not counted
+    assert (clock.full, clock.seconds) == (1, seconds)
