@@ -17,8 +17,9 @@ outside it (measured on the shared CPU: an ``index_select`` of a block's
 output took 29 µs in a hook, 4 µs in a loop; issue 28, docs/benchmarks.md).
 So when every state of the forward is small (`REFERENCE_BYTES`) and on one
 device, the hooks only keep a reference to each state ``x^l`` and its
-version counter, and the measured rows of all of them are copied at once,
-in two operations, when block L has run (before the model's head computes
+version counter, and the measured rows of all of them are copied when block
+L has run (`STACK_FIRST_BYTES`: stacked whole then selected, or each
+state's rows straight into one tensor) (before the model's head computes
 its logits, so the forward's peak memory does not grow). A state written in
 place by a later block (its version counter moved) would make the reference
 wrong: the recording is then marked (`Recording.error`) and the collector
@@ -46,6 +47,7 @@ from lm_coupling.states import DocumentRef
 
 __all__ = [
     "REFERENCE_BYTES",
+    "STACK_FIRST_BYTES",
     "Recording",
     "Recorder",
     "forward_shape",
@@ -57,6 +59,13 @@ REFERENCE_BYTES = 8 * 2**20
 """Largest forward (every state of every row, ``(L+1) B T d`` elements) whose states are
 referenced during the forward and copied together after block L (8 MiB); a larger
 one is copied state by state in the hooks."""
+
+STACK_FIRST_BYTES = 512 * 2**10
+"""Largest forward (every state of every row) whose referenced states are stacked whole before
+the measured rows are selected (512 KiB); a larger one has each state's measured rows copied
+straight into the recording. Measured on the shared CPU (issue 28, docs/benchmarks.md): below
+about this size the two operations of the stack beat one copy per state; above it the stack of
+every row costs 1.2-5.6 times the copies of the measured rows alone."""
 
 
 def forward_shape(hidden, last_index: list[int], rows: list[int] | None) -> tuple[int, int]:
@@ -235,12 +244,37 @@ class Recorder:
             if self.on_written is not None:
                 self.on_written()
             return
-        # [L+1, B, T, d] in the forward's own dtype; then its measured rows, a second copy.
-        stacked = torch.stack(_joinable(kept))
-        recording.stacked = self._measured(
-            stacked.detach() if stacked.requires_grad else stacked, dim=1
-        )
+        recording.stacked = self._measured_stack(kept)
         recording.complete = True
+
+    def _measured_stack(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """The measured rows of every referenced state, as one new ``[L+1, b, ...]`` tensor.
+
+        A forward whose states pass `STACK_FIRST_BYTES` has each state's
+        measured rows (and positions) copied once, straight into their place:
+        its other rows are never copied. A smaller one is stacked whole and its
+        measured rows selected after (two operations, not one per state).
+        States of mixed dtypes or devices are joined first (`_joinable`).
+        """
+        first = states[0]
+        joinable = _joinable(states)
+        if joinable is not states or len(states) * first.nbytes <= STACK_FIRST_BYTES:
+            stacked = torch.stack(joinable)
+            return self._measured(stacked.detach() if stacked.requires_grad else stacked, dim=1)
+        size, width, depth = len(self.recording.last), self.width, len(states)
+        shape = (depth, size, width) if self.whole_rows else (depth, size)
+        out = torch.empty((*shape, first.shape[-1]), dtype=first.dtype, device=first.device)
+        for layer, state in enumerate(states):
+            state = state.detach()
+            if not self.whole_rows:  # the rows at n, from the [B T, d] view
+                index = self._index(state.device, state.shape[1])
+                torch.index_select(state.flatten(0, 1), 0, index, out=out[layer])
+            elif self.rows is None:
+                out[layer].copy_(state.narrow(1, 0, width))
+            else:
+                rows = self._index(state.device)
+                torch.index_select(state.narrow(1, 0, width), 0, rows, out=out[layer])
+        return out
 
     def _measured(self, states: torch.Tensor, dim: int) -> torch.Tensor:
         """A copy of the measured rows of ``states`` (rows: dimension ``dim``, positions: the next).

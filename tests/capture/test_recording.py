@@ -242,17 +242,62 @@ def _record_twice(runner, model, tokenizer, copy_in_hooks: bool):
     return recordings
 
 
+@pytest.mark.parametrize("stack_first_bytes", [None, 0])
 @pytest.mark.parametrize("metrics", [TRAJ_LENS, "logit_lens_entropy"])
 def test_states_referenced_in_the_forward_equal_states_copied_in_each_hook(
-    metrics, tiny_model, tokenizer
+    metrics, stack_first_bytes, tiny_model, tokenizer, monkeypatch
 ):
-    """A small forward's states are referenced and copied after block L; the copy is exact."""
+    """A small forward's states are referenced and copied after block L; the copy is exact.
+
+    Either way of copying the references (stacked whole, or each state's rows
+    into place: `STACK_FIRST_BYTES`), whole rows or the rows at n alone.
+    """
+    import lm_coupling.capture.recording as recording_module
+
+    if stack_first_bytes is not None:
+        monkeypatch.setattr(recording_module, "STACK_FIRST_BYTES", stack_first_bytes)
     model = tiny_model("gpt2")
     runner = _runner(model, metrics)
     by_reference, copied = _record_twice(runner, model, tokenizer, copy_in_hooks=True)
     for recording in (by_reference, copied):
         assert recording.complete and recording.error is None
     assert torch.equal(by_reference.stacked, copied.stacked)
+
+
+@pytest.mark.parametrize("stacked_whole", [True, False])
+def test_a_referenced_recording_holds_the_model_states_of_its_rows(
+    stacked_whole, tiny_model, tokenizer, monkeypatch
+):
+    """Rows 0 and 2 of three, positions up to the last n, by either copy of the references.
+
+    The forward runs five positions past every row's n (an answer's tokens).
+    Stacked whole then selected (a small forward) or each state's rows copied
+    into place (`STACK_FIRST_BYTES` passed), the recording equals the model's
+    own hidden states there; copied into place it holds exactly
+    ``[L+1, 2, max n + 1, d]`` in memory of its own, nothing of the other rows.
+    """
+    import lm_coupling.capture.recording as recording_module
+
+    if not stacked_whole:
+        monkeypatch.setattr(recording_module, "STACK_FIRST_BYTES", 0)
+    model = tiny_model("gpt2")
+    runner = _runner(model, TRAJ_LENS)
+    (ids, _, last, first, target), rows = _forwards(tokenizer)[0]
+    wide = torch.cat([ids, torch.ones(ids.shape[0], 5, dtype=ids.dtype)], dim=1)
+    index = torch.tensor(rows)
+    with torch.no_grad():
+        with runner.record(last[index], first[index], target[index], _docs(0, rows), index) as rec:
+            model(wide)
+        states = model(wide, output_hidden_states=True).hidden_states
+    width, depth = int(last[index].max()) + 1, model.config.n_layer + 1
+    assert rec.complete and rec.error is None
+    stacked = rec.stacked
+    assert stacked.shape == (depth, len(rows), width, model.config.n_embd) and width < wide.shape[1]
+    for layer in range(depth - 1):  # the model's last state is after its final norm
+        torch.testing.assert_close(stacked[layer], states[layer][index, :width], rtol=0, atol=0)
+    if not stacked_whole:
+        assert stacked.is_contiguous()
+        assert stacked.untyped_storage().nbytes() == stacked.numel() * stacked.element_size()
 
 
 def test_a_forward_above_the_reference_budget_is_copied_in_each_hook(

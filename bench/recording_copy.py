@@ -1,0 +1,106 @@
+"""The two ways a recording copies its referenced states, timed on the same states.
+
+When block L has run, a `Recorder` that referenced the forward's states copies
+the measured rows of all of them (`lm_coupling.capture.recording`): a forward
+up to `STACK_FIRST_BYTES` is stacked whole and its measured rows selected
+after; a larger one has each state's measured rows copied straight into the
+recording. This script times both routes of the package's own code on the
+same random states at several shapes (the route is chosen by setting the
+threshold), checks that they give equal tensors, and prints the ratio per
+shape with the route the threshold picks, so the threshold can be re-checked
+on another machine.
+
+Run: ``python bench/recording_copy.py [--repeats 5] [--threads 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator
+
+import torch
+from timing import machine_line, print_table
+
+import lm_coupling.capture.recording as recording_module
+from lm_coupling.capture.recording import Recorder, Recording
+
+SHAPES = [  # (rows B, positions T, width d, blocks L, measured rows)
+    (8, 27, 64, 4, (1, 5)),  # the bundled model on the synthetic ARC items (median T)
+    (8, 48, 64, 4, (1, 5)),
+    (8, 64, 64, 4, (1, 5)),
+    (8, 200, 64, 4, (0, 3, 6)),
+    (8, 8, 768, 12, (1, 5)),  # GPT-2-small shape, short batches (still referenced)
+    (8, 20, 768, 12, (1, 5)),
+    (32, 60, 256, 8, (0, 9, 17, 30)),
+]
+
+
+def _recorder(shape: tuple) -> tuple[Recorder, list[torch.Tensor]]:
+    batch, n_tokens, width, n_layers, rows = shape
+    last = [n_tokens - 3] * len(rows)
+    recording = Recording(last, [0] * len(rows), [-1] * len(rows), ((),) * len(rows))
+    recorder = Recorder(recording, n_layers, list(rows), whole_rows=True)
+    recorder.width = n_tokens - 2  # the positions up to the last n
+    states = [torch.randn(batch, n_tokens, width) for _ in range(n_layers + 1)]
+    return recorder, states
+
+
+@contextlib.contextmanager
+def _threshold(value: int) -> Iterator[None]:
+    """``STACK_FIRST_BYTES = value`` inside the context (the route every copy then takes)."""
+    saved = recording_module.STACK_FIRST_BYTES
+    recording_module.STACK_FIRST_BYTES = value
+    try:
+        yield
+    finally:
+        recording_module.STACK_FIRST_BYTES = saved
+
+
+def _time(recorder: Recorder, states: list[torch.Tensor], threshold: int, repeats: int) -> float:
+    """Median µs per copy with ``STACK_FIRST_BYTES = threshold``."""
+    calls = max(20, 20000 // max(1, sum(s.numel() for s in states) // 4096))
+    samples = []
+    with _threshold(threshold):
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(calls):
+                recorder._measured_stack(states)
+            samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    whole, into_place = 2**62, 0
+    rows = []
+    for shape in SHAPES:
+        recorder, states = _recorder(shape)
+        with _threshold(whole):
+            expected = recorder._measured_stack(states)
+        with _threshold(into_place):
+            placed = recorder._measured_stack(states)
+        if not torch.equal(expected, placed):
+            raise RuntimeError(f"the two routes differ at shape {shape}: the bench is broken")
+        stacked_us = _time(recorder, states, whole, args.repeats)
+        placed_us = _time(recorder, states, into_place, args.repeats)
+        kib = len(states) * states[0].nbytes / 2**10
+        chosen = "stack" if kib * 2**10 <= recording_module.STACK_FIRST_BYTES else "into place"
+        batch, n_tokens, width, n_layers, measured = shape
+        rows.append((f"B{batch} T{n_tokens} d{width} L{n_layers} b{len(measured)}", kib,
+                     stacked_us, placed_us, stacked_us / placed_us, chosen))  # fmt: skip
+    print(machine_line("cpu"))
+    print(f"STACK_FIRST_BYTES = {recording_module.STACK_FIRST_BYTES // 2**10} KiB; "
+          f"median of {args.repeats} repeats; {args.threads} thread(s)")  # fmt: skip
+    header = ("shape", "states KiB", "stack whole µs", "into place µs", "stack / into", "route")
+    print_table("copying a recording's referenced states", header, rows)
+
+
+if __name__ == "__main__":
+    main()
