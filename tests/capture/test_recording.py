@@ -300,6 +300,33 @@ def test_a_referenced_recording_holds_the_model_states_of_its_rows(
         assert stacked.untyped_storage().nbytes() == stacked.numel() * stacked.element_size()
 
 
+@pytest.mark.parametrize("rows", [None, [0, 3]])
+@pytest.mark.parametrize("whole_rows", [True, False])
+def test_both_copies_of_referenced_states_are_equal(rows, whole_rows, monkeypatch):
+    """Stacked whole then selected, or each state's rows into place: the same tensor.
+
+    Every row or two of eight; whole rows up to the last n, or the rows at n.
+    """
+    import lm_coupling.capture.recording as recording_module
+
+    last = [10, 12, 5, 7, 9, 11, 3, 12] if rows is None else [12, 7]
+    size = len(last)
+    recording = recording_module.Recording(last, [0] * size, [-1] * size, ((),) * size)
+    recorder = recording_module.Recorder(recording, 4, rows, whole_rows)
+    recorder.width = max(last) + 1
+    states = [torch.randn(8, 20, 16) for _ in range(5)]
+    copies = []
+    for threshold in (2**62, 0):
+        monkeypatch.setattr(recording_module, "STACK_FIRST_BYTES", threshold)
+        copies.append(recorder._measured_stack(states))
+    width = (recorder.width,) if whole_rows else ()
+    assert copies[0].shape == copies[1].shape == (5, size, *width, 16)
+    assert torch.equal(copies[0], copies[1])
+    n = last[-1]  # the last measured row's state x^2 at its n, read from the source
+    source = states[2][7 if rows is None else rows[-1], n]
+    assert torch.equal(copies[1][2, -1, n] if whole_rows else copies[1][2, -1], source)
+
+
 def test_a_forward_above_the_reference_budget_is_copied_in_each_hook(
     tiny_model, tokenizer, monkeypatch
 ):
