@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 from lmeval_runs import (
@@ -126,15 +128,23 @@ def run_order(names: list[str], round_: int) -> list[str]:
     return list(names) if round_ % 2 == 0 else list(names)[::-1]
 
 
-def per_round(results: dict, sizes: tuple[int, int], field: str) -> list[float]:
-    """``(field(N2) - field(N1)) / (N2 - N1) * 1000`` of each round."""
+def per_round(
+    results: dict, sizes: tuple[int, int], field: str | Callable[[dict], float]
+) -> list[float]:
+    """``(field(N2) - field(N1)) / (N2 - N1) * 1000`` of each round.
+
+    ``field``: a result's key, or a function of a result (a derived figure).
+    """
     n1, n2 = sizes
+    value = field if callable(field) else operator.itemgetter(field)
     rounds = zip(results[n1], results[n2], strict=True)
-    return [(b[field] - a[field]) / (n2 - n1) * 1000 for a, b in rounds]
+    return [(value(b) - value(a)) / (n2 - n1) * 1000 for a, b in rounds]
 
 
-def per_thousand(results: dict, sizes: tuple[int, int], field: str) -> float:
-    """Median over rounds of ``(field(N2) - field(N1)) / (N2 - N1) * 1000``."""
+def per_thousand(
+    results: dict, sizes: tuple[int, int], field: str | Callable[[dict], float]
+) -> float:
+    """Median over rounds of ``(field(N2) - field(N1)) / (N2 - N1) * 1000`` (`per_round`)."""
     from timing import median
 
     return median(per_round(results, sizes, field))

@@ -247,7 +247,6 @@ def collector_lines(out: dict, sizes: tuple[int, int], names: list[str]) -> str:
     moves the per-document ratio by a whole walk (`lmeval_runs.CollectorTime`).
     """
     from marginal import per_thousand
-    from timing import median
 
     n1, n2 = sizes
     lines = ["garbage collector (seconds per 1000 documents; full collections at N1 -> N2 "
@@ -258,10 +257,7 @@ def collector_lines(out: dict, sizes: tuple[int, int], names: list[str]) -> str:
         counts = ", ".join(f"{a['gc_full']} -> {b['gc_full']}" for a, b in rounds)
         collector = per_thousand(out[name], sizes, "gc_s")
         lines.append(f"  {name}: {collector:.3f} s/1000; full collections {counts}")
-        without[name] = median([
-            ((b["cpu_s"] - b["gc_s"]) - (a["cpu_s"] - a["gc_s"])) / (n2 - n1) * 1000
-            for a, b in rounds
-        ])  # fmt: skip
+        without[name] = per_thousand(out[name], sizes, lambda run: run["cpu_s"] - run["gc_s"])
     lines.append("  cpu ratio without the collector's time: " + ", ".join(
         f"{name} {without[name] / without['plain']:.3f}" for name in names if name != "plain"
     ))  # fmt: skip

@@ -18,9 +18,9 @@ output took 29 µs in a hook, 4 µs in a loop; issue 28, docs/benchmarks.md).
 So when every state of the forward is small (`REFERENCE_BYTES`) and on one
 device, the hooks only keep a reference to each state ``x^l`` and its
 version counter, and the measured rows of all of them are copied when block
-L has run (`STACK_FIRST_BYTES`: stacked whole then selected, or each
-state's rows straight into one tensor) (before the model's head computes
-its logits, so the forward's peak memory does not grow). A state written in
+L has run, before the model's head computes its logits, so the forward's
+peak memory does not grow (stacked whole then selected, or each state's
+rows straight into one tensor: `STACK_FIRST_BYTES`). A state written in
 place by a later block (its version counter moved) would make the reference
 wrong: the recording is then marked (`Recording.error`) and the collector
 copies each state in its own hook from then on (`StateCollector.copy_in_hooks`),

@@ -88,7 +88,7 @@ class RunningProfile:
     def _flush(self) -> None:
         """Fold the pending profiles in: their NaN-aware statistics, then `_fold`."""
         rows, self.pending_rows = self.pending_rows, 0
-        if not rows or self.mixed:
+        if not rows:  # nothing taken (a mixed profile keeps nothing: `_mix`)
             return
         stack = self.pending[:rows]
         finite = np.isfinite(stack)
