@@ -255,8 +255,12 @@ class ModelParts:
 
         Any logit scaling and soft-capping the model applies after its
         unembedding is applied too, so that ``unembed_fp32(final_norm_fp32(x^L))``
-        equals the model's own logits. The weight is converted in row chunks,
-        never cached.
+        equals the model's own logits. A weight in another dtype (bfloat16) is
+        converted in row chunks of `_UNEMBED_CHUNK`, never cached; one already
+        in the work dtype is used whole, in one product: chunking it would
+        only add a copy of every logit (joining the chunks' columns), which
+        costs 15% of the product at GPT-2's vocabulary on one CPU thread
+        (``[104, 768] x [768, 50257]``: 97 ms chunked, 82 ms whole).
 
         Args:
             x: ``[..., d]`` normed states.
@@ -268,11 +272,15 @@ class ModelParts:
         weight = self.unembed_weight
         x = x.to(device=weight.device, dtype=dtype)
         with torch.no_grad():
-            chunks = [
-                nn.functional.linear(x, rows.to(dtype))
-                for rows in weight.detach().split(_UNEMBED_CHUNK, dim=0)
-            ]
-            logits = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-1)
+            weight = weight.detach()
+            if weight.dtype == dtype:
+                logits = nn.functional.linear(x, weight)
+            else:
+                chunks = [
+                    nn.functional.linear(x, rows.to(dtype))
+                    for rows in weight.split(_UNEMBED_CHUNK, dim=0)
+                ]
+                logits = chunks[0] if len(chunks) == 1 else torch.cat(chunks, dim=-1)
             if self.unembed_bias is not None:
                 logits = logits + self.unembed_bias.detach().to(dtype)
             if self.logit_scale != 1.0:

@@ -118,6 +118,22 @@ def test_half_precision_parts_compute_in_float32(dtype, tokenizer):
     torch.testing.assert_close(parts.unembed_fp32(x), reference, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unembedding_in_chunks_or_whole_equals_the_product(dtype, tokenizer, monkeypatch):
+    """A bfloat16 weight is converted chunk by chunk, a float32 one used whole: same logits."""
+    model = build_tiny_model("llama", len(tokenizer), dtype=dtype)
+    parts = locate_model_parts(model)
+    monkeypatch.setattr(architecture, "_UNEMBED_CHUNK", 7)  # many chunks of the vocabulary
+    x = torch.randn(3, 32)
+    logits = parts.unembed_fp32(x)
+    whole = nn.functional.linear(x, parts.unembed_weight.float())
+    assert logits.shape == (3, len(tokenizer)) and logits.dtype == torch.float32
+    if dtype == torch.float32:
+        assert torch.equal(logits, whole)  # one product, nothing joined
+    else:
+        torch.testing.assert_close(logits, whole, atol=1e-6, rtol=1e-6)
+
+
 def test_float64_stays_float64(tiny_model):
     parts = locate_model_parts(tiny_model("gpt2", dtype=torch.float64))
     x = torch.randn(3, 32, dtype=torch.float64)
