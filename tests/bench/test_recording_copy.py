@@ -14,15 +14,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_each_shape_gets_the_route_of_its_size_and_both_routes_agree():
+@pytest.mark.parametrize("cold", [False, True], ids=["in-cache", "cold"])
+def test_each_shape_gets_the_route_of_its_size_and_both_routes_agree(cold):
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
     proc = subprocess.run(
-        [sys.executable, "bench/recording_copy.py", "--repeats", "1"],
+        [
+            sys.executable,
+            "bench/recording_copy.py",
+            "--repeats",
+            "1",
+            *(["--cold"] if cold else []),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -31,6 +40,7 @@ def test_each_shape_gets_the_route_of_its_size_and_both_routes_agree():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]  # it raises when the routes differ
     lines = proc.stdout.splitlines()
+    assert ("evicted from cache before each copy" in proc.stdout) is cold
     start = lines.index("copying a recording's referenced states") + 3
     rows = [re.split(r"\s{2,}", line.strip()) for line in lines[start:] if line.strip()]
     assert len(rows) == 7
