@@ -222,9 +222,9 @@ class CollectorTime:
     A full collection walks every object the process keeps (lm-eval's requests
     and documents above all); CPython up to 3.12 runs one when the objects
     that survived the younger collections since the last one pass a quarter
-    of those kept. One
-    more or one fewer in a run moves its CPU time by the cost of a whole walk,
-    so a per-document figure taken between two N can jump by it.
+    of those kept. One more or one fewer in a run moves its CPU time by the
+    cost of a whole walk, so a per-document figure taken between two N can
+    jump by it.
     """
 
     def __init__(self) -> None:

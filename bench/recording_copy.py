@@ -121,10 +121,10 @@ def main() -> None:
             raise RuntimeError(f"the two routes differ at shape {shape}: the bench is broken")
         stacked_us = _time(recorder, states, whole, args.repeats, scratch)
         placed_us = _time(recorder, states, into_place, args.repeats, scratch)
-        kib = len(states) * states[0].nbytes / 2**10
-        chosen = "stack" if kib * 2**10 <= recording_module.STACK_FIRST_BYTES else "into place"
+        nbytes = len(states) * states[0].nbytes
+        chosen = "stack" if recording_module.stacks_whole(nbytes) else "into place"
         batch, n_tokens, width, n_layers, measured = shape
-        rows.append((f"B{batch} T{n_tokens} d{width} L{n_layers} b{len(measured)}", kib,
+        rows.append((f"B{batch} T{n_tokens} d{width} L{n_layers} b{len(measured)}", nbytes / 2**10,
                      stacked_us, placed_us, stacked_us / placed_us, chosen))  # fmt: skip
     print(machine_line("cpu"))
     print(f"STACK_FIRST_BYTES = {recording_module.STACK_FIRST_BYTES // 2**10} KiB; "

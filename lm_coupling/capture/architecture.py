@@ -269,10 +269,9 @@ class ModelParts:
             ``[..., V]`` logits on the unembedding weight's device.
         """
         dtype = work_dtype(x)
-        weight = self.unembed_weight
+        weight = self.unembed_weight.detach()
         x = x.to(device=weight.device, dtype=dtype)
         with torch.no_grad():
-            weight = weight.detach()
             if weight.dtype == dtype:
                 logits = nn.functional.linear(x, weight)
             else:

@@ -51,6 +51,7 @@ __all__ = [
     "Recording",
     "Recorder",
     "forward_shape",
+    "stacks_whole",
     "merge_recordings",
     "stack_recordings",
 ]
@@ -66,6 +67,11 @@ the measured rows are selected (512 KiB); a larger one has each state's measured
 straight into the recording. Measured on the shared CPU (issue 28, docs/benchmarks.md): below
 about this size the two operations of the stack beat one copy per state; above it the stack of
 every row costs 1.2-5.6 times the copies of the measured rows alone."""
+
+
+def stacks_whole(nbytes: int) -> bool:
+    """Whether referenced states of ``nbytes`` in all are stacked whole (`STACK_FIRST_BYTES`)."""
+    return nbytes <= STACK_FIRST_BYTES
 
 
 def forward_shape(hidden, last_index: list[int], rows: list[int] | None) -> tuple[int, int]:
@@ -258,7 +264,7 @@ class Recorder:
         """
         first = states[0]
         joinable = _joinable(states)
-        if joinable is not states or len(states) * first.nbytes <= STACK_FIRST_BYTES:
+        if joinable is not states or stacks_whole(len(states) * first.nbytes):
             stacked = torch.stack(joinable)
             return self._measured(stacked.detach() if stacked.requires_grad else stacked, dim=1)
         size, width, depth = len(self.recording.last), self.width, len(states)
