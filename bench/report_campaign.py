@@ -121,8 +121,7 @@ def refresh_sizes(work: Path, sizes: list[int], n_tasks: int, repeats: int = 3) 
             write_campaign(folder, real_runs(work)[0], size, n_tasks)
         timed(f"{size} models: refresh, first", lambda f=folder: refresh(f))
         timed(f"{size} models: refresh, nothing changed", lambda f=folder: refresh(f))
-        cpu = [one_more(folder, lambda f=folder: refresh(f), f"{size} models: ")
-               for _ in range(repeats)]  # fmt: skip
+        cpu = [one_more(folder, refresh, f"{size} models: ") for _ in range(repeats)]
         rows.append((size, statistics.median(cpu), index_bytes(folder)))
     print("models | refresh after one more run, median CPU s | index bytes read per refresh")
     for size, cpu, size_bytes in rows:
@@ -158,7 +157,7 @@ def index_bytes(folder: Path) -> int:
 
 
 def one_more(folder: Path, refresh, prefix: str = "") -> float:
-    """Add one more run to ``folder``, time ``refresh``, take the run away again (CPU s)."""
+    """Add one more run to ``folder``, time ``refresh(folder)``, take the run away again (CPU s)."""
     source = next(iter(sorted(folder.glob("m*__main"))))
     stamp_file = next(source.glob("results_*.json"))
     copy_dir = folder / "m999__main"
@@ -168,7 +167,7 @@ def one_more(folder: Path, refresh, prefix: str = "") -> float:
     results = json.loads(stamp_file.read_text())
     results["config"]["model_args"]["pretrained"] += "-next"
     (copy_dir / stamp_file.name).write_text(json.dumps(results))
-    cpu = timed(prefix + "leaderboard refresh after one more run", refresh)
+    cpu = timed(prefix + "leaderboard refresh after one more run", lambda: refresh(folder))
     shutil.rmtree(copy_dir)
     refresh(folder)  # the folder as it was (not timed)
     return cpu
@@ -234,7 +233,7 @@ def main(argv=None) -> None:
         )
     timed("leaderboard refresh, first", lambda: refresh_leaderboard(folder))
     timed("leaderboard refresh, nothing changed", lambda: refresh_leaderboard(folder))
-    one_more(folder, lambda: refresh_leaderboard(folder))
+    one_more(folder, refresh_leaderboard)
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)
 
