@@ -102,18 +102,20 @@ def draw(rows: list[dict], path: Path, size: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lm_coupling.report.labels import place_labels
+
     independent = len({r["step"] for r in rows}) == 1
     steps = np.array([r["step"] for r in rows]) + 1
     score = np.array([r[SCORE] for r in rows])
     names = (SCORE, *MEASURES)
     fig, axes = plt.subplots(2, 5, figsize=(17, 6.4), sharex=not independent)
+    labelled = []  # (axes, xs, ys): labelled once the layout is fixed, clear of each other
     for ax, name in zip(axes.flat, names, strict=True):
         values = [r[name] for r in rows]
         color = "C3" if name == SCORE else "C0"
         if independent:  # independent models: each measure against the score
             ax.plot(score, values, "o", color=color)
-            for x, y, r in zip(score, values, rows, strict=True):
-                ax.annotate(r["model"].removeprefix("gpt2-"), (x, y), fontsize=6)
+            labelled.append((ax, score, values))
         else:
             ax.plot(steps, values, "o-", color=color)
             ax.set_xscale("log")
@@ -130,6 +132,9 @@ def draw(rows: list[dict], path: Path, size: str) -> None:
     )
     fig.suptitle(title)
     fig.tight_layout()
+    texts = [r["model"].removeprefix("gpt2-") for r in rows]
+    for ax, xs, ys in labelled:  # the report's placement: no label on another or on a point
+        place_labels(ax, xs, ys, texts, fontsize=6)
     fig.savefig(path, dpi=110)
 
 

@@ -5,7 +5,8 @@ constrained layout has fixed the axes' position), then each label tries
 offsets around its point at growing distances and takes the first whose box
 stays inside the axes and clear of every label already placed and of every
 marker. A label with no free place is left out and the count of those is
-written in the axes' corner, so that nothing is drawn on top of anything.
+written in a corner of the axes clear of the markers and labels, so that
+nothing is drawn on top of anything.
 The boxes already taken are kept in a grid of cells (`_BoxGrid`), so that a
 candidate is tested against the boxes of its own cells only: placing n labels
 costs O(n), not O(n^2), and one measurement of the text's size per label
@@ -123,8 +124,24 @@ def place_labels(
         note.set_in_layout(False)
         placed.append(note)
     if skipped:
-        ax.text(
-            0.99, 0.01, f"{skipped} label(s) left out for space", transform=ax.transAxes,
-            ha="right", va="bottom", fontsize=6, color="grey",
-        )  # fmt: skip
+        _corner_note(ax, renderer, taken, f"{skipped} label(s) left out for space")
     return placed
+
+
+_CORNERS = [(0.99, 0.01, "right", "bottom"), (0.99, 0.99, "right", "top"),
+            (0.01, 0.01, "left", "bottom"), (0.01, 0.99, "left", "top")]  # fmt: skip
+
+
+def _corner_note(ax: Axes, renderer, taken: _BoxGrid, text: str):
+    """A small grey note in the first corner of the axes clear of every marker and label.
+
+    Bottom right when every corner is taken.
+    """
+    note = ax.text(0, 0, text, transform=ax.transAxes, fontsize=6, color="grey")
+    for x, y, ha, va in [*_CORNERS, _CORNERS[0]]:
+        note.set_position((x, y))
+        note.set_horizontalalignment(ha)
+        note.set_verticalalignment(va)
+        if not taken.overlaps(note.get_window_extent(renderer)):
+            break
+    return note
