@@ -1,4 +1,4 @@
-"""The overhead bench's per-document verdict is read from the rounds' confidence interval."""
+"""The overhead bench's verdicts are read from the rounds' confidence interval."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -160,3 +161,32 @@ def test_collector_time_counts_full_collections_inside_it_only(monkeypatch):
     seconds = clock.seconds
     gc.collect()  # after the context: not counted
     assert (clock.full, clock.seconds) == (1, seconds)
+
+
+def test_default_mode_reads_wall_and_peak_memory_verdicts_from_the_rounds(overhead, capsys):
+    # Session 20's default-mode rounds: one fresh process's peak moved by 100-200 MiB
+    # between runs of the same code, so the memory verdict needs the rounds, not one run.
+    args = SimpleNamespace(
+        shape={"d_model": 768}, device="cpu", tasks="t", limit=None, batch_size=8, repeats=3
+    )
+    times = {
+        "plain": [(13.0, 24.0), (13.4, 24.4), (13.2, 24.1)],
+        "traj_lens": [(13.5, 25.0), (13.9, 25.2), (13.7, 25.1)],
+    }
+    memory = {"plain": [1375.0, 1408.0, 1390.0], "traj_lens": [1601.0, 1501.0, 1450.0]}
+    overhead.report(args, times, memory)
+    out = capsys.readouterr().out
+    wall_rounds = [13.5 / 13.0, 13.9 / 13.4, 13.7 / 13.2]
+    peak_rounds = [1601 / 1375, 1501 / 1408, 1450 / 1390]
+    assert (
+        "traj_lens wall ratio of each round: " + ", ".join(f"{r:.3f}" for r in wall_rounds) in out
+    )
+    assert (
+        "traj_lens peak memory ratio of each round: " + ", ".join(f"{r:.3f}" for r in peak_rounds)
+        in out
+    )
+    assert overhead.verdict_line(13.7 / 13.2, wall_rounds, target="wall-time") in out
+    assert overhead.verdict_line(1501 / 1390, peak_rounds, target="peak-memory") in out
+    # Wall rounds 1.036-1.038: meets; peak rounds 1.043-1.164: the interval holds 1.05.
+    assert "traj_lens meets the 1.05x wall-time target (1.038x; " in out
+    assert "traj_lens is undecided against the 1.05x peak-memory target (1.080x; " in out
