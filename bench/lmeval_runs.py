@@ -10,8 +10,10 @@ passes and scoring are inside it.
 :func:`run_fresh` runs one configuration in a fresh ``python bench/lmeval_runs.py
 --worker SPEC`` subprocess: an untimed warm-up run on one document per task
 (imports, first kernel calls, dataset caches), then the timed run. It returns
-the timed run's wall time, the process's peak memory (CUDA
-``max_memory_allocated`` since the warm-up, or peak RSS) and how many
+the timed run's wall time, its peak memory (CUDA ``max_memory_allocated``, or
+peak RSS), counted from after the warm-up once the warm-up's memory is handed
+back (a collection, ``malloc_trim``; ``peak_reset`` says whether the peak
+could be reset there, else it counts from the process's start), and how many
 documents got geometry.
 """
 
@@ -30,6 +32,8 @@ from pathlib import Path
 
 import torch
 from timing import is_cuda, peak_mb, reset_peak
+
+from lm_coupling.harness.host_memory import trim_host_memory
 
 TRAJ_LENS = "lss,expodistance,equidistance,logit_lens_entropy"
 DEFAULT_TASKS = (
@@ -251,12 +255,17 @@ def _worker(spec_json: str) -> None:
     tm = task_manager(spec.tasks)
     if spec.warm_up:  # untimed: imports, first calls, dataset caches
         run_in_process(spec, tm, limit=1)
+    # The warm-up's model lives in reference cycles (lm-eval's HFLM has them) until a
+    # collection, and the C heap keeps what it freed resident: both are handed back,
+    # and the peak counted from here, so that it is the measured run's own.
     gc.collect()
     if is_cuda(spec.device):
         torch.cuda.empty_cache()
-    reset_peak(spec.device)
+    trim_host_memory()
+    peak_reset = reset_peak(spec.device)
     out = run_in_process(spec, tm)
     out["peak_mb"] = peak_mb(spec.device)
+    out["peak_reset"] = peak_reset
     print("RESULT " + json.dumps(out), flush=True)
 
 

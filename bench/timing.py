@@ -37,11 +37,24 @@ def timed(fn: Callable[[], Any], device: str) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def reset_peak(device: str) -> None:
-    """Start a new peak-memory window on ``device`` (CUDA only; RSS peaks cannot be reset)."""
+def reset_peak(device: str) -> bool:
+    """Start a new peak-memory window on ``device``; whether it could.
+
+    CUDA: the allocator's peak statistics. CPU: the process's peak resident
+    set (``VmHWM``, which ``ru_maxrss`` reads), reset by writing 5 to
+    ``/proc/self/clear_refs`` (Linux); elsewhere the peak keeps counting from
+    the process's start.
+    """
     if is_cuda(device):
         sync(device)
         torch.cuda.reset_peak_memory_stats()
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def peak_mb(device: str) -> float:

@@ -1,0 +1,34 @@
+"""The benches' peak memory: a reset starts a new window (``bench/timing.py``)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def timing():
+    sys.path.insert(0, str(BENCH))
+    try:
+        yield importlib.import_module("timing")
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_cpu_peak_counts_again_from_a_reset(timing):
+    big = b"\x01" * (300 * 2**20)  # 300 MiB, every page written
+    assert len(big) == 300 * 2**20
+    high = timing.peak_mb("cpu")
+    del big
+    if not timing.reset_peak("cpu"):
+        pytest.skip("this system cannot reset a process's peak resident set")
+    low = timing.peak_mb("cpu")
+    assert low < high - 250  # the freed 300 MiB no longer count
+    again = b"\x01" * (100 * 2**20)
+    assert timing.peak_mb("cpu") >= low + 80  # and a new allocation does
+    del again
