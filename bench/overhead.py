@@ -154,7 +154,7 @@ def report(args, times: dict[str, list[tuple]], memory: dict[str, list[float]]) 
     peak_rounds = [t / p for t, p in zip(memory["traj_lens"], memory["plain"], strict=True)]
     for label, rounds in (("wall", wall_rounds), ("peak memory", peak_rounds)):
         print(f"traj_lens {label} ratio of each round: {', '.join(f'{r:.3f}' for r in rounds)}")
-    print(f"traj_lens is {TRAJ_LENS}")
+    print(f"traj_lens: --metrics {TRAJ_LENS}")
     print(verdict_line(wall["traj_lens"] / wall["plain"], wall_rounds, target="wall-time"))
     print(verdict_line(peak["traj_lens"] / peak["plain"], peak_rounds, target="peak-memory"))
 
