@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import math
 import statistics
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 T_975 = {1: 12.706204736174705, 4: 2.7764451051977987}
 """Student t quantiles at 0.975 (1 and 4 degrees of freedom), from the tables."""
@@ -22,13 +17,9 @@ BUNDLED_ROUNDS = [1.090, 1.071, 1.089, 1.097, 1.088]  # session 12, bundled mode
 GPT2_ROUNDS = [1.016, 1.064, 1.021, 1.012, 1.068]  # session 13, GPT-2-small shape
 
 
-@pytest.fixture(scope="module")
-def overhead():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("overhead")
-    finally:
-        sys.path.remove(str(BENCH))
+@pytest.fixture
+def overhead(bench_module):
+    return bench_module("overhead")
 
 
 def test_interval_of_two_rounds_is_the_t_interval(overhead):
@@ -82,12 +73,8 @@ def test_one_round_gives_the_median_verdict_alone(overhead):
         overhead.round_interval([1.02])
 
 
-def test_marginal_rounds_alternate_which_configuration_runs_first():
-    sys.path.insert(0, str(BENCH))
-    try:
-        marginal = importlib.import_module("marginal")
-    finally:
-        sys.path.remove(str(BENCH))
+def test_marginal_rounds_alternate_which_configuration_runs_first(bench_module):
+    marginal = bench_module("marginal")
     names = ["plain", "traj_lens"]
     orders = [marginal.run_order(names, r) for r in range(4)]
     assert orders == [names, names[::-1], names, names[::-1]]
@@ -115,16 +102,17 @@ def test_in_process_needs_marginal_and_excludes_paired(overhead, capsys):
     assert overhead.parse_args(["--marginal", "10,20", "--in-process"]).in_process
 
 
-def test_in_process_rounds_run_every_configuration_at_both_sizes(tmp_path, monkeypatch):
+def test_in_process_rounds_run_every_configuration_at_both_sizes(
+    tmp_path, monkeypatch, bench_module
+):
     """Real in-process runs on the bundled model: CPU measured, no per-run peak memory."""
     monkeypatch.setenv("LM_COUPLING_DATA_DIR", str(tmp_path / "data"))  # restored afterwards
-    monkeypatch.syspath_prepend(str(BENCH))
-    marginal = importlib.import_module("marginal")
-    from lmeval_runs import TRAJ_LENS
+    marginal = bench_module("marginal")
+    metrics = bench_module("lmeval_runs").TRAJ_LENS
 
     from lm_coupling.demo.assets import bundled_model_path
 
-    configs = {"plain": (None, None), "traj_lens": (TRAJ_LENS, None)}
+    configs = {"plain": (None, None), "traj_lens": (metrics, None)}
     lm_eval_log = logging.getLogger("lm_eval")
     level = lm_eval_log.level  # the bench runs lm-eval at verbosity ERROR: restored after
     try:
@@ -139,7 +127,7 @@ def test_in_process_rounds_run_every_configuration_at_both_sizes(tmp_path, monke
             assert 0 <= result["gc_s"] < result["wall_s"] and result["gc_full"] >= 0
     assert [out["traj_lens"][n][0]["n_geometry"] for n in (2, 4)] == [2, 4]
     assert all(out["plain"][n][0]["n_geometry"] == 0 for n in (2, 4))
-    lines = importlib.import_module("overhead").collector_lines(out, (2, 4), list(configs))
+    lines = bench_module("overhead").collector_lines(out, (2, 4), list(configs))
     for name in configs:
         counts = f"{out[name][2][0]['gc_full']} -> {out[name][4][0]['gc_full']}"
         assert f"  {name}: " in lines and f"full collections {counts}" in lines
@@ -149,9 +137,8 @@ def test_in_process_rounds_run_every_configuration_at_both_sizes(tmp_path, monke
                           paired=True, in_process=True)  # fmt: skip
 
 
-def test_collector_time_counts_full_collections_inside_it_only(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    from lmeval_runs import CollectorTime
+def test_collector_time_counts_full_collections_inside_it_only(bench_module):
+    CollectorTime = bench_module("lmeval_runs").CollectorTime
 
     with CollectorTime() as clock:
         gc.collect(0)  # a young collection: timed, not a full one

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-
-@pytest.fixture(scope="module")
-def timing():
-    sys.path.insert(0, str(BENCH))
-    try:
-        yield importlib.import_module("timing")
-    finally:
-        sys.path.remove(str(BENCH))
+@pytest.fixture
+def timing(bench_module):
+    return bench_module("timing")
 
 
 def test_cpu_peak_counts_again_from_a_reset(timing):
