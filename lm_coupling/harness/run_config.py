@@ -21,6 +21,7 @@ from typing import Any
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.harness import model_identity
 from lm_coupling.harness.model_identity import check_model_named
+from lm_coupling.harness.run_inputs import check_run_inputs
 from lm_coupling.harness.run_options import check_model_path, check_model_type, check_run_options
 from lm_coupling.selection import Selection, make_selection
 
@@ -87,6 +88,7 @@ class RunConfig:
             ConfigurationError: a model type or lm-eval option geometry cannot honour.
             ModelNotFoundError: no model at ``model_args``' path.
         """
+        check_run_inputs(evaluator.tasks, evaluator.limit, evaluator.output_path)
         check_model_type(evaluator.model or "hf")
         recorded = check_run_options(evaluator)
         if model is None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from lm_eval.tasks import TaskManager
 
+from lm_coupling.errors import DataUnavailableError
 from lm_coupling.geometry import DocumentGeometry
 from lm_coupling.harness.lm_eval_registry import attach_to_task
 from lm_coupling.harness.plan import DocumentPlan
@@ -81,12 +82,17 @@ class GeometryTaskManager(TaskManager):
         """lm-eval's ``load``, then the session attached to every task loaded.
 
         Raises:
-            DataUnavailableError: a task's data cannot be downloaded (offline).
+            DataUnavailableError: a task's data cannot be downloaded (offline), or
+                an offline task's data file is empty or missing.
         """
         try:
             loaded = super().load(task_list)
         except ConnectionError as exc:
             raise data_unavailable(task_list, exc) from exc
+        except (ValueError, OSError) as exc:
+            if getattr(exc, "lmc_data_error", False):  # an offline task's data file
+                raise DataUnavailableError(str(exc)) from exc
+            raise
         attach_geometry(loaded.get("tasks", {}), self.session, self.measure_alone)
         return loaded
 

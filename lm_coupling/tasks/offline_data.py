@@ -46,6 +46,23 @@ BUNDLED_DATA_DIR = Path(__file__).resolve().parents[1] / "demo" / "sample_tasks"
 log = logging.getLogger("lm_coupling.tasks")
 ANNOUNCED_ATTRIBUTE = "lmc_announced"
 """The attribute of the ``lm_coupling.tasks`` logger holding this process's announcements."""
+
+
+class OfflineDataError(ValueError):
+    """A data file of an offline task that cannot serve (empty, missing rows or files).
+
+    A ``ValueError`` as lm-eval expects from a loader; ``lm_coupling.harness.tasks``
+    turns it into ``DataUnavailableError`` (an ``LmCouplingError``) by the
+    ``lmc_data_error`` mark (this file is imported by path, one class per copy).
+    """
+
+    lmc_data_error = True
+
+
+class OfflineDataMissing(OfflineDataError, FileNotFoundError):
+    """No ``<split>.jsonl`` file in the benchmark's folder."""
+
+
 BENCHMARKS = (
     "arc_easy",
     "arc_challenge",
@@ -129,7 +146,7 @@ def load_offline(
         _announce_bundled(benchmark, folder)
     files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
     if not files:
-        raise FileNotFoundError(
+        raise OfflineDataMissing(
             f"no <split>.jsonl files in {folder}; put the {benchmark} files there, or point "
             f"${DATA_DIR_ENV} (or --metadata '{{\"{DATA_DIR_METADATA_KEY}\": ...}}') at a "
             "folder laid out as described in lm_coupling/tasks/README.md"
@@ -138,7 +155,7 @@ def load_offline(
     for path in files:
         rows = read_jsonl(path)
         if not rows:
-            raise ValueError(
+            raise OfflineDataError(
                 f"{path} has no rows: the {path.stem} split of the offline {benchmark} task "
                 "needs one JSON object per line with the hub data set's fields; fill the "
                 "file or remove it (see lm_coupling/tasks/README.md)"
@@ -148,7 +165,7 @@ def load_offline(
         if rows:
             splits[path.stem] = datasets.Dataset.from_list(rows)
     if not splits:
-        raise ValueError(
+        raise OfflineDataError(
             f"{folder} has no rows with subject {subject!r}; the offline MMLU group needs "
             "every subject it lists: convert the full MMLU data, or run the subject tasks "
             "your files cover (lmc_mmlu_offline_<subject>)"
