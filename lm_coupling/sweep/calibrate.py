@@ -1,22 +1,28 @@
 """Short calibration of a model's shape on a device, for the sweep's ``--plan``.
 
-Nothing here loads a model's weights: the shape comes from the model's config
-alone (``AutoConfig``: a local folder's ``config.json`` or the hub's cached
-config), or, where no config can be read (a hub model offline), from the
-study file; the model is then built from that config with random weights on
-the device and timed:
+Nothing here loads a model's weights or builds a model of the planned size:
+the shape comes from the model's config alone (``AutoConfig``: a local
+folder's ``config.json`` or the hub's cached config), or, where no config can
+be read (a hub model offline), from the study file. What is timed on the
+device is a small model with random weights:
 
-- a forward pass of ``batch`` sequences of ``tokens`` tokens (seconds per
-  token of a request) and of one token (seconds per generated token);
-- one block's Jacobian by the package's ``JacobianEngine`` (its default route,
-  K as the study asks) at the last of ``tokens`` tokens (seconds per layer).
+- a shape within ``PROXY_D`` (width), ``PROXY_VOCAB`` (vocabulary) and
+  ``FULL_BUILD_PARAMS`` is built whole at its own sizes and timed as it is:
+  a forward pass of ``batch`` sequences of ``tokens`` tokens (seconds per
+  token of a request), of one token (seconds per generated token), and one
+  block's Jacobian by the package's ``JacobianEngine`` (its default route,
+  K as the study asks) at the last of ``tokens`` tokens (seconds per layer);
+- a larger shape is not built: its time is its floating-point work at the
+  device's measured rates (a GEMM and a memory copy, `device_rates`), and
+  one layer's Jacobian the time of one ``PROXY_D``-wide block's Jacobian
+  (`proxy_jacobian`) scaled by the ratio of their work (`_calibrate_proxy`).
 
-A model of at most ``FULL_BUILD_PARAMS`` parameters is built whole; a larger
-one twice, with one and with two blocks, and the forward pass of L blocks is
-extrapolated as ``t_1 + (L - 1) (t_2 - t_1)``.
+So a plan costs seconds and megabytes whatever the models' sizes
+(docs/sweep.md, "Named studies", states the factor it was checked within).
 Downloads, loading the model's own weights and the metrics other than the
 Jacobian ones are not in it; ``startup_seconds`` times what every model's
-process pays once (a whole one-document run of a tiny model).
+process pays once (a whole one-document run of a tiny model), measured once
+per environment and kept in the user's cache (``startup_cache_path``).
 """
 
 from __future__ import annotations
@@ -26,11 +32,19 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lm_coupling.sweep.spec import ModelEntry
 
-FULL_BUILD_PARAMS = 300_000_000
+FULL_BUILD_PARAMS = 20_000_000
+"""A shape of at most this many parameters (and within the proxy's sizes) is timed whole."""
+PROXY_D = 256
+"""Width of the block whose Jacobian is timed for a larger shape."""
+PROXY_VOCAB = 8192
+"""The largest vocabulary of a shape built whole."""
+PROXY_TOKENS = 128
+"""The longest prompt of the timed proxy block."""
 
 
 @dataclass(frozen=True)
@@ -179,40 +193,36 @@ def calibrate(
     shape: Shape, device: str, tokens: int, batch: int, k: int, dtype: str = "float32"
 ) -> Calibration:
     """Time a forward pass and one block's Jacobian at ``shape`` on ``device`` (see above)."""
+    if is_whole(shape):
+        return _calibrate_built(shape, device, tokens, batch, k, dtype, shape.n_layers)
+    return _calibrate_proxy(shape, device, tokens, batch, k, dtype)
+
+
+def is_whole(shape: Shape) -> bool:
+    """Whether ``shape`` is timed at its own sizes (else on a proxy, module docstring)."""
+    return (
+        shape.d_model <= PROXY_D
+        and shape.vocab <= PROXY_VOCAB
+        and param_count(shape) <= FULL_BUILD_PARAMS
+    )
+
+
+def _calibrate_built(shape, device, tokens, batch, k, dtype, layers) -> Calibration:
+    """Time a model of ``shape`` with ``layers`` blocks, built whole (random weights)."""
     import torch
 
-    from lm_coupling.capture.jacobian import JacobianEngine
     from lm_coupling.plugins.specs import used_k
 
-    torch_dtype = getattr(torch, dtype)
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, shape.vocab, (batch, tokens), generator=generator).to(device)
-    one = ids[:, :1]
-    whole = param_count(shape) <= FULL_BUILD_PARAMS or shape.n_layers <= 2
-    if whole:
-        model, parts = _build(shape, shape.n_layers, tokens, device, torch_dtype)
-        forward = _timed_forward(model, ids, device)
-        decode = _timed_forward(model, one, device)
-        built = f"all {shape.n_layers} blocks"
-    else:
-        small, _ = _build(shape, 1, tokens, device, torch_dtype)
-        f1, d1 = _timed_forward(small, ids, device), _timed_forward(small, one, device)
-        del small
-        model, parts = _build(shape, 2, tokens, device, torch_dtype)
-        f2, d2 = _timed_forward(model, ids, device), _timed_forward(model, one, device)
-        extra = shape.n_layers - 1
-        forward = f1 + extra * max(f2 - f1, 0.0)
-        decode = d1 + extra * max(d2 - d1, 0.0)
-        built = "1 and 2 blocks, extrapolated"
-    one_block = dataclasses.replace(parts, blocks=parts.blocks[:1])
-    engine = JacobianEngine(model, one_block, k_max=used_k(k, shape.d_model))
-    engine.factors(ids[0, : min(tokens, 4)])  # warm-up: route and replay probes
-    _sync(device)
-    start = time.perf_counter()
-    engine.factors(ids[0])
-    _sync(device)
-    jacobian = time.perf_counter() - start
-    del model, engine
+    longest = getattr(shape.config, "max_position_embeddings", None) or getattr(
+        shape.config, "n_positions", None
+    )
+    tokens = min(tokens, int(longest)) if longest else tokens  # a model of short context
+    ids = _ids(shape.vocab, batch, tokens, device)
+    model, parts = _build(shape, layers, tokens, device, getattr(torch, dtype))
+    forward = _timed_forward(model, ids, device)
+    decode = _timed_forward(model, ids[:, :1], device)
+    jacobian = _timed_jacobian(model, parts, ids, k, shape.d_model, device)
+    del model
     return Calibration(
         forward / (batch * tokens),
         decode / batch,
@@ -220,8 +230,180 @@ def calibrate(
         tokens,
         batch,
         used_k(k, shape.d_model),
-        built,
+        f"all {layers} blocks built, random weights",
     )
+
+
+def _calibrate_proxy(shape, device, tokens, batch, k, dtype) -> Calibration:
+    """Seconds of a larger shape from its floating-point work and the device's measured rates.
+
+    Forward, per token of a request: ``F = L (2 P_b + 2 T d) + 2 V d`` flops
+    (``P_b = 4 d^2 + 3 d d_ff`` a block's matrix entries, attention over T/2
+    keys on average, the head) at the device's measured GEMM rate. Per
+    generated token (batch b): ``max(F_1 / rate, bytes of the weights / b /
+    bandwidth)``, the weights read once per step. One layer's Jacobian: the
+    time of a proxy block (width ``PROXY_D``) scaled by the ratio of
+    ``d (2 P_b + 4 T d) + 4 d^3`` (d products of the block on one token
+    against T keys, then the Gram matrix and its eigensolver) at the two
+    shapes; ``auto`` takes a cheaper Krylov route above d = 1024, so this
+    is an upper bound there.
+    """
+    import torch
+
+    from lm_coupling.plugins.specs import used_k
+
+    flops_per_s, bytes_per_s = device_rates(device, dtype)
+    proxy_seconds, proxy_tokens = proxy_jacobian(device, dtype, tokens, k)
+    d, V, L = shape.d_model, shape.vocab, shape.n_layers
+    d_ff = shape.d_ff or 4 * d
+
+    def block(width: int, ff: int) -> float:
+        return 4 * width**2 + 3 * width * ff
+
+    forward = (L * (2 * block(d, d_ff) + 2 * tokens * d) + 2 * V * d) / flops_per_s
+    element = torch.finfo(getattr(torch, dtype)).bits // 8
+    weights = (L * block(d, d_ff) + V * d) * element
+    decode = max(forward, weights / max(1, batch) / bytes_per_s)
+
+    def jacobian_flops(width: int, ff: int, T: int) -> float:
+        return width * (2 * block(width, ff) + 4 * T * width) + 4 * width**3
+
+    ratio = jacobian_flops(d, d_ff, tokens) / jacobian_flops(PROXY_D, 4 * PROXY_D, proxy_tokens)
+    return Calibration(
+        forward,
+        decode,
+        proxy_seconds * ratio,
+        tokens,
+        batch,
+        used_k(k, d),
+        f"not built: {flops_per_s / 1e9:.3g} GFLOP/s and {bytes_per_s / 1e9:.3g} GB/s measured, "
+        f"a d={PROXY_D} block's Jacobian at {proxy_tokens} tokens timed and scaled",
+    )
+
+
+_RATES: dict[tuple, tuple[float, float]] = {}
+_PROXY: dict[tuple, tuple[float, int]] = {}
+
+
+def device_rates(device: str, dtype: str) -> tuple[float, float]:
+    """``(flops/s, bytes/s)`` of ``device``: a [512, 1024] x [1024, 4096] product, a 64 MB copy."""
+    import torch
+
+    key = (device, dtype)
+    if key not in _RATES:
+        torch_dtype = getattr(torch, dtype)
+        a = torch.randn(512, 1024, device=device).to(torch_dtype)
+        b = torch.randn(1024, 4096, device=device).to(torch_dtype)
+        x = torch.empty(16 * 2**20, dtype=torch.float32, device=device)
+        gemm = _median_seconds(lambda: a @ b, device)
+        copy = _median_seconds(lambda: x.clone(), device)
+        _RATES[key] = (2 * 512 * 1024 * 4096 / gemm, 2 * x.numel() * 4 / copy)
+    return _RATES[key]
+
+
+def proxy_jacobian(device: str, dtype: str, tokens: int, k: int) -> tuple[float, int]:
+    """``(seconds, tokens)`` of one block's Jacobian of a d=``PROXY_D`` Llama-like proxy."""
+    import torch
+
+    n = min(tokens, PROXY_TOKENS)
+    key = (device, dtype, n, k)
+    if key not in _PROXY:
+        proxy = Shape("llama", 1, PROXY_D, 4, 512, 4 * PROXY_D, None, "proxy")
+        model, parts = _build(proxy, 1, n, device, getattr(torch, dtype))
+        ids = _ids(proxy.vocab, 1, n, device)
+        _PROXY[key] = (_timed_jacobian(model, parts, ids, k, PROXY_D, device), n)
+        del model
+    return _PROXY[key]
+
+
+def _median_seconds(fn, device: str, repeats: int = 5) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def _ids(vocab: int, batch: int, tokens: int, device: str):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, vocab, (batch, tokens), generator=generator).to(device)
+
+
+def _timed_jacobian(model, parts, ids, k: int, d_model: int, device: str) -> float:
+    """Seconds of one block's top-K factors at the last of ``ids[0]``'s tokens."""
+    from lm_coupling.capture.jacobian import JacobianEngine
+    from lm_coupling.plugins.specs import used_k
+
+    one_block = dataclasses.replace(parts, blocks=parts.blocks[:1])
+    engine = JacobianEngine(model, one_block, k_max=used_k(k, d_model))
+    engine.factors(ids[0, : min(ids.shape[1], 4)])  # warm-up: route and replay probes
+    _sync(device)
+    start = time.perf_counter()
+    engine.factors(ids[0])
+    _sync(device)
+    return time.perf_counter() - start
+
+
+STARTUP_CACHE_ENV = "LM_COUPLING_CACHE_DIR"
+"""Folder of the measured startup seconds (default ``$XDG_CACHE_HOME/lm_coupling``)."""
+
+
+def startup_cache_path() -> Path:
+    """Where the startup seconds are kept: ``$LM_COUPLING_CACHE_DIR`` or the user's cache."""
+    import os
+
+    folder = os.environ.get(STARTUP_CACHE_ENV)
+    if not folder:
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        folder = str(Path(base) / "lm_coupling")
+    return Path(folder) / "sweep_startup.json"
+
+
+def _environment_key(metrics: str | None) -> str:
+    """What the startup depends on: the interpreter, the packages' versions, the metrics."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
+    packages = ("lm-coupling", "lm_eval", "transformers", "torch", "datasets")
+    return "|".join([sys.executable, *map(installed, packages), metrics or ""])
+
+
+def cached_startup_seconds(metrics: str | None, refresh: bool = False) -> tuple[float, bool]:
+    """``(seconds, measured_now)``: `startup_seconds`, measured once per environment.
+
+    The figure is kept in `startup_cache_path` under the environment's key
+    (`_environment_key`); ``refresh`` measures it again. A cache that cannot
+    be read or written is left alone (the figure is measured each time).
+    """
+    import json
+
+    path, key = startup_cache_path(), _environment_key(metrics)
+    try:
+        known = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if not refresh and isinstance(known.get(key), (int, float)):
+        return float(known[key]), False
+    seconds = startup_seconds(metrics)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**known, key: seconds}, indent=1) + "\n")
+    except OSError:
+        pass
+    return seconds, True
 
 
 def startup_seconds(metrics: str | None) -> float:
@@ -238,7 +420,6 @@ def startup_seconds(metrics: str | None) -> float:
     import json
     import os
     import tempfile
-    from pathlib import Path
 
     from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
 

@@ -71,12 +71,14 @@ def read_settings(lm_eval_args: Sequence[str], metrics: str | None, model_args: 
     finds a larger batch); a CPU run is calibrated in float32 whatever ``dtype=``.
 
     Raises:
-        ConfigurationError: ``coupling_docs`` or ``k`` that is not a number.
+        ConfigurationError: ``coupling_docs`` or ``k`` that is not a number, or a
+            device this machine does not have (`check_device`).
     """
     import torch
 
     default_device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's hf default
     device = _last_value(lm_eval_args, "--device") or default_device
+    check_device(device)
     batch_text = _last_value(lm_eval_args, "--batch_size", "-b") or "1"
     batch = int(batch_text) if batch_text.isdigit() else 1
     limit_text = _last_value(lm_eval_args, "--limit", "-L")
@@ -104,6 +106,37 @@ def read_settings(lm_eval_args: Sequence[str], metrics: str | None, model_args: 
     return RunSettings(
         device, batch, limit, coupling_docs, bool(names & {"coupling", "all"}), k, dtype
     )
+
+
+def check_device(device: str) -> None:
+    """Refuse a device the plan cannot time on here (before anything is built).
+
+    Raises:
+        ConfigurationError: a CUDA or MPS device on a machine without one, or a
+            CUDA index beyond the devices present.
+    """
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigurationError(
+                f"--device {device}: this machine has no CUDA GPU (torch {torch.__version__} "
+                "sees none), and --plan times the models' shapes on the device it plans for. "
+                "Plan on the GPU machine that will run the sweep, or plan for this one with "
+                "--device cpu"
+            )
+        if index.isdigit() and int(index) >= count:
+            raise ConfigurationError(
+                f"--device {device}: this machine has {count} CUDA device(s) (cuda:0 to "
+                f"cuda:{count - 1}); choose one of them"
+            )
+    elif kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigurationError(
+            f"--device {device}: MPS is not available here; plan with --device cpu, or on the "
+            "machine that will run the sweep"
+        )
 
 
 def documents(cost: TaskCost, limit: float | None) -> int:
@@ -203,7 +236,7 @@ def format_plan(
             f"d_ff={key[5]}: forward {cal.forward_per_token * 1e3:.4g} ms/token, decode "
             f"{cal.decode_per_token * 1e3:.4g} ms/token, one layer's Jacobian "
             f"{cal.jacobian_per_layer:.4g} s (K={cal.k}, {cal.tokens} tokens, batch "
-            f"{cal.batch}; {cal.layers_built}, random weights)"
+            f"{cal.batch}; {cal.layers_built})"
         )
     header = f"  {'model':<48} {'shape from':<11} {'L':>3} {'d':>5} {'documents':>9} "
     header += f"{'coupled':>7} {'forward':>9} {'Jacobians':>9} {'total':>9}"
@@ -245,7 +278,12 @@ def build_plan(
         ConfigurationError: a task the study has no ``task_costs`` for, or a model
             with neither a readable config nor a recorded shape.
     """
-    from lm_coupling.sweep.calibrate import calibrate, shape_of, startup_seconds
+    from lm_coupling.sweep.calibrate import (
+        cached_startup_seconds,
+        calibrate,
+        shape_of,
+        startup_cache_path,
+    )
 
     unknown = [task for task in tasks if task not in study.task_costs]
     if unknown:
@@ -255,7 +293,13 @@ def build_plan(
         )
 
     tokens = max(1, round(max(study.task_costs[t].tokens for t in tasks)))
-    startup = startup_seconds(metrics)
+    startup, measured = cached_startup_seconds(metrics)
+    print(
+        f"lm-coupling sweep --plan: startup of a model's process {startup:.1f} s "
+        + ("measured now" if measured else "as measured before")
+        + f" (kept in {startup_cache_path()}; delete it to measure again)",
+        file=sys.stderr,
+    )
     calibrations: dict[tuple, Calibration] = {}
     plans = []
     for entry in entries:

@@ -25,6 +25,12 @@ FACTOR = 3.0  # docs/sweep.md, "Named studies"
 
 
 @pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """The plans' cache of the startup seconds: measured by the first plan, read by the rest."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
 def models(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("study")
     save_tiny_model(root / "gpt2", "gpt2", tokenizer, d_model=32, n_layers=3, n_heads=4)
@@ -48,11 +54,32 @@ def study_file(root, names, path):
     return path
 
 
-def sweep(root, *args):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+CACHE: dict[str, str] = {}
+"""``LM_COUPLING_CACHE_DIR`` of this module's plans (set by the `cache_dir` fixture)."""
+
+PEAK = (
+    "import atexit, re, sys\n"
+    "def peak():\n"
+    "    status = open('/proc/self/status').read()\n"
+    "    print('VmHWM', re.search(r'VmHWM:\\s+(\\d+)', status).group(1), file=sys.stderr)\n"
+    "atexit.register(peak)\n"
+    "from lm_coupling.cli import main\n"
+    "main(sys.argv[1:])\n"
+)
+"""``lm-coupling ARGS`` that prints its process's peak resident memory (kB) at exit."""
+
+
+def sweep(root, *args, peak: bool = False):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **CACHE)
     env.pop("LM_COUPLING_DATA_DIR", None)  # the bundled sample documents
-    command = [sys.executable, "-m", "lm_coupling", "sweep", *args]
+    program = ["-c", PEAK] if peak else ["-m", "lm_coupling"]
+    command = [sys.executable, *program, "sweep", *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=root)
+
+
+@pytest.fixture(autouse=True)
+def _plan_cache(cache_dir, monkeypatch):
+    monkeypatch.setitem(CACHE, "LM_COUPLING_CACHE_DIR", str(cache_dir))
 
 
 def planned_hours(stdout: str) -> float:
@@ -102,3 +129,42 @@ def test_the_estimate_is_within_the_stated_factor_of_the_measured_run(models):
     total, ran = plan["total_s"], sum(measured.values())
     print(f"total: estimated {total:.1f} s, measured {ran:.1f} s, ratio {total / ran:.2f}")
     assert ran / FACTOR <= total <= ran * FACTOR
+
+
+def test_a_study_of_large_models_is_planned_in_little_memory_without_building_them(
+    models, cache_dir
+):
+    """aubry2025 (28 hub models up to 70B; offline: the study's shapes): no model is built.
+
+    Building them (the earlier calibration) passed 16 GB; the imports alone take about
+    0.5 GB. The startup seconds are those the first test of this module measured.
+    """
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("reads the peak memory from /proc/self/status (Linux)")
+    measured = (cache_dir / "sweep_startup.json").is_file()  # by the first test of the module
+    elsewhere = models / "elsewhere"  # not beside the folder `gpt2`, which would name it
+    elsewhere.mkdir(exist_ok=True)
+    done = sweep(elsewhere, "--study", "aubry2025", "--plan", "--device", "cpu", peak=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    peak_kb = int(re.search(r"VmHWM (\d+)", done.stderr).group(1))
+    print(f"aubry2025 --plan: peak {peak_kb / 1024:.0f} MiB")
+    assert peak_kb < 1.5 * 2**20, done.stderr[-2000:]
+    assert ("as measured before" in done.stderr) == measured  # not run again once measured
+    assert "calibrating meta-llama/Llama-2-70b-hf" in done.stderr
+    rows = re.findall(r"^\s+shape llama L=80 d=8192 .*not built: .* GFLOP/s", done.stdout, re.M)
+    assert len(rows) == 1, done.stdout
+    assert re.search(
+        r"meta-llama/Llama-2-70b-hf\s+study file\s+80\s+8192\s+28659\s+1550\s", done.stdout
+    )
+
+
+def test_a_device_the_machine_lacks_is_refused_before_any_calibration(models):
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = f"cuda:{count}"  # cuda:0 without a GPU; one past the last device with GPUs
+    done = sweep(models, "--study", "aubry2025", "--plan", "--device", device)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"lm-coupling sweep: error: --device {device}: this machine has" in done.stderr
+    assert "Traceback" not in done.stderr and "calibrating" not in done.stderr
+    assert "--device cpu" in done.stderr or "choose one of them" in done.stderr
