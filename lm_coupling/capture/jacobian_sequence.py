@@ -159,7 +159,26 @@ def cache_replay_problem(model: nn.Module) -> str:
         # e.g. a cache whose rows are not one per position, or cache layers of the
         # model's own kind that the engine's plain key/value cache lacks (DeepSeek-V4's
         # compressor layers: AttributeError)
+        if _is_resource_failure(error):  # the machine, not the model: no route from it
+            raise
         return f"the cache replay fails on a probe prompt ({type(error).__name__}: {error})"
+
+
+RESOURCE_FAILURES = ("out of memory", "can't allocate memory", "resource temporarily unavailable")
+"""Phrases of a ``RuntimeError`` that a busy machine raises (memory, threads), not a model."""
+
+
+def _is_resource_failure(error: BaseException) -> bool:
+    """Whether ``error`` says the machine ran out of something (its route would depend on load).
+
+    The route is a property of the model: a probe that fails for want of memory
+    or threads must not pick the sequence replay on a loaded machine and the
+    cache replay on an idle one, so such a failure is raised, not read as a route.
+    """
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(p in text for p in RESOURCE_FAILURES)
 
 
 def _cache_replay_mismatch(model: nn.Module) -> str:

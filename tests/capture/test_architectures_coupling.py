@@ -46,6 +46,7 @@ from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.engine_mode import engine_mode
 from lm_coupling.capture.jacobian import JacobianEngine
 from lm_coupling.capture.jacobian_calls import _truncated_prefix
+from lm_coupling.capture.jacobian_sequence import _is_resource_failure, choose_replay
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
 from lm_coupling.harness.preflight import readout_problems
@@ -297,6 +298,10 @@ def test_coupling_equals_the_whole_sequence_jacobian(name, attn, models, one_thr
     streams = getattr(model.config, "altup_num_inputs", 1)  # the state: k streams flattened
     assert (parts.n_layers, parts.d_model) == (4, 64 * streams)
     assert readout_problems(model, parts, PROMPTS[-1]) == []
+    # The route is the probe's (`choose_replay`: the model's cache and a cache replay of a
+    # probe prompt against its own forward pass), never timing or load: say why on failure.
+    route, why = choose_replay(model)
+    assert route == replay_of(name), f"{name}-{attn}: {route} replay because {why}"
     engine = JacobianEngine(model, parts, pair_reduction=pair_reduction, k_max=K, method="dense")
     batched = engine.factors_batch(PROMPTS)
     assert [f.replay for f in batched] == [replay_of(name)] * len(PROMPTS)
@@ -308,6 +313,17 @@ def test_coupling_equals_the_whole_sequence_jacobian(name, attn, models, one_thr
         torch.testing.assert_close(factors.S, S, rtol=tol, atol=tol * float(S.max()))
         torch.testing.assert_close(coupling_of(factors.A, factors.S), c, rtol=0, atol=tol * 10)
     torch.testing.assert_close(alone.A, batched[0].A, rtol=0, atol=tol * 10)
+
+
+def test_a_probe_that_runs_out_of_memory_picks_no_route():
+    """The route must not follow the machine's load: such a failure is raised, not a route."""
+    assert _is_resource_failure(
+        RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory")
+    )
+    assert _is_resource_failure(MemoryError())
+    assert _is_resource_failure(RuntimeError("Resource temporarily unavailable"))
+    assert not _is_resource_failure(RuntimeError("The size of tensor a (7) must match (8)"))
+    assert not _is_resource_failure(AttributeError("'DynamicCache' has no attribute 'compressor'"))
 
 
 @pytest.mark.parametrize("window", [2, 6, 64])
