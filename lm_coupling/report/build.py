@@ -241,6 +241,26 @@ def emergence_columns(board: pd.DataFrame, primary: str | None, catalogue: Catal
     return first + rest[:EMERGENCE_METRICS]
 
 
+MIN_SCATTER_MODELS = 3
+"""Fewest independent models with a fig1a scatter (docs/report.md, "The figures").
+
+One point shows no relation and any line passes through two exactly: with
+fewer models the values are read in ``leaderboard.csv`` and no panel is drawn
+(`scatter_note` says so in the summary).
+"""
+
+
+def scatter_note(n_models: int) -> str:
+    """The summary's note when `MIN_SCATTER_MODELS` is not reached ("" otherwise)."""
+    if n_models >= MIN_SCATTER_MODELS:
+        return ""
+    return (
+        f"No fig1a scatter panels: {n_models} independent model(s), and a metric against a "
+        f"score is drawn from {MIN_SCATTER_MODELS} models on (one point shows no relation, "
+        "any line passes through two); the values are in leaderboard.csv."
+    )
+
+
 def _figures(
     board,
     models,
@@ -259,8 +279,8 @@ def _figures(
     paths = []
     if corr is not None and target is not None:
         for row in corr[corr["target"] == target].to_dict("records"):
-            if not row["n"]:
-                continue  # no model has both values: no empty panel (the CSV row says so)
+            if row["n"] < MIN_SCATTER_MODELS:
+                continue  # too few points for a scatter (scatter_note; the CSV row has them)
             used = sets.used.get(row["metric"], "")
             tasks = f"{len(used.split(';'))} task(s)" if used else "each model's own tasks (mixed)"
             ax = fig.metric_vs_score(
@@ -410,6 +430,8 @@ def build_report(
     note = per_model_note(per_model_figures, len(board))
     if note:
         result.notes.append(note)
+    if result.primary_target is not None and scatter_note(independence.n_models):
+        result.notes.append(scatter_note(independence.n_models))
     if independence.series:
         result.checkpoints = series_table(board, independence, [*targets, *metrics])
     used = provenance[provenance["status"] != OTHER_SETTING]

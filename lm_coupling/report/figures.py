@@ -28,6 +28,7 @@ heatmap's colours), its axis label says so and by how much
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from collections.abc import Mapping, Sequence
 
@@ -73,6 +74,52 @@ def new_panels(n: int, cell: tuple[float, float]) -> list[Axes]:
 def panel_title(label: str, width: int = 40) -> str:
     """A panel's title: its label wrapped at ``width`` characters (a plugin's label can be long)."""
     return textwrap.fill(label, width, break_long_words=False)
+
+
+def wrap_label(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width`` characters, broken after a space, ``:_,``.
+
+    An axis label such as ``score:lmc_arc_easy_offline:acc_norm (zoomed: 0.41-0.46, 5% of
+    [0, 1])`` has no space to break at for most of its length; a piece longer than
+    ``width`` stays whole on its own line.
+    """
+    pieces = re.split(r"(?<=[ :_,])", text)
+    lines, line = [], ""
+    for piece in pieces:
+        if line and len(line) + len(piece.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = piece.lstrip()
+        else:
+            line += piece
+    lines.append(line.rstrip())
+    return "\n".join(lines)
+
+
+def fitted_label(ax: Axes, text: str, axis: str = "y", fontsize: float | None = None) -> str:
+    """``text`` wrapped to the length of ``ax``'s ``axis``, so that neither end is cut off.
+
+    The length is the axes' own (before constrained layout, which only shrinks
+    them a little), at 0.6 em per character of the label's font size.
+    """
+    size = fontsize or float(plt_rc("axes.labelsize"))
+    box = ax.get_position()
+    figure = ax.figure
+    if axis == "y":
+        inches = box.height * figure.get_figheight()
+    else:
+        inches = box.width * figure.get_figwidth()
+    return wrap_label(text, max(12, int(0.9 * inches * 72 / (0.6 * size))))
+
+
+def plt_rc(key: str) -> float:
+    """A font size from matplotlib's settings, in points (``"medium"`` and the like resolved)."""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+
+    value = rcParams[key]
+    if isinstance(value, (int, float)):
+        return float(value)
+    return float(FontProperties(size=value).get_size_in_points())
 
 
 def catalogue_or_installed(catalogue: Catalogue | None) -> Catalogue:
@@ -263,8 +310,8 @@ def metric_vs_score(
         ax.ticklabel_format(axis="x", useOffset=False)
     ax.ticklabel_format(axis="y", useOffset=False)
     zoom_x = _label_zoom(ax, metric, "x", catalogue)
-    ax.set_xlabel(metric + (" (log scale)" if log_x else zoom_x))
-    ax.set_ylabel(target + _label_zoom(ax, target, "y", catalogue))
+    ax.set_xlabel(fitted_label(ax, metric + (" (log scale)" if log_x else zoom_x), "x"))
+    ax.set_ylabel(fitted_label(ax, target + _label_zoom(ax, target, "y", catalogue), "y"))
     zoomed = zoom_span_text(ax, {"y": target} if log_x else {"x": metric, "y": target}, catalogue)
     ax.set_title(title + (f"\n{zoomed}" if zoomed else ""), fontsize=8, wrap=True)
     place_labels(ax, data[metric].to_numpy(float), data[target].to_numpy(float), labels)
@@ -524,9 +571,11 @@ def training_dynamics(
         if spans_decades(data[column].to_numpy(float)):
             ax.set_yscale("log")
         ax.set_xlabel("training step")
-        ax.set_ylabel(_label_zoom(ax, column, "y", catalogue).strip(" ()"), fontsize=7)
+        zoom_y = _label_zoom(ax, column, "y", catalogue).strip(" ()")
+        ax.set_ylabel(fitted_label(ax, zoom_y, "y", 7), fontsize=7)
         zoomed = zoom_span_text(ax, {"y": column}, catalogue)
-        ax.set_title(f"{column} over training" + (f"\n{zoomed}" if zoomed else ""), fontsize=9)
+        heading = fitted_label(ax, f"{column} over training", "x", 9)
+        ax.set_title(heading + (f"\n{zoomed}" if zoomed else ""), fontsize=9)
     handles, names = axes[0][0].get_legend_handles_labels()
     legend_ax = axes[1][0]
     legend_ax.set_axis_off()
@@ -542,13 +591,15 @@ def training_dynamics(
             )  # fmt: skip
         if spans_decades(data[column].to_numpy(float)):
             ax.set_xscale("log")
-        ax.set_xlabel(column + _label_zoom(ax, column, "x", catalogue), fontsize=8)
-        ax.set_ylabel(target + _label_zoom(ax, target, "y", catalogue), fontsize=8)
+        x_text = column + _label_zoom(ax, column, "x", catalogue)
+        ax.set_xlabel(fitted_label(ax, x_text, "x", 8), fontsize=8)
+        y_text = target + _label_zoom(ax, target, "y", catalogue)
+        ax.set_ylabel(fitted_label(ax, y_text, "y", 8), fontsize=8)
         log = ax.get_xscale() == "log"
         zoomed = zoom_span_text(ax, {"y": target} if log else {"x": column, "y": target}, catalogue)
+        heading = fitted_label(ax, f"{target} vs {column}", "x", 9)
         ax.set_title(
-            f"{target} vs {column}\n(ring: last step)" + (f"\n{zoomed}" if zoomed else ""),
-            fontsize=9,
+            f"{heading}\n(ring: last step)" + (f"\n{zoomed}" if zoomed else ""), fontsize=9
         )
     figure = axes[0][0].figure
     note = (

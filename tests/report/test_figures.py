@@ -55,3 +55,40 @@ def test_training_dynamics_draws_each_model_in_step_order():
         np.testing.assert_allclose(tiny.get_xdata(), rows.loc[order, column])
         np.testing.assert_allclose(tiny.get_ydata(), rows.loc[order, AVERAGE])
     assert axes[1][3].get_xscale() == "log"
+
+
+def test_a_long_score_column_label_is_wrapped_inside_the_figure():
+    """``score:<task>:<metric>`` (a single-task run's score) plus its zoom note: both ends shown."""
+    from lm_coupling.report.figures import metric_vs_score
+
+    target = "score:lmc_arc_easy_offline:acc_norm"
+    board = pd.DataFrame(
+        {
+            "model": [f"org/model-{i}" for i in range(6)],
+            "revision": ["main"] * 6,
+            "coupling_k4": [0.21, 0.28, 0.39, 0.44, 0.47, 0.25],
+            target: [0.437, 0.446, 0.440, 0.451, 0.410, 0.457],
+        }
+    )
+    ax = metric_vs_score(board, "coupling_k4", target, tasks="1 task(s)")
+    figure = ax.figure
+    figure.canvas.draw()
+    label = ax.yaxis.label
+    assert label.get_text().replace("\n", "").startswith(target)  # all of it, wrapped
+    assert "zoomed: " in label.get_text() and "of [0, 1])" in label.get_text()
+    box = label.get_window_extent()
+    whole = figure.bbox
+    assert whole.y0 <= box.y0 and box.y1 <= whole.y1, (box, whole)  # neither end cut off
+    assert whole.x0 <= box.x0 and box.x1 <= whole.x1
+    xbox = ax.xaxis.label.get_window_extent()
+    assert whole.x0 <= xbox.x0 and xbox.x1 <= whole.x1
+
+
+def test_wrap_label_breaks_after_separators_only():
+    from lm_coupling.report.figures import wrap_label
+
+    text = "score:lmc_arc_easy_offline:acc_norm (zoomed: 0.408-0.459, 5.1% of [0, 1])"
+    lines = wrap_label(text, 40).split("\n")
+    assert "".join(lines).replace(" ", "") == text.replace(" ", "")  # nothing lost
+    assert all(len(line) <= 40 for line in lines)
+    assert wrap_label("short", 40) == "short"

@@ -399,3 +399,19 @@ def test_per_model_figures_on_request_and_the_grid_instead(real_runs, tmp_path):
     assert "coupling_matrices.png" not in {p.name for p in default.figures}
     with pytest.raises(ReportInputError, match="per-model figures 'some'"):
         build_report(tmp_path / "runs", per_model_figures="some")
+
+
+@pytest.mark.parametrize("n_models", [1, 2])
+def test_one_or_two_models_draw_no_scatter_panels(real_runs, tmp_path, capsys, n_models):
+    """``lm-coupling report`` on one or two models: no one- or two-point fig1a panels, said so."""
+    from lm_coupling.cli import main
+    from lm_coupling.report.build import MIN_SCATTER_MODELS
+
+    make_results_dir(tmp_path / "runs", real_runs, n_models=n_models)
+    main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    figures = {p.name for p in (tmp_path / "out" / "figures").iterdir()}
+    assert not [name for name in figures if name.startswith("fig1a_")], figures
+    assert any(name.startswith("profiles_") for name in figures)  # the other figures are drawn
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert f"No fig1a scatter panels: {n_models} independent model(s)" in summary
+    assert f"from {MIN_SCATTER_MODELS} models on" in summary
