@@ -129,6 +129,27 @@ def run_cli(program: str, args: list[str], cwd: Path, timeout: int = RUN_TIMEOUT
     return read_outputs(out)
 
 
+def run_in_process(args: list[str], cwd: Path, capsys, monkeypatch) -> RunOutput:
+    """``lm-coupling run ARGS`` through the real command line (`lm_coupling.cli.main`) in-process.
+
+    For a test that checks a refusal's message: no interpreter start-up and imports
+    per test (about 5 s each on CI). One end-to-end process test per exit path stays
+    (`run_cli`).
+    """
+    from lm_coupling.cli import main
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()  # what earlier steps printed is not this run's
+    try:
+        main(["run", *args])
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return read_outputs(RunOutput(code, captured.out, captured.err, cwd / "results"))
+
+
 def check_ok(run: RunOutput) -> RunOutput:
     """Fail with the run's stderr tail when it did not succeed."""
     if run.returncode != 0 or not run.results:

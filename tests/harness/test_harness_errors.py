@@ -1,4 +1,12 @@
-"""Bad input to ``lm_eval ... --metrics``: fail fast, name the problem and the choices."""
+"""Bad input to ``lm_eval ... --metrics``: fail fast, name the problem and the choices.
+
+One end-to-end process test per exit path: the literal ``lm_eval`` refusing a flag
+(unknown metric), ``lm_eval`` with ``--metric_args`` alone (the start-up hook), a
+refusal at model load (bidirectional model) and at data load (hub task offline);
+``lm-coupling run``'s refusal before the task index is end to end in
+``test_run_inputs.py``. The other messages are checked in-process through the same
+command line (`run_in_process`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,14 @@ import math
 import re
 
 import pytest
-from harness_cli import RunOutput, check_ok, require_startup_hook, result_key, run_cli
+from harness_cli import (
+    RunOutput,
+    check_ok,
+    require_startup_hook,
+    result_key,
+    run_cli,
+    run_in_process,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -30,24 +45,23 @@ def test_unknown_metric_suggests_the_right_one(harness_setup, tmp_path):
     assert re.search(r"Available metrics: lss, .*alignment_ratio", stderr)
 
 
-def test_unknown_metric_option_lists_valid_ones(harness_setup, tmp_path):
+def test_unknown_metric_option_lists_valid_ones(harness_setup, tmp_path, capsys, monkeypatch):
     args = [*harness_setup.args(), "--metrics", "lss", "--metric_args", "windowd=false"]
-    stderr = _failed(run_cli("lm-coupling", args, tmp_path))
+    stderr = _failed(run_in_process(args, tmp_path, capsys, monkeypatch))
     assert "unknown --metric_args option 'windowd'" in stderr
     assert "Did you mean 'windowed'?" in stderr
     assert "Options of the selected metrics: tokens, windowed" in stderr
 
 
-def test_non_hf_model_names_supported_ones(harness_setup, tmp_path):
-    require_startup_hook()
+def test_non_hf_model_names_supported_ones(harness_setup, tmp_path, capsys, monkeypatch):
     args = [*harness_setup.args(), "--metrics", "lss"]
     args[args.index("hf")] = "dummy"
-    stderr = _failed(run_cli("lm_eval", args, tmp_path))
+    stderr = _failed(run_in_process(args, tmp_path, capsys, monkeypatch))
     assert "--model 'dummy' is not supported" in stderr
     assert "Use one of: hf, hf-auto, huggingface" in stderr
 
 
-def test_unsupported_architecture_fails_before_data(harness_setup, tmp_path):
+def test_unsupported_architecture_fails_before_data(harness_setup, tmp_path, capsys, monkeypatch):
     import transformers
 
     from lm_coupling.demo.tiny import train_tokenizer
@@ -62,7 +76,7 @@ def test_unsupported_architecture_fails_before_data(harness_setup, tmp_path):
     tokenizer.save_pretrained(path)
     args = [*harness_setup.args(), "--metrics", "lss"]
     args[args.index("--model_args") + 1] = f"pretrained={path}"
-    stderr = _failed(run_cli("lm-coupling", args, tmp_path))
+    stderr = _failed(run_in_process(args, tmp_path, capsys, monkeypatch))
     assert "model_type='t5'" in stderr
     assert "Looked for a decoder-only model" in stderr
     assert "register_override" in stderr
@@ -133,18 +147,23 @@ def test_task_without_documents_behaves_like_stock(harness_setup, tmp_path):
 
 
 @pytest.mark.parametrize("program", ["lm_eval", "lm-coupling"])
-def test_metric_args_without_metrics(program, harness_setup, tmp_path):
-    if program == "lm_eval":
-        require_startup_hook()  # the hook also answers --metric_args alone
+def test_metric_args_without_metrics(program, harness_setup, tmp_path, capsys, monkeypatch):
     args = [*harness_setup.args(), "--metric_args", "k=3"]
-    stderr = _failed(run_cli(program, args, tmp_path))
+    if program == "lm_eval":
+        require_startup_hook()  # the hook also answers --metric_args alone: end to end
+        run = run_cli(program, args, tmp_path)
+    else:
+        run = run_in_process(args, tmp_path, capsys, monkeypatch)
+    stderr = _failed(run)
     assert "--metric_args was given but --metrics is missing" in stderr
 
 
-def test_bad_options_all_listed_before_the_model_loads(harness_setup, tmp_path):
+def test_bad_options_all_listed_before_the_model_loads(
+    harness_setup, tmp_path, capsys, monkeypatch
+):
     args = [*harness_setup.args(), "--metrics", "lss,coupling"]
     args += ["--metric_args", "coupling_docs=0,nrom=l1,alignment_k=5"]
-    stderr = _failed(run_cli("lm-coupling", args, tmp_path))
+    stderr = _failed(run_in_process(args, tmp_path, capsys, monkeypatch))
     assert "3 problems with --metric_args" in stderr
     assert "coupling_docs=0 leaves coupling with no documents" in stderr
     assert "unknown --metric_args option 'nrom'. Did you mean 'norm'?" in stderr
