@@ -123,3 +123,27 @@ def test_study_may_stand_anywhere_and_tasks_without_costs_are_not_planned():
     assert args.study.name == "pythia_emergence" and args.tasks == "arc_easy"  # typed wins
     with pytest.raises(ConfigurationError, match="no task_costs for arc_easy"):
         build_plan(args.study, ["arc_easy"], args.study.entries, settings(), args.metrics)
+
+
+def test_a_large_shape_is_planned_from_its_work_without_being_built():
+    """Llama-2-70B's shape: the forward from its flops at the measured rate, no model built."""
+    from lm_coupling.sweep import calibrate as cal
+
+    big = Shape("llama", 80, 8192, 64, 32000, 28672, 69e9, "study file")
+    assert not cal.is_whole(big) and cal.is_whole(shape())
+    flops, bandwidth = cal.device_rates("cpu", "float32")  # measured once, then reused
+    proxy_seconds, proxy_tokens = cal.proxy_jacobian("cpu", "float32", 654, 10)
+    result = cal.calibrate(big, "cpu", tokens=654, batch=1, k=10)
+    block = 4 * 8192**2 + 3 * 8192 * 28672
+    forward = (80 * (2 * block + 2 * 654 * 8192) + 2 * 32000 * 8192) / flops
+    assert result.forward_per_token == pytest.approx(forward, rel=1e-12)
+    weights = (80 * block + 32000 * 8192) * 4  # float32 bytes, read once per generated token
+    assert result.decode_per_token == pytest.approx(max(forward, weights / bandwidth), rel=1e-12)
+
+    def work(d, d_ff, t):
+        return d * (2 * (4 * d**2 + 3 * d * d_ff) + 4 * t * d) + 4 * d**3
+
+    ratio = work(8192, 28672, 654) / work(256, 1024, proxy_tokens)
+    assert result.jacobian_per_layer == pytest.approx(proxy_seconds * ratio, rel=1e-12)
+    assert result.layers_built.startswith("not built: ")
+    assert proxy_tokens == cal.PROXY_TOKENS  # the proxy block's prompt is capped
