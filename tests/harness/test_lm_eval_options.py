@@ -29,6 +29,7 @@ from harness_cli import (
     prompt_of,
     require_startup_hook,
     run_cli,
+    run_in_process,
 )
 
 from lm_coupling.errors import ConfigurationError
@@ -525,12 +526,16 @@ def test_group_of_groups_one_file_per_subtask(group_run):
 
 
 @pytest.mark.slow
-def test_refused_option_stops_lm_eval_before_the_model_loads(options_setup, tmp_path):
+def test_refused_option_stops_the_run_before_the_model_loads(
+    options_setup, tmp_path, capsys, monkeypatch
+):
+    """The message, in-process through the command line (the literal lm_eval's refusal is
+    end to end in test_harness_errors.py)."""
     s = options_setup
     args = ["--model", "hf", "--model_args", f"pretrained={s['gpt2']}", "--tasks", ARC,
             *_common(s), "--output_path", "results", "--predict_only",
             "--metrics", "lss"]  # fmt: skip
-    run = _launch(tmp_path, args)
+    run = run_in_process(args, tmp_path, capsys, monkeypatch)
     assert run.returncode == 2
     assert "lm-coupling: error: --predict_only cannot be combined with --metrics" in run.stderr
     assert "Instead: drop --predict_only" in run.stderr

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from harness_cli import BIN, offline_env, require_startup_hook, run_cli, sigint_as_at_a_terminal
+from harness_cli import (
+    BIN,
+    offline_env,
+    require_startup_hook,
+    run_in_process,
+    sigint_as_at_a_terminal,
+)
 
 import lm_coupling
 from lm_coupling.harness.run import TASKS_DIR
@@ -221,9 +227,11 @@ def test_unknown_task_is_reported_before_the_index(harness_setup, index_and_seco
     assert seconds < index_seconds / 3, (seconds, index_seconds)
 
 
-def test_no_model_args_is_a_clear_early_error(tmp_path):
-    require_startup_hook()
-    run = run_cli("lm_eval", ["--model", "hf", "--tasks", "arc", "--metrics", "coupling"], tmp_path)
+def test_no_model_args_is_a_clear_early_error(tmp_path, capsys, monkeypatch):
+    """In-process through the command line: the same exit path as the literal lm_eval's
+    refusals (end to end in test_harness_errors.py)."""
+    run = run_in_process(["--model", "hf", "--tasks", "arc", "--metrics", "coupling"], tmp_path,
+                         capsys, monkeypatch)  # fmt: skip
     assert run.returncode == 2, run.stderr[-2000:]
     assert "Traceback" not in run.stderr and "TypeError" not in run.stderr
     assert "lm-coupling: error: no model given: add --model_args pretrained=" in run.stderr
