@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 if TYPE_CHECKING:  # annotations only: importing the records loads no torch
     import torch
 
-Need = Literal["hidden_states", "lens", "attentions", "jacobian", "tokenwise_jacobian"]
+Need = Literal[
+    "hidden_states", "lens", "attentions", "jacobian", "tokenwise_jacobian", "lens_jacobian"
+]
 """What a metric reads (``MetricSpec.needs``); an unknown need is a ``PluginError``.
 
 Streamed from the benchmark's own forward pass, layer by layer, to the
@@ -39,9 +41,19 @@ From the Jacobian engine, on the sampled documents (``lmc_jacobian_request``):
   Jacobians when a request asks for them).
 - ``tokenwise_jacobian``: ``states.tokenwise``, Jacobians between positions
   at the keys ``lmc_position_jacobian_keys`` asks for.
+- ``lens_jacobian``: ``states.lens_jacobians``, one document's term of the
+  Jacobian-lens fit ``[L+1, d, d]`` under the estimator the options name
+  (``capture.jacobian_lens_fit.lens_terms``), and ``states.model_identity``.
 """
 
-NEEDS: tuple[str, ...] = ("hidden_states", "lens", "attentions", "jacobian", "tokenwise_jacobian")
+NEEDS: tuple[str, ...] = (
+    "hidden_states",
+    "lens",
+    "attentions",
+    "jacobian",
+    "tokenwise_jacobian",
+    "lens_jacobian",
+)
 """Every need, in the order of `Need`."""
 
 STREAMED_NEEDS = frozenset({"hidden_states", "lens", "attentions"})
@@ -301,6 +313,11 @@ class GeometryStates:
             outside the sample; empty when no metric needs them.
         tokenwise: per row, ``{(layer, t_in, t_out): [d, d]}`` (need
             ``tokenwise_jacobian``); empty when no metric needs them.
+        lens_jacobians: per row, its Jacobian-lens fit term ``[L+1, d, d]``
+            (need ``lens_jacobian``), None where the estimator skips the
+            document (too short) or outside the sample.
+        model_identity: the model and unembedding the terms belong to (need
+            ``lens_jacobian``; ``capture.jacobian_lens_fit.model_identity``).
     """
 
     n_layers: int
@@ -310,3 +327,5 @@ class GeometryStates:
     documents: tuple[tuple[DocumentRef, ...], ...] = ()
     jacobians: list[JacobianFactors | None] = field(default_factory=list)
     tokenwise: list[dict | None] = field(default_factory=list)
+    lens_jacobians: list[torch.Tensor | None] = field(default_factory=list)
+    model_identity: dict = field(default_factory=dict)
