@@ -16,7 +16,13 @@ if TYPE_CHECKING:  # annotations only: importing the records loads no torch
     import torch
 
 Need = Literal[
-    "hidden_states", "lens", "attentions", "jacobian", "tokenwise_jacobian", "lens_jacobian"
+    "hidden_states",
+    "lens",
+    "attentions",
+    "jacobian",
+    "tokenwise_jacobian",
+    "lens_jacobian",
+    "authors_jacobian",
 ]
 """What a metric reads (``MetricSpec.needs``); an unknown need is a ``PluginError``.
 
@@ -44,6 +50,9 @@ From the Jacobian engine, on the sampled documents (``lmc_jacobian_request``):
 - ``lens_jacobian``: ``states.lens_jacobians``, one document's term of the
   Jacobian-lens fit ``[L+1, d, d]`` under the estimator the options name
   (``capture.jacobian_lens_fit.lens_terms``), and ``states.model_identity``.
+- ``authors_jacobian``: ``states.authors_jacobians``, one document's L block
+  Jacobians at n on the coupling authors' route, the last one through the
+  final norm (``capture.jacobian_authors``).
 """
 
 NEEDS: tuple[str, ...] = (
@@ -53,6 +62,7 @@ NEEDS: tuple[str, ...] = (
     "jacobian",
     "tokenwise_jacobian",
     "lens_jacobian",
+    "authors_jacobian",
 )
 """Every need, in the order of `Need`."""
 
@@ -318,6 +328,8 @@ class GeometryStates:
             document (too short) or outside the sample.
         model_identity: the model and unembedding the terms belong to (need
             ``lens_jacobian``; ``capture.jacobian_lens_fit.model_identity``).
+        authors_jacobians: per row, ``[L, d, d]`` block Jacobians at n with the
+            last one through the final norm (need ``authors_jacobian``).
     """
 
     n_layers: int
@@ -329,3 +341,4 @@ class GeometryStates:
     tokenwise: list[dict | None] = field(default_factory=list)
     lens_jacobians: list[torch.Tensor | None] = field(default_factory=list)
     model_identity: dict = field(default_factory=dict)
+    authors_jacobians: list[torch.Tensor | None] = field(default_factory=list)
