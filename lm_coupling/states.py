@@ -103,6 +103,10 @@ class BatchInfo:
             share one prompt; empty for rows that are no document).
         lens: the name of the run's lens (``"logit"`` for the built-in one).
         dtype: the dtype of the reduced states (float32, float64 in tests).
+        final_norm: the model's own final norm N, ``[..., d] -> [..., d]`` in
+            float32 (float64 stays), for a metric that reads the post-norm
+            last state as transformers' ``hidden_states[-1]`` does; None
+            where capture has no model parts.
     """
 
     n_layers: int
@@ -117,6 +121,7 @@ class BatchInfo:
     documents: tuple[tuple[DocumentRef, ...], ...] = ()
     lens: str = "logit"
     dtype: Any = None
+    final_norm: Any = None
 
 
 @dataclass(frozen=True)
