@@ -9,8 +9,8 @@ OFSkean/information_flow) score each layer with measures of its token states
   matrix ``K = Z Z^T`` (Renyi's entropy of its eigenvalues);
 * curvature, the mean angle between consecutive differences of token states
   along the sequence;
-* effective rank (Roy and Vetterli, 2007), ``exp`` of the Shannon entropy of
-  the normalised singular values of ``Z``;
+* effective rank (Roy and Vetterli, 2007; not in the authors' code, added
+  here), ``exp`` of the Shannon entropy of the normalised singular values of ``Z``;
 * dataset entropy, the alpha-entropy of the Gram matrix of one pooled vector
   per document, over a task's documents (:class:`DatasetGram`).
 
@@ -233,8 +233,9 @@ def effective_rank(states: torch.Tensor, mask: torch.Tensor | None = None) -> to
     different number.
 
     Reference: Roy and Vetterli, "The effective rank: a measure of effective
-    dimensionality" (EUSIPCO 2007), Definition 1; used by Skean et al.,
-    "Layer by Layer" (ICML 2025).
+    dimensionality" (EUSIPCO 2007), Definition 1. Not one of Skean et al.'s
+    measures (their released code has no effective rank): added here beside
+    them.
 
     Args:
         states: ``[B, T, d]`` one layer's token states.
