@@ -179,3 +179,34 @@ def test_the_runner_fits_the_reference_by_default_and_skips_short_prompts(bridge
     last = GeometryRunner(model, make_selection("jlens_fit", "jlens_estimator=last_position"))
     (doc,) = last.compute_sampled_batch([tl_bridge.to_tokens(PROMPTS[2])[0]])
     assert torch.isfinite(torch.as_tensor(doc.summaries["jlens_fit"])).all()  # n alone: no skip
+
+
+def test_reading_a_lens_without_state_zero_uses_the_states_it_covers(bridge, fits, tmp_path):
+    """A TransformerLens lens has no state 0: its read is over states 1..L, state 0 NaN."""
+    from lm_coupling.plugins.builtin.jacobian_lens import JacobianLens, read_through
+
+    tl_bridge, model = bridge
+    theirs, ours, parts = fits
+    path = tmp_path / "theirs.pt"
+    theirs.save(str(path), dtype=torch.float32)
+    J = load_lens(path, parts.n_layers, parts.d_model)["jacobians"]
+    ids = tl_bridge.to_tokens(PROMPTS[1])[0]
+    states = []
+    handles = [parts.blocks[0].register_forward_pre_hook(
+        lambda m, a, k: states.append((a[0] if a else k["hidden_states"])[0, -1]), with_kwargs=True
+    )] + [b.register_forward_hook(lambda m, a, o: states.append(
+        (o[0] if isinstance(o, tuple) else o)[0, -1])) for b in parts.blocks]  # fmt: skip
+    with torch.no_grad():
+        model(ids[None])
+    for h in handles:
+        h.remove()
+    rows = torch.stack(states)[None]  # [1, L+1, d]
+    names = ["jlens_entropy", "jlens_tv_to_target", "jlens_fixation_depth"]
+    target = torch.tensor([int(ids[-1])])
+    partial = read_through(JacobianLens(J, parts), rows, target, names)
+    full = read_through(JacobianLens(torch.nan_to_num(J, nan=0.0) + 0, parts), rows, target, names)
+    profile = partial["profiles"]["jlens_entropy"][0]
+    assert torch.isnan(profile[0]) and torch.isfinite(profile[1:]).all()
+    torch.testing.assert_close(profile[1:], full["profiles"]["jlens_entropy"][0][1:])
+    assert float(partial["values"]["jlens_entropy"][0]) == pytest.approx(float(profile[1:].mean()))
+    assert float(partial["values"]["jlens_fixation_depth"][0]) >= 1 / parts.n_layers
