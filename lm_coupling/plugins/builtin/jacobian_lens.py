@@ -412,9 +412,12 @@ def lmc_complete_task(selected, options, documents, parts: ModelParts):
     else:
         J, fitted, _ = fitted_lens(documents)
         if J is None:
+            skipped, _ = fit_counts(documents)
             raise ValueError(
                 "no document of the fit's sample (jlens_docs) gave finite Jacobians, so no "
-                "lens was fitted"
+                f"lens was fitted ({skipped} were too short for the reference estimator: it "
+                "needs more than jlens_skip_first + 1 tokens; lower jlens_skip_first, raise "
+                "jlens_docs, or set jlens_estimator=last_position)"
             )
     weight = next(parts.blocks[0].parameters(), None)
     wide = weight is not None and weight.dtype == torch.float64
