@@ -521,6 +521,15 @@ class GeometryRunner:
         )
         if "tokenwise_jacobian" in needs:
             states.tokenwise = [self.position_jacobians(ids) for ids in prompts]
+        if "lens_jacobian" in needs:  # the Jacobian lens's fit terms (its estimator's module)
+            from lm_coupling.capture.jacobian_lens_fit import lens_terms, model_identity
+
+            states.lens_jacobians = lens_terms(self, prompts, self.selection.options)
+            states.model_identity = model_identity(self.model, self.parts)
+        if "authors_jacobian" in needs:  # the coupling authors' route (its own module)
+            from lm_coupling.capture.jacobian_authors import authors_jacobians
+
+            states.authors_jacobians = authors_jacobians(self, prompts)
         docs = self.compute(states, metrics)
         for doc, one in zip(docs, factors, strict=True):
             if one is not None:

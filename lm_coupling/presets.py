@@ -37,10 +37,32 @@ PRESETS: dict[str, Preset] = {
     for preset in (
         Preset(
             "iclr2025",
-            {"k": "0.1", "norm": "l1", "pairs": "all"},
+            {"k": "0.1", "norm": "l1", "pairs": "all", "elementwise_abs": "true"},
             "Aubry et al., ICLR 2025, the headline numbers (Figure 1a): K = d_model/10, "
             "mis-coupling eq. 9 with the l1 norm of the top-K singular values, averaged over "
-            "all layer pairs, diagonal included",
+            "all layer pairs, diagonal included, |A| elementwise as their released code "
+            "takes it; the code's six columns (K = 10, 30, 50; trace and 2-norm; the last "
+            "block through the final norm) are the metrics iclr2025_miscoupling_*",
+        ),
+        Preset(
+            "skean2025",
+            {
+                "lbl_tokens": "all",
+                "lbl_standardize": "true",
+                "lbl_clamp": "true",
+                "lbl_last_state": "post_norm",
+                "lbl_alpha": "1",
+                "curvature_abs": "true",
+                "curvature_zero_steps": "zero",
+                "dataset_pooling": "mean",
+            },
+            "Skean et al., Layer by Layer, ICML 2025, as their released code computes it "
+            "(OFSkean/information_flow): every token of the prompt (position 0 included), each "
+            "document's tokens centred and scaled to unit norm, the Gram matrix clamped at zero "
+            "before the trace normalisation, von Neumann entropy (alpha = 1), curvature with "
+            "|cos| and zero-length steps counted as angle 0, the last state after the final "
+            "norm (transformers' hidden_states[-1]), dataset entropy of mean-pooled tokens; raw "
+            "nats (their maxEntropy figures: add lbl_normalized=true)",
         ),
         Preset(
             "arxiv",

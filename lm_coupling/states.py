@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 if TYPE_CHECKING:  # annotations only: importing the records loads no torch
     import torch
 
-Need = Literal["hidden_states", "lens", "attentions", "jacobian", "tokenwise_jacobian"]
+Need = Literal[
+    "hidden_states",
+    "lens",
+    "attentions",
+    "jacobian",
+    "tokenwise_jacobian",
+    "lens_jacobian",
+    "authors_jacobian",
+]
 """What a metric reads (``MetricSpec.needs``); an unknown need is a ``PluginError``.
 
 Streamed from the benchmark's own forward pass, layer by layer, to the
@@ -39,9 +47,23 @@ From the Jacobian engine, on the sampled documents (``lmc_jacobian_request``):
   Jacobians when a request asks for them).
 - ``tokenwise_jacobian``: ``states.tokenwise``, Jacobians between positions
   at the keys ``lmc_position_jacobian_keys`` asks for.
+- ``lens_jacobian``: ``states.lens_jacobians``, one document's term of the
+  Jacobian-lens fit ``[L+1, d, d]`` under the estimator the options name
+  (``capture.jacobian_lens_fit.lens_terms``), and ``states.model_identity``.
+- ``authors_jacobian``: ``states.authors_jacobians``, one document's L block
+  Jacobians at n on the coupling authors' route, the last one through the
+  final norm (``capture.jacobian_authors``).
 """
 
-NEEDS: tuple[str, ...] = ("hidden_states", "lens", "attentions", "jacobian", "tokenwise_jacobian")
+NEEDS: tuple[str, ...] = (
+    "hidden_states",
+    "lens",
+    "attentions",
+    "jacobian",
+    "tokenwise_jacobian",
+    "lens_jacobian",
+    "authors_jacobian",
+)
 """Every need, in the order of `Need`."""
 
 STREAMED_NEEDS = frozenset({"hidden_states", "lens", "attentions"})
@@ -81,6 +103,10 @@ class BatchInfo:
             share one prompt; empty for rows that are no document).
         lens: the name of the run's lens (``"logit"`` for the built-in one).
         dtype: the dtype of the reduced states (float32, float64 in tests).
+        final_norm: the model's own final norm N, ``[..., d] -> [..., d]`` in
+            float32 (float64 stays), for a metric that reads the post-norm
+            last state as transformers' ``hidden_states[-1]`` does; None
+            where capture has no model parts.
     """
 
     n_layers: int
@@ -95,6 +121,7 @@ class BatchInfo:
     documents: tuple[tuple[DocumentRef, ...], ...] = ()
     lens: str = "logit"
     dtype: Any = None
+    final_norm: Any = None
 
 
 @dataclass(frozen=True)
@@ -301,6 +328,13 @@ class GeometryStates:
             outside the sample; empty when no metric needs them.
         tokenwise: per row, ``{(layer, t_in, t_out): [d, d]}`` (need
             ``tokenwise_jacobian``); empty when no metric needs them.
+        lens_jacobians: per row, its Jacobian-lens fit term ``[L+1, d, d]``
+            (need ``lens_jacobian``), None where the estimator skips the
+            document (too short) or outside the sample.
+        model_identity: the model and unembedding the terms belong to (need
+            ``lens_jacobian``; ``capture.jacobian_lens_fit.model_identity``).
+        authors_jacobians: per row, ``[L, d, d]`` block Jacobians at n with the
+            last one through the final norm (need ``authors_jacobian``).
     """
 
     n_layers: int
@@ -310,3 +344,6 @@ class GeometryStates:
     documents: tuple[tuple[DocumentRef, ...], ...] = ()
     jacobians: list[JacobianFactors | None] = field(default_factory=list)
     tokenwise: list[dict | None] = field(default_factory=list)
+    lens_jacobians: list[torch.Tensor | None] = field(default_factory=list)
+    model_identity: dict = field(default_factory=dict)
+    authors_jacobians: list[torch.Tensor | None] = field(default_factory=list)

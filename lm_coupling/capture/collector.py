@@ -189,6 +189,7 @@ class _Run:
             documents=documents,
             lens=getattr(collector.lens, "name", "") if collector.lens is not None else "",
             dtype=dtype,
+            final_norm=collector.parts.final_norm_fp32,
         )
 
     def attention_hook(self, layer: int, module: nn.Module, args: tuple, output) -> None:

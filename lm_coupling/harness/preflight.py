@@ -54,7 +54,7 @@ from lm_coupling.harness.host_memory import trim_host_memory
 from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
 
-JACOBIAN_NEEDS = frozenset({"jacobian", "tokenwise_jacobian"})
+JACOBIAN_NEEDS = frozenset({"jacobian", "tokenwise_jacobian", "lens_jacobian", "authors_jacobian"})
 """Needs served by the Jacobian engine (which replays blocks with the prefix held fixed)."""
 
 PROBE_TOKENS = 8

@@ -302,3 +302,32 @@ def spectral_gap(S: torch.Tensor, k: int) -> torch.Tensor:
     if S.shape[-1] < k + 1:
         raise ValueError(f"S needs at least K+1 = {k + 1} values, found {tuple(S.shape)}")
     return _work(S[..., k - 1]) / _work(S[..., k])
+
+
+def largest_gap_k(S: torch.Tensor, k_min: int, k_max: int) -> int:
+    """The K in ``[k_min, k_max]`` whose worst layer's spectral gap is largest.
+
+    ``K* = argmax_K min_l s^l_K / s^l_{K+1}``: the number of singular vectors
+    at which every block's top-K subspace is best determined by its spectrum,
+    so that the coupling at K* does not depend on an arbitrary choice inside
+    a cluster of equal singular values (docs/metrics.md, "The ill-defined
+    subspace"). Ties go to the smaller K.
+
+    Args:
+        S: ``[L, >= k_max + 1]`` singular values of every block, descending.
+        k_min: smallest K considered (>= 1).
+        k_max: largest K considered.
+
+    Returns:
+        K*; ``k_max`` when no gap is finite.
+    """
+    if not 1 <= k_min <= k_max or S.shape[-1] < k_max + 1:
+        raise ValueError(
+            f"need 1 <= k_min <= k_max and S with k_max + 1 values, found k_min={k_min}, "
+            f"k_max={k_max}, S {tuple(S.shape)}"
+        )
+    gaps = torch.stack([spectral_gap(S, k).amin() for k in range(k_min, k_max + 1)])
+    gaps = torch.where(torch.isnan(gaps), torch.full_like(gaps, -math.inf), gaps)
+    if not bool(torch.isfinite(gaps).any()) and not bool(torch.isinf(gaps).any()):
+        return k_max
+    return k_min + int(torch.argmax(gaps))

@@ -9,8 +9,8 @@ OFSkean/information_flow) score each layer with measures of its token states
   matrix ``K = Z Z^T`` (Renyi's entropy of its eigenvalues);
 * curvature, the mean angle between consecutive differences of token states
   along the sequence;
-* effective rank (Roy and Vetterli, 2007), ``exp`` of the Shannon entropy of
-  the normalised singular values of ``Z``;
+* effective rank (Roy and Vetterli, 2007; not in the authors' code, added
+  here), ``exp`` of the Shannon entropy of the normalised singular values of ``Z``;
 * dataset entropy, the alpha-entropy of the Gram matrix of one pooled vector
   per document, over a task's documents (:class:`DatasetGram`).
 
@@ -233,8 +233,9 @@ def effective_rank(states: torch.Tensor, mask: torch.Tensor | None = None) -> to
     different number.
 
     Reference: Roy and Vetterli, "The effective rank: a measure of effective
-    dimensionality" (EUSIPCO 2007), Definition 1; used by Skean et al.,
-    "Layer by Layer" (ICML 2025).
+    dimensionality" (EUSIPCO 2007), Definition 1. Not one of Skean et al.'s
+    measures (their released code has no effective rank): added here beside
+    them.
 
     Args:
         states: ``[B, T, d]`` one layer's token states.
@@ -292,7 +293,10 @@ def _angle(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def curvature(
-    states: torch.Tensor, mask: torch.Tensor | None = None, absolute: bool = False
+    states: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    absolute: bool = False,
+    zero_steps: str = "skip",
 ) -> torch.Tensor:
     """Curvature: the mean angle between consecutive differences of token states along the sequence.
 
@@ -317,6 +321,9 @@ def curvature(
         mask: ``[B, T]`` bool, True on the measured tokens (None: all); the
             measured tokens of a document, in position order, form its sequence.
         absolute: fold each angle to ``min(theta, pi - theta)`` (authors' code).
+        zero_steps: a pair with a zero-length step is left out of the mean
+            (``"skip"``) or counted as angle 0 (``"zero"``, the authors' code,
+            which also gives 0, not NaN, when no pair has an angle).
 
     Returns:
         ``[B]`` radians (float32; float64 for float64 states). NaN for fewer
@@ -337,11 +344,16 @@ def curvature(
     valid_pair = k[None, :] < (count[:, None] - 2)
     nonzero = (length[:, 1:] > 0) & (length[:, :-1] > 0)
     finite = torch.isfinite(length[:, 1:]) & torch.isfinite(length[:, :-1])
+    if zero_steps not in ("skip", "zero"):
+        raise ValueError(f"zero_steps must be 'skip' or 'zero', found {zero_steps!r}")
     use = valid_pair & nonzero & finite
     bad = (valid_pair & ~finite).any(dim=1)
-    n = use.sum(dim=1)
     total = torch.where(use, angle, torch.zeros_like(angle)).sum(dim=1)
+    n = (valid_pair if zero_steps == "zero" else use).sum(dim=1)
     out = total / n.to(dtype)
+    if zero_steps == "zero":
+        out = torch.where(n == 0, torch.zeros_like(out), out)
+        return torch.where(bad, torch.full_like(out, math.nan), out)
     return torch.where(bad | (n == 0), torch.full_like(out, math.nan), out)
 
 
@@ -490,14 +502,20 @@ class DatasetGram:
         self._moment += other._moment.to(self._moment.device)
         self.count += other.count
 
-    def entropy(self, alpha: float = 1.0) -> torch.Tensor:
-        """Dataset entropy per state ``[L+1]`` float64, in nats; NaN for fewer than one document."""
+    def entropy(self, alpha: float = 1.0, clamp: bool = False) -> torch.Tensor:
+        """Dataset entropy per state ``[L+1]`` float64, in nats; NaN for fewer than one document.
+
+        ``clamp``: set the negative entries of the matrix decomposed (the N x N
+        Gram for N <= d, else the d x d second moment, as the authors' code
+        chooses) to zero first (the authors' ``compute_entropy``).
+        """
         _check_alpha(alpha)
         if self.count == 0:
             return torch.full((self.n_states,), math.nan, dtype=torch.float64)
         if self._moment is not None:
-            lam = torch.linalg.eigvalsh(self._moment)
+            matrix = self._moment
         else:
             z = torch.cat(self._rows).transpose(0, 1)  # [L+1, N, d]
-            lam = torch.linalg.eigvalsh(z @ z.transpose(1, 2))
+            matrix = z @ z.transpose(1, 2)
+        lam = torch.linalg.eigvalsh(matrix.clamp(min=0) if clamp else matrix)
         return spectrum_entropy(lam, alpha)

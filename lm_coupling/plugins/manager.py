@@ -96,7 +96,9 @@ def check_needs(spec: MetricSpec, plugin_name: str, has_reducer: bool) -> None:
             f"reads {', '.join(streamed)}, which only the benchmark's forward pass serves; "
             "declare it with sampled=False"
         )
-    engine = sorted(set(needs) & {"jacobian", "tokenwise_jacobian"})
+    engine = sorted(
+        set(needs) & {"jacobian", "tokenwise_jacobian", "lens_jacobian", "authors_jacobian"}
+    )
     if engine and not spec.sampled:
         raise PluginError(
             f"{where} reads {', '.join(engine)} from the Jacobian engine, which runs on a "

@@ -16,6 +16,7 @@ from lm_coupling.report.benchmarks import benchmark_of
 from lm_coupling.report.checkpoints import independent_rows, series_notes, series_table
 from lm_coupling.report.controls import controls_table
 from lm_coupling.report.coupling_grid import coupling_grid
+from lm_coupling.report.ill_defined import mark_ill_defined
 from lm_coupling.report.leaderboard import (
     benchmark_scores,
     build_leaderboard,
@@ -189,6 +190,8 @@ def _per_model_figures(
         if matrix:
             k = (geo.get("coupling") or {}).get("k")
             heatmap = fig.coupling_figure(matrix, k, title)
+            gap = geo.get("coupling") or {}  # the spectral gap's verdict, per block
+            mark_ill_defined(heatmap.axes[0], gap.get("ill_defined"), gap.get("spectral_gap"))
             paths += _save(heatmap, out_dir, f"coupling_{slug}", formats)
     return paths
 

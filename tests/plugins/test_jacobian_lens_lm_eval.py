@@ -2,7 +2,9 @@
 
 Run 1 selects only the reading metrics (and the task-level ``dataset_entropy``)
 on tiny GPT-2 at batch size 4 (padded rows): the fit comes in by itself
-(``jlens_fit`` on ``jlens_docs=3`` documents), the lens is saved beside the
+(``jlens_fit`` on ``jlens_docs=3`` documents, ``jlens_estimator=last_position``;
+the default reference estimator is tested against TransformerLens in
+``tests/capture/test_jacobian_lens_fit.py``), the lens is saved beside the
 geometry file, its ``J_l`` must equal the average over the sampled documents
 of dense autograd Jacobians ``d x^L_n / d x^l_n`` through the whole sequence,
 and every document's values must equal an independent read-out through that
@@ -28,6 +30,7 @@ from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.demo.run import demo_tasks_data
 from lm_coupling.demo.tiny import save_tiny_model
 from lm_coupling.errors import ConfigurationError
+from lm_coupling.plugins.builtin.jacobian_lens_file import load_lens
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +69,10 @@ def _run(root, model_dir, metrics: str, metric_args: str, out: str):
 def runs(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("jlens")
     model_dir = save_tiny_model(root / "gpt2", "gpt2", tokenizer=tokenizer, init_std=0.2, seed=1)
-    one = _run(root, model_dir, ",".join((*READ, "dataset_entropy")), "jlens_docs=3", "one")
+    one = _run(
+        root, model_dir, ",".join((*READ, "dataset_entropy")),
+        "jlens_docs=3,jlens_estimator=last_position", "one",
+    )  # fmt: skip
     (lens_file,) = one["folder"].glob(f"jlens_{TASK}_*.pt")  # saved beside the geometry file
     loaded = _run(
         root, model_dir, ",".join((*READ, "logit_lens_entropy")), f"jlens_path={lens_file}", "load"
@@ -91,8 +97,10 @@ def _prompt(hflm, row) -> tuple[list[int], int]:
 
 def test_lens_fitted_in_the_run_equals_average_of_dense_autograd_jacobians(runs, hflm):
     _, lens_file, one, _ = runs
-    record = torch.load(lens_file, weights_only=True)
-    assert record["format"] == "lm_coupling.jacobian_lens" and record["version"] == 1
+    raw = torch.load(lens_file, weights_only=True)  # TransformerLens's artifact format
+    assert raw["metadata"]["lm_coupling"]["version"] == 2
+    assert raw["metadata"]["estimator"] == "lm_coupling_last_position"
+    record = load_lens(lens_file, raw["metadata"]["lm_coupling"]["n_layers"], raw["d_model"])
     rows, section = one["rows"], one["geometry"]["jacobian_lens"]
     sampled = [d for d, row in rows.items() if math.isfinite(row.get("jlens_fit") or math.nan)]
     assert len(sampled) == record["n_documents"] == section["fitted_on"] == 3
@@ -140,7 +148,9 @@ def _independent_read(hflm, J, row) -> dict[str, float]:
 
 def test_every_document_read_in_the_same_run_equals_the_independent_read_out(runs, hflm):
     _, lens_file, one, _ = runs
-    J = torch.load(lens_file, weights_only=True)["jacobians"]
+    raw = torch.load(lens_file, weights_only=True)
+    J = load_lens(lens_file, raw["metadata"]["lm_coupling"]["n_layers"], raw["d_model"])
+    J = J["jacobians"]
     rows = one["rows"]
     assert len(rows) == 5
     profiles = []

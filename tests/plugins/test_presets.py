@@ -12,6 +12,7 @@ from lm_coupling.selection import make_selection
 def test_iclr2025_preset_expands_to_the_headline_settings():
     options = make_selection("coupling", "preset=iclr2025").options
     assert (options["k"], options["norm"], options["pairs"]) == (0.1, "l1", "all")
+    assert options["elementwise_abs"] is True  # the authors' released code takes |A|
     assert options["preset"] == "iclr2025"
     assert "preset_overrides" not in options
 
@@ -35,7 +36,7 @@ def test_options_typed_beside_a_preset_win_in_any_order(text):
 def test_a_preset_sets_only_the_selected_metrics_options():
     options = make_selection("lss", "preset=iclr2025").options
     assert options["preset"] == "iclr2025"
-    assert not {"k", "norm", "pairs"} & set(options)
+    assert not {"k", "norm", "pairs", "elementwise_abs"} & set(options)
 
 
 def test_unknown_or_repeated_presets_are_errors_listing_the_presets():
@@ -46,10 +47,13 @@ def test_unknown_or_repeated_presets_are_errors_listing_the_presets():
 
 
 def test_preset_values_are_parsed_by_the_options_own_parsers():
-    selection = make_selection("coupling", "preset=iclr2025")
+    selection = make_selection(
+        "coupling,prompt_entropy,curvature,dataset_entropy", "preset=iclr2025"
+    )
     parse = {o.name: o.parse for spec in selection.specs.values() for o in spec.options}
+    names = "coupling,prompt_entropy,curvature,dataset_entropy"
     for preset in PRESETS.values():
-        options = make_selection("coupling", f"preset={preset.name}").options
+        options = make_selection(names, f"preset={preset.name}").options
         assert {k: options[k] for k in preset.values} == {
             k: parse[k](v) for k, v in preset.values.items()
         }

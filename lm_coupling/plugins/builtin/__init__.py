@@ -2,6 +2,7 @@
 
 from lm_coupling.plugins.builtin import (
     coupling,
+    coupling_authors,
     jacobian_lens,
     layer_by_layer,
     lens,
@@ -9,6 +10,14 @@ from lm_coupling.plugins.builtin import (
     trajectory,
 )
 
-BUILTIN_PLUGINS = (trajectory, lens, coupling, tokenwise, layer_by_layer, jacobian_lens)
+BUILTIN_PLUGINS = (
+    trajectory,
+    lens,
+    coupling,
+    coupling_authors,
+    tokenwise,
+    layer_by_layer,
+    jacobian_lens,
+)
 
 __all__ = ["BUILTIN_PLUGINS"]

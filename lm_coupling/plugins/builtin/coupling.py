@@ -67,6 +67,14 @@ ABS = OptionSpec(
     "compare |A| instead of A (what the authors' released code does)",
     parse_bool,
 )
+K_SELECT = OptionSpec(
+    "k_select",
+    "fixed",
+    "fixed (K = k, the paper's) or largest_gap (per document, the K in [k_min, k] where the "
+    "smallest s_K/s_K+1 over blocks is largest: a subspace the spectrum determines)",
+    choices=("fixed", "largest_gap"),
+)
+K_MIN = OptionSpec("k_min", 2, "smallest K that k_select=largest_gap considers", int)
 PAIRS = OptionSpec(
     "pairs",
     "offdiag",
@@ -147,6 +155,7 @@ _COUPLING_PROFILES = (
     ProfileSpec("coupling", "matrix", "coupling c_K(l, l')", UNIT_INTERVAL),
     ProfileSpec("singular_values", "blocks", "top singular values s_1..s_{K+1} of J^l"),
     ProfileSpec("spectral_gap", "blocks", "spectral gap s_K / s_{K+1}"),
+    ProfileSpec("k_selected", "blocks", "K used (k_select)", plot=False),
     *(ProfileSpec(name, "blocks", name.replace("_", " "), plot=False) for name in DIAGNOSTICS),
 )
 
@@ -160,8 +169,8 @@ def lmc_declare_metrics():
             "coupling",
             "mean coupling 1 - m_K(l,l') of the blocks' top-K singular vectors at n",
             _NEEDS,
-            (K, NORM, ABS, PAIRS, *shared),
-            ("coupling", "singular_values", "spectral_gap", *DIAGNOSTICS),
+            (K, NORM, ABS, PAIRS, K_SELECT, K_MIN, *shared),
+            ("coupling", "singular_values", "spectral_gap", "k_selected", *DIAGNOSTICS),
             matrices=("coupling",),
             k_option="k",
             sampled=True,
@@ -268,6 +277,8 @@ def lmc_aggregate_task(selected, profiles, options, documents) -> dict[str, Any]
             "norm": options["norm"],
             "elementwise_abs": options["elementwise_abs"],
             "pairs": options["pairs"],
+            "k_select": options.get("k_select", "fixed"),
+            "k_selected": profiles.get("k_selected", {}).get("mean"),
             "n_sampled": int(n_sampled),
             "singular_values": profiles.get("singular_values", {}).get("mean"),
             "spectral_gap": profiles.get("spectral_gap", {}).get("mean"),
@@ -297,6 +308,10 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
     from lm_coupling.metrics.coupling import spectral_gap
 
     k = min(used_k(options["k"], d_model), factors.U.shape[-1])
+    if options.get("k_select", "fixed") == "largest_gap" and factors.S.shape[1] > k:
+        from lm_coupling.metrics.coupling import largest_gap_k
+
+        k = largest_gap_k(factors.S, min(max(1, options.get("k_min", 2)), k), k)
     score, matrix = _score(factors.A[..., :k, :k], factors.S[:, :k], options)
     gap = spectral_gap(factors.S, k) if factors.S.shape[1] > k else factors.spectral_gap
     out = {
@@ -304,6 +319,7 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
         "coupling_matrix": matrix,
         "singular_values": factors.S[:, : k + 1],
         "spectral_gap": gap,
+        "k_selected": torch.full((factors.S.shape[0],), float(k), dtype=torch.float64),
         "jacobian_iterations": torch.tensor(factors.iterations, dtype=torch.float64),
         "jacobian_residual": _per_layer(factors.residual, factors),
         "jacobian_ill_defined": _per_layer(factors.ill_defined, factors),
@@ -347,6 +363,7 @@ def _coupling_rows(jacobians, options, L: int, d: int, swapped: bool) -> dict[st
         "coupling_matrix": torch.full((L, L), math.nan),
         "singular_values": torch.full((L, k + 1), math.nan),
         "spectral_gap": torch.full((L,), math.nan),
+        "k_selected": torch.full((L,), math.nan),
         "swapped": torch.tensor(math.nan),
         "swapped_matrix": torch.full((L, L), math.nan),
         **{name: torch.full((L,), math.nan) for name in DIAGNOSTICS},
@@ -379,6 +396,7 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
             profiles["coupling"] = torch.stack(rows["coupling_matrix"]).float()
             profiles["singular_values"] = _stack_ragged(rows["singular_values"])
             profiles["spectral_gap"] = torch.stack(rows["spectral_gap"]).float()
+            profiles["k_selected"] = torch.stack(rows["k_selected"]).double()
             for name in DIAGNOSTICS:
                 profiles[name] = torch.stack(rows[name]).double()
         if swapped:

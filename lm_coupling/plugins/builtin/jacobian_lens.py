@@ -6,10 +6,14 @@ contract only:
 
 1. **Fit** (``jlens_fit``, a sampled metric, brought into the selection by
    the reading metrics unless ``jlens_path`` is given): on ``jlens_docs``
-   documents of each task (the seeded sample), the engine's dense block
-   Jacobians (``JacobianRequest(dense=True)``) give each document's
-   ``d x^L_n / d x^l_n = (I + J^L) ... (I + J^{l+1})``; the task's lens is
-   their average.
+   documents of each task (the seeded sample), each document's term of the
+   estimator ``jlens_estimator`` names (need ``lens_jacobian``,
+   ``capture.jacobian_lens_fit``): ``reference`` (default; Gurnee et al.
+   2026 as TransformerLens 4.3 ``JacobianLens.fit`` computes it: target
+   positions summed, source positions ``s .. T-2`` averaged) or
+   ``last_position`` (``d x^L_n / d x^l_n`` at the target position alone,
+   ``(I + J^L) ... (I + J^{l+1})`` from the engine's block Jacobians); the
+   task's lens is their average.
 2. **Read** (``jlens_entropy``, ``jlens_tv_to_target``,
    ``jlens_fixation_depth``: deferred metrics): while lm-eval's batches run,
    the reducer keeps per document only what the read needs, ``x^l_n`` for
@@ -21,11 +25,8 @@ contract only:
    model, reuse across tasks).
 
 The fitted lens is saved beside the geometry file
-(``jlens_<task>_<timestamp>.pt``), or where ``jlens_save`` says.
-Lens file (``torch.save``; load with ``torch.load(path, weights_only=True)``):
-``{"format": "lm_coupling.jacobian_lens", "version": 1, "jacobians": [L+1, d, d]
-float32 (rows: output coordinates; J_L = I), "n_documents": int, "task": str,
-"n_layers": L, "d_model": d}`` (docs/outputs.md).
+(``jlens_<task>_<timestamp>.pt``), or where ``jlens_save`` says, in
+TransformerLens's artifact format (``plugins.builtin.jacobian_lens_file``).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lm_coupling.plugins.builtin.jacobian_lens_file import FORMAT, load_lens, save_lens
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_doc_count
-from lm_coupling.plugins.specs import UNIT_INTERVAL, JacobianRequest, MetricSpec, OptionSpec
+from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, OptionSpec
 
 if TYPE_CHECKING:
     import torch
@@ -43,8 +45,6 @@ if TYPE_CHECKING:
     from lm_coupling.capture.architecture import ModelParts
     from lm_coupling.states import BatchInfo
 
-FORMAT = "lm_coupling.jacobian_lens"
-VERSION = 1
 FIT = "jlens_fit"
 READ = {  # each J-lens metric and the lens metric whose definition it shares
     "jlens_entropy": "logit_lens_entropy",
@@ -79,6 +79,44 @@ PATH = OptionSpec(
 DOCS = OptionSpec(
     "jlens_docs", DEFAULT_DOCS, "documents per task the Jacobian lens is fitted on", parse_doc_count
 )
+ESTIMATOR = OptionSpec(
+    "jlens_estimator",
+    "reference",
+    "the fit's estimator: reference (TransformerLens 4.3 JacobianLens.fit: targets summed, "
+    "sources s..T-2 averaged) or last_position (the target position alone)",
+    str,
+    ("reference", "last_position"),
+)
+
+
+def _count(low: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError(f"expected an integer >= {low}, found {text!r}")
+        return value
+
+    return parse
+
+
+SKIP = OptionSpec(
+    "jlens_skip_first",
+    16,
+    "reference estimator: leading positions left out (TransformerLens skip_first_positions)",
+    _count(0),
+)
+MAX_LEN = OptionSpec(
+    "jlens_max_len",
+    128,
+    "reference estimator: tokens kept from a prompt's start (TransformerLens max_seq_len)",
+    _count(2),
+)
+DIM_BATCH = OptionSpec(
+    "jlens_dim_batch",
+    8,
+    "reference estimator: cotangent directions per backward pass (TransformerLens dim_batch)",
+    _count(1),
+)
 SAVE = OptionSpec(
     "jlens_save",
     None,
@@ -98,7 +136,7 @@ def _reading_spec(name: str, description: str, label: str, profile: bool) -> Met
         name,
         description,
         frozenset({"hidden_states"}),
-        options=(PATH, DOCS, SAVE),
+        options=(PATH, DOCS, SAVE, ESTIMATOR, SKIP, MAX_LEN, DIM_BATCH),
         profiles=(name,) if profile else (),
         higher_is_better=False if profile else None,
         opt_in=True,
@@ -117,8 +155,8 @@ def lmc_declare_metrics():
             FIT,
             "fits the Jacobian lens on its sample; value: mean over l < L of "
             "||d x^L_n / d x^l_n||_F / sqrt(d)",
-            frozenset({"jacobian"}),
-            options=(DOCS, SAVE),
+            frozenset({"lens_jacobian"}),
+            options=(DOCS, SAVE, ESTIMATOR, SKIP, MAX_LEN, DIM_BATCH),
             sample_option=DOCS.name,
             sampled=True,
             opt_in=True,
@@ -169,56 +207,6 @@ class JacobianLens:
         return self.parts.unembed_fp32(self.parts.final_norm_fp32(moved))
 
 
-def save_lens(path: str | Path, jacobians: torch.Tensor, n_documents: int, task: str) -> Path:
-    """Write a fitted lens in the documented format; returns the file written."""
-    import torch
-
-    path = Path(path)
-    if path.suffix != ".pt":
-        path = path / f"jlens_{task}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {
-        "format": FORMAT,
-        "version": VERSION,
-        "jacobians": jacobians.detach().to("cpu", torch.float32).contiguous(),
-        "n_documents": int(n_documents),
-        "task": task,
-        "n_layers": int(jacobians.shape[0] - 1),
-        "d_model": int(jacobians.shape[-1]),
-    }
-    torch.save(record, path)
-    return path
-
-
-def load_lens(path: str | Path, n_layers: int, d_model: int) -> dict[str, Any]:
-    """Read a lens file and check it fits a model of L blocks and width d.
-
-    Raises:
-        ConfigurationError: the file is missing, not a lens, or of another shape.
-    """
-    import torch
-
-    from lm_coupling.errors import ConfigurationError
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigurationError(
-            f"jlens_path={path} is not a file; leave jlens_path out to fit the lens in the run "
-            "(jlens_fit then comes in by itself; docs/metrics.md, 'The Jacobian lens')"
-        )
-    record = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise ConfigurationError(f"jlens_path={path} is not a Jacobian lens file ({FORMAT})")
-    J = record["jacobians"]
-    if tuple(J.shape) != (n_layers + 1, d_model, d_model):
-        raise ConfigurationError(
-            f"jlens_path={path} holds a lens of shape {tuple(J.shape)}; this model needs "
-            f"[{n_layers + 1}, {d_model}, {d_model}] (L = {n_layers}, d = {d_model}): fit it on "
-            "this model"
-        )
-    return record
-
-
 def _reading(selected) -> list[str]:
     return [name for name in READ if name in selected]
 
@@ -251,33 +239,37 @@ def lmc_layer_reducer(selected, batch: BatchInfo):
     return StatesAtTarget(batch) if _reading(selected) else None
 
 
-@hookimpl
-def lmc_jacobian_request(selected):
-    """Dense block Jacobians for the fit's sample."""
-    return JacobianRequest(k=1, dense=True) if FIT in selected else None
+IDENTITY, SKIPPED = "jlens_identity", "jlens_skipped"
+"""Per sampled document: the model identity (JSON bytes) its term belongs to; 1 if skipped."""
 
 
 def _fit_batch(states) -> dict[str, Any]:
-    """Per sampled document: its total Jacobians (summary) and their mean gain (value)."""
+    """Per sampled document: its fit term (summary) and its mean gain over l < L (value).
+
+    A document the reference estimator skips (no position after the skipped
+    leading ones) gets NaN and the summary ``jlens_skipped``.
+    """
+    import json
     import math
 
     import torch
 
-    from lm_coupling.metrics.jacobian_lens import jacobian_products
-
     L, d = states.n_layers, states.d_model
-    gains, products = [], []
-    for factors in states.jacobians or [None] * states.size:
-        if factors is None or factors.dense is None:
-            gains.append(math.nan)
-            products.append(torch.full((L + 1, d, d), math.nan))
-            continue
-        P = jacobian_products(factors.dense).cpu()
-        products.append(P)
-        gains.append(float(torch.linalg.matrix_norm(P[:L]).mean() / math.sqrt(d)))
+    identity = torch.tensor(list(json.dumps(states.model_identity).encode()), dtype=torch.uint8)
+    gains, terms, skipped = [], [], []
+    for term in states.lens_jacobians or [None] * states.size:
+        skipped.append(term is None)
+        if term is None:
+            term = torch.full((L + 1, d, d), math.nan)
+        terms.append(term.cpu())
+        gains.append(float(torch.linalg.matrix_norm(term[:L]).mean() / math.sqrt(d)))
     return {
         "values": {FIT: torch.tensor(gains, dtype=torch.float64)},
-        "summaries": {FIT: torch.stack(products)},
+        "summaries": {
+            FIT: torch.stack(terms),
+            IDENTITY: identity.repeat(len(terms), 1),
+            SKIPPED: torch.tensor(skipped, dtype=torch.uint8),
+        },
     }
 
 
@@ -285,15 +277,19 @@ def _fit_batch(states) -> dict[str, Any]:
 def lmc_compute_batch(selected, states, reduced):
     """The fit's per-document products; for the read, the states it needs (as summaries)."""
     out: dict[str, dict] = {"values": {}, "profiles": {}, "summaries": {}}
-    if FIT in selected and states.jacobians:
+    if FIT in selected and states.lens_jacobians:
         out.update(_fit_batch(states))
     if _reading(selected) and reduced is not None:
-        out["summaries"] = {STATES: reduced[STATES], TARGET: reduced[TARGET]}
+        out["summaries"].update({STATES: reduced[STATES], TARGET: reduced[TARGET]})
     return out
 
 
 def fitted_lens(documents) -> tuple[torch.Tensor | None, int, int]:
-    """``(J [L+1, d, d] float64, documents fitted on, left out)`` from the sample's products."""
+    """``(J [L+1, d, d] float64, documents fitted on, left out)`` from the sample's terms.
+
+    Left out: documents the estimator skipped (too short for the reference's
+    positions) or whose terms are not finite; ``fit_counts`` tells them apart.
+    """
     import numpy as np
     import torch
 
@@ -304,6 +300,41 @@ def fitted_lens(documents) -> tuple[torch.Tensor | None, int, int]:
         return None, 0, len(rows)
     J = torch.from_numpy(np.mean(np.stack(kept).astype(np.float64), axis=0))
     return J, len(kept), len(rows) - len(kept)
+
+
+def fit_counts(documents) -> tuple[int, dict[str, Any]]:
+    """``(documents the estimator skipped as too short, the model identity of the terms)``."""
+    import json
+
+    import numpy as np
+
+    skipped, identity = 0, {}
+    for doc in documents:
+        flag = doc.summaries.get(SKIPPED)
+        skipped += int(flag is not None and int(np.asarray(flag).reshape(-1)[0]) == 1)
+        raw = doc.summaries.get(IDENTITY)
+        if raw is not None and not identity:
+            identity = json.loads(bytes(np.asarray(raw, dtype=np.uint8).reshape(-1)).decode())
+    return skipped, identity
+
+
+def _covered_only(out: dict, covered: list[bool]) -> None:
+    """Values over the states the lens covers (a TransformerLens lens has no state 0).
+
+    The profiles are NaN at uncovered states; entropy and TV are the mean over
+    covered states; fixation depth cannot be below the first covered state.
+    """
+    import torch
+
+    keep = torch.tensor(covered)
+    first = covered.index(True) / (len(covered) - 1)
+    for name in ("jlens_entropy", "jlens_tv_to_target"):
+        if name in out["values"]:
+            out["values"][name] = out["profiles"][name][:, keep].mean(dim=1)
+    if "jlens_fixation_depth" in out["values"]:
+        out["values"]["jlens_fixation_depth"] = out["values"]["jlens_fixation_depth"].clamp(
+            min=first
+        )
 
 
 def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 64) -> dict:
@@ -326,6 +357,9 @@ def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 64)
     from lm_coupling.states import LensStates
 
     parts = lens.parts
+    covered = [bool(torch.isfinite(J).all()) for J in lens.jacobians]
+    if not any(covered):
+        raise ValueError("the lens has no finite transport on any state")
     shared = [READ[name] for name in selected]
     back = {lens_name: name for name, lens_name in READ.items()}
     out: dict[str, dict[str, list]] = {"values": {}, "profiles": {}}
@@ -340,12 +374,19 @@ def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 64)
                     lens_summary(logits[:, None], target.to(logits.device), check_target=False)
                 )
         entropy, target_prob, top1 = (torch.cat(c, dim=1) for c in zip(*columns, strict=True))
+        for layer in range(len(covered) - 1, -1, -1):  # uncovered: NaN, never a top-1 change
+            if not covered[layer]:
+                entropy[:, layer] = target_prob[:, layer] = float("nan")
+                top1[:, layer] = top1[:, layer + 1]
         reduced = LensStates(entropy=entropy, target_prob=target_prob, top1=top1)
         answer = lens_plugin.lmc_compute_batch(selected=shared, reduced=reduced)
         for kind in ("values", "profiles"):
             for name, tensor in answer.get(kind, {}).items():
                 out[kind].setdefault(back[name], []).append(tensor.detach().cpu())
-    return {kind: {k: torch.cat(v) for k, v in part.items()} for kind, part in out.items()}
+    result = {kind: {k: torch.cat(v) for k, v in part.items()} for kind, part in out.items()}
+    if not all(covered):
+        _covered_only(result, covered)
+    return result
 
 
 @hookimpl
@@ -362,15 +403,21 @@ def lmc_complete_task(selected, options, documents, parts: ModelParts):
     import numpy as np
     import torch
 
+    from lm_coupling.capture.jacobian_lens_fit import unembedding_fingerprint
+
     path = options.get(PATH.name)
     if path is not None:
-        J = load_lens(path, parts.n_layers, parts.d_model)["jacobians"]
+        J = load_lens(path, parts.n_layers, parts.d_model, unembedding_fingerprint(parts))
+        J = J["jacobians"]
     else:
         J, fitted, _ = fitted_lens(documents)
         if J is None:
+            skipped, _ = fit_counts(documents)
             raise ValueError(
                 "no document of the fit's sample (jlens_docs) gave finite Jacobians, so no "
-                "lens was fitted"
+                f"lens was fitted ({skipped} were too short for the reference estimator: it "
+                "needs more than jlens_skip_first + 1 tokens; lower jlens_skip_first, raise "
+                "jlens_docs, or set jlens_estimator=last_position)"
             )
     weight = next(parts.blocks[0].parameters(), None)
     wide = weight is not None and weight.dtype == torch.float64
@@ -392,7 +439,7 @@ def lmc_aggregate_task(selected, options, documents, task, output_dir, run_id):
     """Average the sample's total Jacobians into the task's lens; save it; summarise it."""
     if FIT not in selected and not _reading(selected):
         return None
-    section: dict[str, Any] = {"format": FORMAT, "version": VERSION}
+    section: dict[str, Any] = {"format": FORMAT, "version": 2}
     path = options.get(PATH.name)
     if _reading(selected):
         section["read_through"] = str(path) if path else "fitted in this run"
@@ -405,7 +452,17 @@ def _fit_section(documents, options, task: str, output_dir, run_id: str) -> dict
     import torch
 
     J, fitted, left_out = fitted_lens(documents)
-    out: dict[str, Any] = {"fitted_on": fitted, "left_out": left_out}
+    skipped, identity = fit_counts(documents)
+    estimator = options.get(ESTIMATOR.name, ESTIMATOR.default)
+    fit = {"estimator": estimator}
+    if estimator == "reference":
+        for key, option in (
+            ("skip_first_positions", SKIP), ("max_seq_len", MAX_LEN), ("dim_batch", DIM_BATCH)
+        ):  # fmt: skip
+            fit[key] = int(options.get(option.name, option.default))
+    out: dict[str, Any] = {
+        "fitted_on": fitted, "left_out": left_out, "skipped_short": skipped, **fit
+    }  # fmt: skip
     if J is None:
         out["saved"] = None
         return out
@@ -416,5 +473,5 @@ def _fit_section(documents, options, task: str, output_dir, run_id: str) -> dict
     save = options.get(SAVE.name)
     if save is None and output_dir is not None:  # beside the geometry file
         save = Path(output_dir) / f"jlens_{task}_{run_id or 'run'}.pt"
-    out["saved"] = str(save_lens(save, J, fitted, task)) if save else None
+    out["saved"] = str(save_lens(save, J, fitted, task, identity, fit)) if save else None
     return out

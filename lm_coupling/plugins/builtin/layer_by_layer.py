@@ -42,6 +42,33 @@ NORMALIZED = OptionSpec(
 CURVATURE_ABS = OptionSpec(
     "curvature_abs", False, "fold angles to [0, pi/2] with |cos| (the authors' code)", parse_bool
 )
+TOKENS = OptionSpec(
+    "lbl_tokens",
+    "context",
+    "tokens measured: context (1..n, position 0 left out) or all (0..n, the authors' code)",
+    choices=("context", "all"),
+)
+CLAMP = OptionSpec(
+    "lbl_clamp",
+    False,
+    "set negative Gram entries to zero before the trace normalisation (the authors' code)",
+    parse_bool,
+)
+LAST_STATE = OptionSpec(
+    "lbl_last_state",
+    "pre_norm",
+    "the last state: pre_norm (x^L, this package's) or post_norm (N(x^L), transformers' "
+    "hidden_states[-1], the authors' code)",
+    choices=("pre_norm", "post_norm"),
+)
+ZERO_STEPS = OptionSpec(
+    "curvature_zero_steps",
+    "skip",
+    "a pair with a zero-length step: skip (left out) or zero (angle 0, the authors' code)",
+    choices=("skip", "zero"),
+)
+COMMON = (TOKENS, LAST_STATE)
+"""Options every Layer by Layer measure reads."""
 POOLING = OptionSpec(
     "dataset_pooling",
     "mean",
@@ -59,7 +86,7 @@ def lmc_declare_metrics():
             "mean over states of the matrix-based alpha-entropy of the token states' Gram matrix",
             _NEEDS,
             opt_in=True,
-            options=(ALPHA, STANDARDIZE, NORMALIZED),
+            options=(ALPHA, STANDARDIZE, NORMALIZED, CLAMP, *COMMON),
             profiles=("prompt_entropy",),
             label="prompt entropy",
             unit="nats",
@@ -69,7 +96,7 @@ def lmc_declare_metrics():
             "l/L of the state with the lowest prompt entropy",
             _NEEDS,
             opt_in=True,
-            options=(ALPHA, STANDARDIZE, NORMALIZED),
+            options=(ALPHA, STANDARDIZE, NORMALIZED, CLAMP, *COMMON),
             label="prompt entropy: lowest state (l/L)",
             bounds=UNIT_INTERVAL,
         ),
@@ -78,7 +105,7 @@ def lmc_declare_metrics():
             "mean over states of the mean angle between consecutive token steps (radians)",
             _NEEDS,
             opt_in=True,
-            options=(STANDARDIZE, CURVATURE_ABS),
+            options=(STANDARDIZE, CURVATURE_ABS, ZERO_STEPS, *COMMON),
             profiles=("curvature",),
             label="curvature",
             unit="radians",
@@ -88,7 +115,7 @@ def lmc_declare_metrics():
             "l/L of the state with the lowest curvature",
             _NEEDS,
             opt_in=True,
-            options=(STANDARDIZE, CURVATURE_ABS),
+            options=(STANDARDIZE, CURVATURE_ABS, ZERO_STEPS, *COMMON),
             label="curvature: lowest state (l/L)",
             bounds=UNIT_INTERVAL,
         ),
@@ -97,7 +124,7 @@ def lmc_declare_metrics():
             "mean over states of exp(entropy of the normalised singular values of the tokens)",
             _NEEDS,
             opt_in=True,
-            options=(STANDARDIZE,),
+            options=(STANDARDIZE, *COMMON),
             profiles=("effective_rank",),
             label="effective rank",
         ),
@@ -106,7 +133,7 @@ def lmc_declare_metrics():
             "task-level alpha-entropy of the Gram matrix of the documents' pooled states",
             _NEEDS,
             opt_in=True,
-            options=(ALPHA, STANDARDIZE, POOLING),
+            options=(ALPHA, STANDARDIZE, POOLING, CLAMP, *COMMON),
             label="dataset entropy",
             unit="nats",
             task_level=True,
@@ -134,6 +161,17 @@ class LayerByLayerReducer:
 
     def __init__(self, batch: BatchInfo, profiles: set[str], pooled: bool, options):
         self.mask = batch.token_mask
+        if options.get(TOKENS.name, TOKENS.default) == "all":  # position 0 included
+            from lm_coupling.metrics.layer_by_layer_authors import tokens_from_first
+
+            self.mask = tokens_from_first(batch.first_index, batch.last_index, batch.n_tokens)
+        self.final_norm, self.n_layers = None, batch.n_layers
+        if options.get(LAST_STATE.name, LAST_STATE.default) == "post_norm":
+            if batch.final_norm is None:
+                raise ValueError("lbl_last_state=post_norm needs the model's final norm")
+            self.final_norm = batch.final_norm
+        self.clamp = bool(options.get(CLAMP.name, CLAMP.default))
+        self.zero_steps = options.get(ZERO_STEPS.name, ZERO_STEPS.default)
         self.profiles = profiles
         self.pooled = pooled
         self.alpha = float(options.get(ALPHA.name, ALPHA.default))
@@ -151,17 +189,27 @@ class LayerByLayerReducer:
         from lm_coupling.metrics import layer_by_layer as lbl
 
         mask = self.mask.to(view.hidden.device)
-        states = lbl.standardize_tokens(view.hidden, mask) if self.standardize else view.hidden
+        hidden = view.hidden
+        if self.final_norm is not None and view.layer == self.n_layers:  # hidden_states[-1]
+            hidden = self.final_norm(hidden).to(hidden.device)
+        states = lbl.standardize_tokens(hidden, mask) if self.standardize else hidden
         dtype = torch.float64 if states.dtype == torch.float64 else torch.float32
         if {"prompt_entropy", "effective_rank"} & self.profiles:  # one spectrum for both
             eigenvalues = lbl.gram_eigenvalues(states, mask)
         if "prompt_entropy" in self.profiles:
-            value = lbl.spectrum_entropy(eigenvalues, self.alpha)
+            if self.clamp:
+                from lm_coupling.metrics.layer_by_layer_authors import clamped_gram_eigenvalues
+
+                value = lbl.spectrum_entropy(clamped_gram_eigenvalues(states, mask), self.alpha)
+            else:
+                value = lbl.spectrum_entropy(eigenvalues, self.alpha)
             if self.normalized:
                 value = lbl.normalize_entropy(value, mask.sum(dim=1), states.shape[-1])
             self.columns["prompt_entropy"].append(value.to(dtype))
         if "curvature" in self.profiles:
-            self.columns["curvature"].append(lbl.curvature(states, mask, absolute=self.absolute))
+            self.columns["curvature"].append(
+                lbl.curvature(states, mask, absolute=self.absolute, zero_steps=self.zero_steps)
+            )
         if "effective_rank" in self.profiles:
             rank = lbl.effective_rank_from_eigenvalues(eigenvalues)
             self.columns["effective_rank"].append(rank.to(dtype))
@@ -214,7 +262,7 @@ def lmc_compute_batch(selected, reduced):
     return {"values": values, "profiles": profiles, "summaries": summaries}
 
 
-def _by_count(pooled, alpha: float) -> dict[str, list]:
+def _by_count(pooled, alpha: float, clamp: bool = False) -> dict[str, list]:
     """Dataset entropy (mean over states) on the first n documents, n = 1, 2, 4, ..., N."""
     import torch
 
@@ -228,7 +276,7 @@ def _by_count(pooled, alpha: float) -> dict[str, list]:
         gram = DatasetGram(pooled.shape[1], pooled.shape[2])
         gram.update(pooled[:n])
         counts.append(n)
-        values.append(float(torch.nanmean(gram.entropy(alpha))) if n else float("nan"))
+        values.append(float(torch.nanmean(gram.entropy(alpha, clamp))) if n else float("nan"))
         if n == total:
             return {"n": counts, "value": values}
         n *= 2
@@ -247,6 +295,7 @@ def lmc_aggregate_task(selected, options, documents, doc_ids):
     from lm_coupling.metrics.layer_by_layer import DatasetGram
 
     alpha = float(options.get(ALPHA.name, ALPHA.default))
+    clamp = bool(options.get(CLAMP.name, CLAMP.default))
     order = sorted(range(len(documents)), key=lambda i: doc_ids[i])
     rows = [documents[i].summaries.get(DATASET) for i in order]
     kept = [np.asarray(r, dtype=np.float64) for r in rows if r is not None]
@@ -255,6 +304,9 @@ def lmc_aggregate_task(selected, options, documents, doc_ids):
         "alpha": alpha,
         "pooling": options.get(POOLING.name, POOLING.default),
         "standardize": bool(options.get(STANDARDIZE.name, STANDARDIZE.default)),
+        "clamp": clamp,
+        "tokens": options.get(TOKENS.name, TOKENS.default),
+        "last_state": options.get(LAST_STATE.name, LAST_STATE.default),
         "n": len(kept),
         "left_out": len(rows) - len(kept),
     }
@@ -263,11 +315,11 @@ def lmc_aggregate_task(selected, options, documents, doc_ids):
     pooled = torch.from_numpy(np.stack(kept))
     gram = DatasetGram(pooled.shape[1], pooled.shape[2])
     gram.update(pooled)
-    profile = gram.entropy(alpha)
+    profile = gram.entropy(alpha, clamp)
     section.update(
         value=float(profile.mean()),
         min_layer=float(_min_layer(profile[None])[0]),
         profile=[float(v) for v in profile],
-        by_count=_by_count(pooled, alpha),
+        by_count=_by_count(pooled, alpha, clamp),
     )
     return {DATASET: section}

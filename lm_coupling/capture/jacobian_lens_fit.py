@@ -1,0 +1,310 @@
+"""The Jacobian lens's reference estimator: whole-sequence vector-Jacobian products, batched.
+
+Gurnee et al. (2026) fit the Jacobian lens, and TransformerLens 4.3
+(``JacobianLens.fit``) implements their reference estimator, as
+
+    J_l = E_prompt[ (1 / |V|) sum_{t in V} sum_{t' in V, t' >= t} d x^L_{t'} / d x^l_t ],
+
+``V = {s, ..., T - 2}`` the positions left after skipping the first
+``s = skip_first_positions`` and the final one, the prompt truncated to
+``max_seq_len`` tokens, ``x^L`` the last block's output before the final norm.
+Target positions are summed, source positions and prompts averaged.
+
+How this module computes one prompt's term (:func:`reference_lens_rows`): one
+forward pass of the prompt replicated ``dim_batch`` times, stopped after the
+last block (the head is never run), rooted at ``x^0`` (the parameters are
+frozen for the pass and restored), then ``ceil(d / dim_batch)`` backward
+passes, each with a block of ``dim_batch`` one-hot cotangents: copy i of the
+batch carries output coordinate i at every position of V at once, so by
+causality its gradient at source position t is row i of
+``sum_{t' >= t} d x^L_{t'} / d x^l_t``, for every state l in the same pass.
+That is the reference's own route (it is the same estimator, so the same
+count of backward passes); this module differs from it in what it needs: no
+hooked model wrapper (the model's own blocks, located by
+``capture.architecture``), the embedding output ``x^0`` fitted too (state 0;
+TransformerLens starts at block 0's output), and the forward pass stopped
+before the unembedding.
+
+The last-position estimator (``J_l = E[d x^L_n / d x^l_n]`` at the target
+position n only, from the engine's block Jacobians) is
+``lm_coupling.metrics.jacobian_lens.jacobian_products``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.errors import LmCouplingError
+
+__all__ = [
+    "ESTIMATORS",
+    "DEFAULT_DIM_BATCH",
+    "DEFAULT_MAX_SEQ_LEN",
+    "DEFAULT_SKIP_FIRST",
+    "lens_terms",
+    "model_identity",
+    "reference_lens_rows",
+    "unembedding_fingerprint",
+    "valid_positions",
+]
+
+REFERENCE, LAST_POSITION = "reference", "last_position"
+ESTIMATORS = (REFERENCE, LAST_POSITION)
+"""The Jacobian-lens estimators: the reference's (default) and the target position's alone."""
+
+DEFAULT_SKIP_FIRST = 16
+"""Leading positions left out of the average (TransformerLens 4.3 ``skip_first_positions``)."""
+
+DEFAULT_MAX_SEQ_LEN = 128
+"""Prompts are truncated to this many tokens (TransformerLens 4.3 ``max_seq_len``)."""
+
+DEFAULT_DIM_BATCH = 8
+"""Cotangent directions per backward pass (TransformerLens 4.3 ``dim_batch``)."""
+
+
+class _Stop(Exception):
+    """Raised after the last block's output is captured: the head is not needed."""
+
+
+def valid_positions(n_tokens: int, skip_first_positions: int) -> range:
+    """The positions V the estimator averages over: ``s .. T-2`` (empty: the prompt is skipped)."""
+    return range(skip_first_positions, n_tokens - 1)
+
+
+def _hidden_input(args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
+    if args and isinstance(args[0], torch.Tensor):
+        return args[0], True
+    hidden = kwargs.get("hidden_states")
+    if not isinstance(hidden, torch.Tensor):
+        raise LmCouplingError(
+            "the Jacobian lens fit expected the first decoder block to receive the hidden "
+            "states as its first argument or as hidden_states=; it found neither"
+        )
+    return hidden, False
+
+
+@contextlib.contextmanager
+def _frozen_parameters(model: nn.Module) -> Iterator[None]:
+    """Parameters out of the graph for the fit (their ``requires_grad`` restored after)."""
+    saved = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in saved:
+            p.requires_grad_(False)
+        yield
+    finally:
+        for p, flag in saved:
+            p.requires_grad_(flag)
+
+
+def _states_with_graph(
+    model: nn.Module, parts: ModelParts, ids: torch.Tensor, copies: int, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """``[x^0, x^1, ..., x^L]`` of ``copies`` replicas of one prompt, in one graph rooted at x^0."""
+    blocks = parts.blocks
+    states: list[torch.Tensor] = []
+
+    def root(module, args, kwargs):
+        if states:  # a looped model calls block 1 again: its input is already in the graph
+            return None
+        hidden, positional = _hidden_input(args, kwargs)
+        x0 = hidden.detach().to(dtype).requires_grad_(True)
+        states.append(x0)
+        x0_in = x0.to(hidden.dtype)
+        if positional:
+            return (x0_in, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": x0_in}
+
+    def out(module, args, kwargs, output):
+        states.append(block_output_hidden(output))
+        if len(states) == len(blocks) + 1:
+            raise _Stop
+
+    handles = [blocks[0].register_forward_pre_hook(root, with_kwargs=True)]
+    handles += [
+        b.register_forward_hook(out, with_kwargs=True)
+        for b in dict.fromkeys(blocks)  # unique
+    ]
+    try:
+        with torch.enable_grad():
+            model(input_ids=ids[None].expand(copies, -1), use_cache=False)
+    except _Stop:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(states) != len(blocks) + 1:
+        raise LmCouplingError(
+            f"the Jacobian lens fit expected {len(blocks)} block calls in the forward pass, "
+            f"found {len(states) - 1}"
+        )
+    d = parts.d_model
+    for layer, x in enumerate(states):
+        if x.dim() != 3 or x.shape[-1] != d or x.shape[0] != copies:
+            raise LmCouplingError(
+                f"the Jacobian lens fit needs single-stream states [B, T, {d}]; state {layer} "
+                f"has shape {tuple(x.shape)}"
+            )
+    return states
+
+
+def reference_lens_rows(
+    model: nn.Module,
+    parts: ModelParts,
+    input_ids: torch.Tensor,
+    skip_first_positions: int = DEFAULT_SKIP_FIRST,
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
+    dim_batch: int = DEFAULT_DIM_BATCH,
+) -> torch.Tensor | None:
+    """One prompt's term of the reference Jacobian-lens estimator, for every state l = 0..L.
+
+    ``R_l = (1 / |V|) sum_{t in V} sum_{t' in V, t' >= t} d x^L_{t'} / d x^l_t`` (rows:
+    output coordinates), V the positions ``s .. T-2`` of the prompt truncated to
+    ``max_seq_len`` tokens; the lens is the mean of ``R_l`` over prompts.
+
+    Reference: Gurnee et al. (2026); TransformerLens 4.3
+    ``transformer_lens.tools.analysis.jacobian_lens.JacobianLens.fit`` (its
+    ``J[l]`` is ``R_{l+1}`` here: its layer l is block l's output, state l + 1;
+    state 0, the embedding output, is not fitted there, and ``R_L = I``).
+
+    Args:
+        model: a Hugging Face causal LM (parameters frozen for the call and
+            restored; not otherwise modified).
+        parts: ``locate_model_parts(model)``.
+        input_ids: ``[T]`` token ids of one prompt (no padding).
+        skip_first_positions: s, leading positions left out (>= 0).
+        max_seq_len: tokens kept from the start of the prompt (>= 2).
+        dim_batch: cotangent directions per backward pass (>= 1): the prompt
+            runs as ``dim_batch`` copies, and there are ``ceil(d / dim_batch)``
+            backward passes.
+
+    Returns:
+        ``[L+1, d, d]`` float32 (float64 for a float64 model), on the CPU; None
+        when V is empty (``T <= s + 1``: the reference skips such a prompt).
+    """
+    for name, value, low in (
+        ("skip_first_positions", skip_first_positions, 0),
+        ("max_seq_len", max_seq_len, 2),
+        ("dim_batch", dim_batch, 1),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, found {value!r}")
+    ids = torch.as_tensor(input_ids).reshape(-1)[:max_seq_len].to(parts.input_device)
+    positions = valid_positions(int(ids.shape[0]), skip_first_positions)
+    if len(positions) == 0:
+        return None
+    param = next((p for p in parts.blocks[0].parameters() if p.is_floating_point()), None)
+    dtype = torch.float32 if param is None else work_dtype(param)
+    d, n_layers = parts.d_model, parts.n_layers
+    copies = min(dim_batch, d)
+    with _frozen_parameters(model):
+        states = _states_with_graph(model, parts, ids, copies, dtype)
+        target, sources = states[-1], states[:-1]
+        rows = torch.empty(n_layers + 1, d, d, dtype=dtype)
+        rows[n_layers] = torch.eye(d, dtype=dtype)
+        where = torch.as_tensor(list(positions), device=target.device)
+        copy = torch.arange(copies, device=target.device)
+        cotangent = torch.zeros_like(target)
+        n_passes = math.ceil(d / copies)
+        for step in range(n_passes):
+            first = step * copies
+            n = min(copies, d - first)
+            cotangent.zero_()
+            cotangent[copy[:n, None], where[None, :], first + copy[:n, None]] = 1
+            grads = torch.autograd.grad(
+                target, sources, grad_outputs=cotangent, retain_graph=step < n_passes - 1
+            )
+            for layer, grad in enumerate(grads):
+                block = grad[:n, where.to(grad.device)].to(dtype).mean(dim=1)
+                rows[layer, first : first + n] = block.cpu()
+    return rows
+
+
+def unembedding_fingerprint(parts: ModelParts) -> str:
+    """A SHA-256 of the unembedding: its shape and every ``ceil(V / 4096)``-th row (float32).
+
+    Recorded in a lens file so that a lens of another model (or another head)
+    is refused; sampled rows keep it cheap on wide vocabularies.
+    """
+    weight = parts.unembed_weight.detach()
+    stride = max(1, math.ceil(weight.shape[0] / 4096))
+    digest = hashlib.sha256(str(tuple(weight.shape)).encode())
+    digest.update(weight[::stride].to("cpu", torch.float32).contiguous().numpy().tobytes())
+    if parts.unembed_bias is not None:
+        digest.update(parts.unembed_bias.detach().to("cpu", torch.float32).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def model_identity(model: nn.Module, parts: ModelParts) -> dict[str, Any]:
+    """What a lens file records of the model it was fitted on.
+
+    ``model_name`` and ``model_revision`` are what TransformerLens records and
+    checks: ``config.name_or_path``, and None for the revision (transformers 5
+    keeps no commit on a loaded config, so TransformerLens 4.3 records None too).
+    """
+    from lm_coupling.capture.transformers_adapter import loaded_from
+
+    return {
+        "model_name": loaded_from(model) or None,
+        "model_revision": None,
+        "model_type": parts.model_type,
+        "n_layers": parts.n_layers,
+        "d_model": parts.d_model,
+        "unembedding_sha256": unembedding_fingerprint(parts),
+    }
+
+
+def lens_terms(
+    runner: Any, prompts: Sequence[torch.Tensor], options: Mapping[str, Any]
+) -> list[torch.Tensor | None]:
+    """Each prompt's term of the Jacobian-lens fit, under the estimator ``options`` name.
+
+    ``jlens_estimator=reference`` (default): :func:`reference_lens_rows` with
+    ``jlens_skip_first``, ``jlens_max_len`` and ``jlens_dim_batch``;
+    ``last_position``: ``d x^L_n / d x^l_n`` at the target position n from the
+    engine's dense block Jacobians (``metrics.jacobian_lens.jacobian_products``).
+
+    Args:
+        runner: the geometry runner (``model``, ``parts``, ``engine``).
+        prompts: ``[T_b]`` token ids of each sampled document.
+        options: the run's options.
+
+    Returns:
+        Per prompt ``[L+1, d, d]`` on the CPU; None where the reference skips
+        the prompt (too short); NaN where the engine could not reproduce the
+        model's blocks (the document is then left out of the fit, counted).
+    """
+    from lm_coupling.metrics.jacobian_lens import jacobian_products
+
+    estimator = options.get("jlens_estimator", REFERENCE)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"jlens_estimator must be one of {ESTIMATORS}, found {estimator!r}")
+    out: list[torch.Tensor | None] = []
+    for ids in prompts:
+        if estimator == REFERENCE:
+            out.append(
+                reference_lens_rows(
+                    runner.model,
+                    runner.parts,
+                    ids,
+                    skip_first_positions=options.get("jlens_skip_first", DEFAULT_SKIP_FIRST),
+                    max_seq_len=options.get("jlens_max_len", DEFAULT_MAX_SEQ_LEN),
+                    dim_batch=options.get("jlens_dim_batch", DEFAULT_DIM_BATCH),
+                )
+            )
+            continue
+        try:
+            blocks = runner.engine.dense_jacobians(ids)
+        except LmCouplingError:
+            L, d = runner.parts.n_layers, runner.parts.d_model
+            out.append(torch.full((L + 1, d, d), math.nan))
+            continue
+        out.append(jacobian_products(blocks).cpu())
+    return out

@@ -1,0 +1,229 @@
+"""Jacobian-lens files, interchangeable with TransformerLens's (``JacobianLens.save`` / ``load``).
+
+A lens file is the reference implementation's artifact, which TransformerLens
+4.3 writes and reads (``torch.save``; ``torch.load(path, weights_only=True)``):
+
+    {"J": {l: [d, d]}, "n_prompts": N, "source_layers": [l, ...], "d_model": d,
+     "metadata": {...}}
+
+with ``J[l]`` the transport of block l's output (0-based), i.e. state ``l + 1``
+here, rows the output coordinates, for ``l = 0 .. L-2`` (the last block's
+transport is the identity and is not stored). lm-coupling adds what that
+format has no place for, under keys TransformerLens ignores: the transport of
+state 0 (the embedding output) as the top-level ``"lm_coupling_state0"``, and
+``metadata["lm_coupling"]`` (format, version, task, L, the estimator and a
+fingerprint of the unembedding). ``metadata`` also carries the fields
+TransformerLens records and checks (``model_name``, ``model_revision``,
+``target_layer``, ``estimator``, ``corpus``, the fit's options).
+
+Reading (:func:`load_lens`) accepts that format whoever wrote it, a
+reference fit checkpoint (``jacobian_sum`` / ``n_done``), and lm-coupling's
+version-1 files (``{"format": "lm_coupling.jacobian_lens", "jacobians":
+[L+1, d, d]}``). States a file has no transport for (state 0 in a
+TransformerLens file, layers a partial fit left out) are NaN: the reading
+metrics leave them out (docs/metrics.md, "The Jacobian lens").
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lm_coupling.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
+
+FORMAT = "lm_coupling.jacobian_lens"
+VERSION = 2
+STATE0 = "lm_coupling_state0"
+"""Top-level key of the state-0 (embedding output) transport; TransformerLens ignores it."""
+
+ESTIMATOR_NAMES = {"reference": "jacobian_lens", "last_position": "lm_coupling_last_position"}
+"""Our estimator option -> the ``metadata["estimator"]`` written (TransformerLens's name first)."""
+
+
+def save_lens(
+    path: str | Path,
+    jacobians: torch.Tensor,
+    n_documents: int,
+    task: str,
+    identity: dict[str, Any] | None = None,
+    fit: dict[str, Any] | None = None,
+) -> Path:
+    """Write a fitted lens ``[L+1, d, d]`` in the interchange format; returns the file written.
+
+    Args:
+        path: a ``.pt`` path, or a folder (``jlens_<task>.pt`` inside).
+        jacobians: ``J_l`` for states l = 0..L (``J_L = I``; not stored).
+        n_documents: documents the lens was fitted on.
+        task: the task it was fitted on (``metadata["corpus"]``).
+        identity: ``capture.jacobian_lens_fit.model_identity`` of the model.
+        fit: the fit's options (``estimator``, ``skip_first_positions``, ...).
+    """
+    import torch
+
+    path = Path(path)
+    if path.suffix != ".pt":
+        path = path / f"jlens_{task}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    J = jacobians.detach().to("cpu", torch.float32).contiguous()
+    n_layers, d = J.shape[0] - 1, J.shape[-1]
+    identity, fit = dict(identity or {}), dict(fit or {})
+    estimator = fit.pop("estimator", "reference")
+    metadata: dict[str, Any] = {
+        "model_name": identity.get("model_name"),
+        "model_revision": identity.get("model_revision"),
+        "estimator": ESTIMATOR_NAMES.get(estimator, estimator),
+        "hook_convention": "blocks.{layer}.hook_out",
+        "corpus": task,
+        "n_prompts": int(n_documents),
+        "fit_dtype": "float32",
+        "target_layer": n_layers - 1,
+        **fit,
+        "lm_coupling": {
+            "format": FORMAT,
+            "version": VERSION,
+            "task": task,
+            "n_layers": n_layers,
+            "estimator": estimator,
+            "model_type": identity.get("model_type"),
+            "unembedding_sha256": identity.get("unembedding_sha256"),
+        },
+    }
+    record = {
+        "J": {layer - 1: J[layer].clone() for layer in range(1, n_layers)},
+        "n_prompts": int(n_documents),
+        "source_layers": list(range(n_layers - 1)),
+        "d_model": int(d),
+        "metadata": metadata,
+        STATE0: J[0].clone(),
+    }
+    torch.save(record, path)
+    return path
+
+
+def _refuse(path: Path, why: str) -> ConfigurationError:
+    return ConfigurationError(f"jlens_path={path}: {why}")
+
+
+def _from_version1(path: Path, record: dict, n_layers: int, d_model: int) -> dict[str, Any]:
+    J = record["jacobians"]
+    if tuple(J.shape) != (n_layers + 1, d_model, d_model):
+        raise _refuse(
+            path,
+            f"holds a lens of shape {tuple(J.shape)}; this model needs [{n_layers + 1}, "
+            f"{d_model}, {d_model}] (L = {n_layers}, d = {d_model}): fit it on this model",
+        )
+    return {
+        "jacobians": J.float(),
+        "n_documents": int(record["n_documents"]),
+        "task": record.get("task"),
+        "n_layers": n_layers,
+        "d_model": d_model,
+        "metadata": {},
+    }
+
+
+def _transports(path: Path, record: dict) -> tuple[dict, int, dict]:
+    """``({layer: [d, d]}, n_prompts, metadata)`` of an artifact or a fit checkpoint."""
+    if "J" in record:
+        return (
+            dict(record["J"]),
+            int(record.get("n_prompts", 0)),
+            dict(record.get("metadata") or {}),
+        )
+    count = int(record.get("n_done", record.get("n_prompts", 0)))
+    if count <= 0:
+        raise _refuse(path, f"is a fit checkpoint with n_done={count}; nothing to average")
+    sums = record["jacobian_sum"]
+    metadata = dict(record.get("metadata") or {})
+    if "target_layer" in record:
+        metadata.setdefault("target_layer", record["target_layer"])
+    return {layer: matrix.float() / count for layer, matrix in sums.items()}, count, metadata
+
+
+def load_lens(
+    path: str | Path, n_layers: int, d_model: int, unembedding_sha256: str | None = None
+) -> dict[str, Any]:
+    """Read a lens file and check it belongs to a model of L blocks, width d and this head.
+
+    Args:
+        path: the file.
+        n_layers: L of the model read through it.
+        d_model: d of that model.
+        unembedding_sha256: that model's fingerprint
+            (``capture.jacobian_lens_fit.unembedding_fingerprint``); a file
+            that records another is refused.
+
+    Returns:
+        ``{"jacobians": [L+1, d, d] float32 (NaN where the file has no
+        transport; J_L = I), "n_documents", "task", "n_layers", "d_model",
+        "metadata"}``.
+
+    Raises:
+        ConfigurationError: the file is missing or not a lens, or it belongs to
+            another model (width, depth, final-layer target, unembedding).
+    """
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigurationError(
+            f"jlens_path={path} is not a file; leave jlens_path out to fit the lens in the run "
+            "(jlens_fit then comes in by itself; docs/metrics.md, 'The Jacobian lens')"
+        )
+    record = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(record, dict):
+        raise _refuse(path, f"is not a Jacobian lens file ({FORMAT} or TransformerLens's)")
+    if record.get("format") == FORMAT:
+        return _from_version1(path, record, n_layers, d_model)
+    if "J" not in record and "jacobian_sum" not in record:
+        raise _refuse(path, f"is not a Jacobian lens file ({FORMAT} or TransformerLens's)")
+    transports, count, metadata = _transports(path, record)
+    ours = metadata.get("lm_coupling") if isinstance(metadata.get("lm_coupling"), dict) else {}
+    widths = {tuple(m.shape) for m in transports.values()}
+    if widths - {(d_model, d_model)}:
+        raise _refuse(
+            path,
+            f"holds transports of shape {sorted(widths)}; this model has d = {d_model}: the "
+            "lens belongs to another model",
+        )
+    outside = sorted(int(layer) for layer in transports if not 0 <= int(layer) < n_layers - 1)
+    if outside:
+        raise _refuse(
+            path,
+            f"has source layers {outside} outside this model's 0..{n_layers - 2} (L = "
+            f"{n_layers}): the lens belongs to another model",
+        )
+    target = int(metadata.get("target_layer", n_layers - 1))
+    recorded_depth = ours.get("n_layers")
+    if target != n_layers - 1 or (recorded_depth is not None and recorded_depth != n_layers):
+        raise _refuse(
+            path,
+            f"was fitted with target layer {target} (of {recorded_depth or '?'} blocks); this "
+            f"model's final block is {n_layers - 1}: the lens belongs to another model",
+        )
+    recorded = ours.get("unembedding_sha256")
+    if recorded and unembedding_sha256 and recorded != unembedding_sha256:
+        raise _refuse(
+            path,
+            f"was fitted on model {metadata.get('model_name')!r} with another unembedding "
+            f"(sha256 {recorded[:12]}..., this model's {unembedding_sha256[:12]}...): fit the "
+            "lens on this model",
+        )
+    J = torch.full((n_layers + 1, d_model, d_model), math.nan)
+    J[n_layers] = torch.eye(d_model)
+    for layer, matrix in transports.items():
+        J[int(layer) + 1] = matrix.float()
+    if isinstance(record.get(STATE0), torch.Tensor):
+        J[0] = record[STATE0].float()
+    return {
+        "jacobians": J,
+        "n_documents": count,
+        "task": ours.get("task", metadata.get("corpus")),
+        "n_layers": n_layers,
+        "d_model": d_model,
+        "metadata": metadata,
+    }

@@ -1,0 +1,49 @@
+"""A marker on the coupling heatmap for layers whose top-K subspace is ill-defined.
+
+The coupling of blocks l and l' reads the top-K singular vectors of block l'.
+When ``s_K`` and ``s_{K+1}`` of a block are (nearly) equal, its top-K subspace
+is not determined by the spectrum (any rotation mixing the K-th and
+(K+1)-th singular vectors is as good), and so neither are the coupling values
+that use it. The Jacobian engine flags such a layer (the geometry file's
+``coupling.ill_defined``, docs/metrics.md, "The ill-defined subspace"); the
+report marks it on both axes of the heatmap, with the spectral gap
+``s_K / s_{K+1}`` in the legend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from matplotlib.axes import Axes
+
+MARK = "tab:red"
+
+
+def mark_ill_defined(
+    ax: Axes, flags: Sequence[bool | None] | None, gaps: Sequence[float | None] | None = None
+) -> int:
+    """Mark the flagged blocks (1-based) beside the heatmap's rows and above its columns.
+
+    Args:
+        ax: the heatmap's axes (`figures.coupling_heatmap`: blocks 1..L).
+        flags: per block, whether its top-K subspace is ill-defined (None: unknown).
+        gaps: per block, ``s_K / s_{K+1}`` (for the legend's range).
+
+    Returns:
+        The number of blocks marked (0: nothing drawn).
+    """
+    blocks = [i + 1 for i, flag in enumerate(flags or ()) if flag]
+    if not blocks:
+        return 0
+    n = len(flags)
+    ax.plot([0.5 - 0.02 * n] * len(blocks), blocks, ">", color=MARK, ms=4, clip_on=False)
+    ax.plot(blocks, [0.5 - 0.02 * n] * len(blocks), "v", color=MARK, ms=4, clip_on=False)
+    marked = [gaps[b - 1] for b in blocks if gaps and gaps[b - 1] is not None]
+    marked = [g for g in marked if math.isfinite(g)]
+    span = f"; s_K/s_K+1 {min(marked):.3f}-{max(marked):.3f}" if marked else ""
+    ax.text(
+        0.0, -0.16, f"red marks: {len(blocks)} of {n} blocks with an ill-defined top-K "
+        f"subspace{span}", transform=ax.transAxes, fontsize=7, color=MARK,
+    )  # fmt: skip
+    return len(blocks)
