@@ -32,7 +32,8 @@ def evaluate_values(model_args: dict[str, str], data_dir: Path, metrics: str) ->
     started = time.perf_counter()
     results = lm_coupling.evaluate(
         model_args=model_args, tasks=list(TASKS), metrics=metrics,
-        metric_args=f"coupling_docs={COUPLING_DOCS}", metadata={"lmc_data_dir": str(data_dir)},
+        metric_args=f"coupling_docs={COUPLING_DOCS}" if "coupling" in metrics else None,
+        metadata={"lmc_data_dir": str(data_dir)},
         limit=LIMIT, log_samples=True,
     )  # fmt: skip
     return {

@@ -25,7 +25,7 @@ from smollm2_reference import (
     lens,
     trajectory,
 )
-from smollm2_runs import METRICS, PER_DOCUMENT, SAMPLED, TASKS, evaluate_values
+from smollm2_runs import PER_DOCUMENT, SAMPLED, TASKS, evaluate_values
 
 RTOL = 1e-4
 ATOL = 1e-6  # values that are 0 or near it (fixation depth 0, coupling near 0)
@@ -64,8 +64,7 @@ def test_accuracy_is_lm_evals_own(geometry_run, plain_run, task):
 
 def _prompt(tokenizer, row: dict) -> tuple[list[int], int]:
     """The measured prompt (context tokens) and the gold continuation's first token."""
-    request = row["arguments"][f"gen_args_{int(row['target'])}"]
-    context, continuation = encode_pair(tokenizer, request["arg_0"], request["arg_1"])
+    context, continuation = encode_pair(tokenizer, *row["arguments"][int(row["target"])])
     return context, continuation[0]
 
 
@@ -87,7 +86,8 @@ def references(geometry_run, reference_model) -> dict[int, dict]:
         ref.update(lens_values)
         if math.isfinite(row.get("coupling", math.nan)):
             blocks = [BlockAtLast(model, layer, captured) for layer in range(len(states) - 1)]
-            assert max(block.check() for block in blocks) < 1e-10  # the model's own blocks
+            # the model's own blocks (its RMSNorm computes in float32, even in a float64 model)
+            assert max(block.check() for block in blocks) < 1e-6
             ref.update(coupling([block.residual_jacobian() for block in blocks]))
         values[doc_id] = ref
     return values
@@ -114,13 +114,18 @@ def test_every_value_equals_the_independent_float64_one(geometry_run, references
 
 
 def test_gguf_route_and_float_folder_agree(geometry_run, float_folder, real_items):
-    """The float folder saved from the dequantized GGUF gives the GGUF route's values."""
-    converted = evaluate_values({"pretrained": str(float_folder)}, real_items[0], METRICS)
+    """The float folder saved from the dequantized GGUF gives the GGUF route's values.
+
+    Every per-document metric and the accuracy; coupling (a minute per document on
+    a CI core) is left to the independent check above.
+    """
+    per_document = ",".join(PER_DOCUMENT)
+    converted = evaluate_values({"pretrained": str(float_folder)}, real_items[0], per_document)
     for task in TASKS:
         gguf, folder = _by_doc(geometry_run["samples"][task]), _by_doc(converted["samples"][task])
         assert sorted(gguf) == sorted(folder)
         for doc_id, row in gguf.items():
-            for metric in ("acc",) + PER_DOCUMENT + SAMPLED:
+            for metric in ("acc", *PER_DOCUMENT):
                 a, b = row.get(metric, math.nan), folder[doc_id].get(metric, math.nan)
                 if isinstance(a, float) and math.isnan(a):
                     assert math.isnan(b), (task, doc_id, metric)
