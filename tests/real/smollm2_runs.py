@@ -10,7 +10,7 @@ BIN = Path(sys.executable).parent
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASKS = ("lmc_arc_easy_offline", "lmc_winogrande_offline")
 LIMIT = 6
-COUPLING_DOCS = 2
+COUPLING_DOCS = 1  # per task: one ARC-Easy and one WinoGrande document
 PER_DOCUMENT = (
     "lss", "expodistance", "equidistance", "logit_lens_entropy", "tv_to_target",
     "fixation_depth", "prompt_entropy", "prompt_entropy_min_layer", "curvature",

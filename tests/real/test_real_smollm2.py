@@ -3,8 +3,8 @@
 - The benchmark's accuracy with ``--metrics`` (every per-document metric and
   coupling) is lm-eval's own, document by document, on real ARC-Easy and
   WinoGrande items.
-- Every per-document trajectory, lens and Layer by Layer value of ARC-Easy,
-  and coupling and the alignment ratio on the two sampled documents, equal a
+- Every per-document trajectory, lens and Layer by Layer value, and coupling
+  and the alignment ratio on the two sampled documents (one per task), equal a
   float64 computation written in `smollm2_reference` from docs/design.md
   (hooks and autograd) within 1e-4 relative.
 - The GGUF route and the float folder converted from it give the same values.
@@ -29,7 +29,6 @@ from smollm2_runs import PER_DOCUMENT, SAMPLED, TASKS, evaluate_values
 
 RTOL = 1e-4
 ATOL = 1e-6  # values that are 0 or near it (fixation depth 0, coupling near 0)
-ARC = TASKS[0]
 
 
 def _by_doc(samples: list[dict]) -> dict[int, dict]:
@@ -63,17 +62,23 @@ def test_accuracy_is_lm_evals_own(geometry_run, plain_run, task):
 
 
 def _prompt(tokenizer, row: dict) -> tuple[list[int], int]:
-    """The measured prompt (context tokens) and the gold continuation's first token."""
-    context, continuation = encode_pair(tokenizer, *row["arguments"][int(row["target"])])
+    """The measured prompt (context tokens) and the gold continuation's first token.
+
+    The gold choice's request (WinoGrande, whose options differ in the context: the
+    gold option's, docs/design.md "Conventions").
+    """
+    doc = row["doc"]
+    gold = int(doc["answer"]) - 1 if "option1" in doc else int(row["target"])
+    context, continuation = encode_pair(tokenizer, *row["arguments"][gold])
     return context, continuation[0]
 
 
 @pytest.fixture(scope="module")
-def references(geometry_run, reference_model) -> dict[int, dict]:
-    """The independent float64 values of every ARC-Easy document (coupling where sampled)."""
+def references(geometry_run, reference_model) -> dict[tuple[str, int], dict]:
+    """The independent float64 values of every document (coupling where sampled)."""
     model, tokenizer = reference_model
     values = {}
-    for doc_id, row in _by_doc(geometry_run["samples"][ARC]).items():
+    for task, doc_id, row in _documents(geometry_run):
         ids, target = _prompt(tokenizer, row)
         captured = capture(model, ids)
         states = captured.states
@@ -89,25 +94,31 @@ def references(geometry_run, reference_model) -> dict[int, dict]:
             # the model's own blocks (its RMSNorm computes in float32, even in a float64 model)
             assert max(block.check() for block in blocks) < 1e-6
             ref.update(coupling([block.residual_jacobian() for block in blocks]))
-        values[doc_id] = ref
+        values[(task, doc_id)] = ref
     return values
+
+
+def _documents(run: dict):
+    for task in TASKS:
+        for doc_id, row in _by_doc(run["samples"][task]).items():
+            yield task, doc_id, row
 
 
 def test_every_value_equals_the_independent_float64_one(geometry_run, references):
     """Trajectory, lens and Layer by Layer on every document; coupling on the sampled two."""
-    rows = _by_doc(geometry_run["samples"][ARC])
+    rows = {(task, doc_id): row for task, doc_id, row in _documents(geometry_run)}
     worst: dict[str, float] = {}
     failures = []
-    for doc_id, ref in references.items():
+    for key, ref in references.items():
         for metric in PER_DOCUMENT + SAMPLED:
             if metric not in ref:
                 continue
-            got, want = float(rows[doc_id][metric]), ref[metric]
+            got, want = float(rows[key][metric]), ref[metric]
             worst[metric] = max(worst.get(metric, 0.0), abs(got - want) / max(abs(want), 1e-12))
             if not _close(got, want):
-                failures.append(f"doc {doc_id} {metric}: run {got!r}, float64 {want!r}")
+                failures.append(f"{key} {metric}: run {got!r}, float64 {want!r}")
     assert not failures, "\n".join(failures)
-    sampled = [d for d, ref in references.items() if "coupling" in ref]
+    sampled = [key for key, ref in references.items() if "coupling" in ref]
     assert len(sampled) >= 2, f"coupling was measured on {sampled}"
     assert set(worst) == set(PER_DOCUMENT + SAMPLED)
     print("worst relative difference per metric:", worst)
