@@ -1,4 +1,4 @@
-"""``lm-coupling models fetch smollm2``: checked once, offline afterwards, clear without the index."""
+"""``lm-coupling models fetch smollm2``: checked once, then offline; clear without the index."""
 
 from __future__ import annotations
 
