@@ -110,7 +110,14 @@ def float_folder(tmp_path_factory, smollm2) -> Path:
 
         model = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
         tokenizer = AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
-        model.save_pretrained(folder / "smollm2-float")
+        # transformers refuses to save a model it loaded through its GGUF quantizer: the same
+        # weights go into a model built from the same config, which saves as any float model
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config)
+        plain.load_state_dict(model.state_dict())
+        plain.save_pretrained(folder / "smollm2-float")
         tokenizer.save_pretrained(folder / "smollm2-float")
         return folder / "smollm2-float"
 
