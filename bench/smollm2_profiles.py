@@ -56,16 +56,30 @@ def _mean(profile: dict | None) -> np.ndarray:
     return np.array([math.nan if v is None else v for v in values], dtype=float)
 
 
-def phase_table(geometry: dict) -> list[tuple[str, float, float]]:
-    """(property, thought-phase mean, fixation-phase mean) of one task's geometry file."""
+def _phases(entropy: np.ndarray) -> tuple[str, list[tuple[str, int, int]]]:
+    """The depth phases as (name, first state, last state): thought/fixation, else thirds.
+
+    The boundary is the report's (`lm_coupling.report.boundary`: where the logit-lens
+    entropy has fallen half way from its peak to its last value); where it is undefined
+    (the profile does not fall), the depth is cut into thirds instead, and the table says so.
+    """
     from lm_coupling.report.boundary import boundary_layer
 
+    n = len(entropy) - 1
+    b = boundary_layer(list(entropy))
+    if math.isfinite(b):
+        cut = int(math.ceil(b))
+        return f"boundary at state {b:g}", [("thought", 0, cut - 1), ("fixation", cut, n)]
+    a, c = round(n / 3), round(2 * n / 3)
+    note = "boundary undefined (the logit-lens entropy does not fall): depth thirds"
+    return note, [("early", 0, a), ("middle", a + 1, c), ("late", c + 1, n)]
+
+
+def phase_table(geometry: dict) -> tuple[str, list[str], list[tuple[str, list[float]]]]:
+    """(how the phases were cut, phase names, [(property, value per phase)]) of one task."""
     profiles, matrices = geometry["profiles"], geometry.get("matrices", {})
     entropy = _mean(profiles.get("logit_lens_entropy"))
-    b = boundary_layer(list(entropy))
-    if not math.isfinite(b):
-        return []
-    cut = int(math.ceil(b))  # states 0..cut-1: thought; cut..L: fixation
+    note, phases = _phases(entropy)
     rows = []
     for name, label in (
         ("windowed_lss", "windowed LSS (linearity; lower = straighter)"),
@@ -79,23 +93,26 @@ def phase_table(geometry: dict) -> list[tuple[str, float, float]]:
         if not len(values):
             continue
         # profiles over blocks (1..L) have L values, over states (0..L) L+1
-        offset = 1 if len(values) == len(entropy) - 1 else 0
-        layers = np.arange(len(values)) + offset
-        rows.append((label, np.nanmean(values[layers < cut]), np.nanmean(values[layers >= cut])))
-    ratio = np.array((matrices.get("alignment_ratio") or {}).get("mean") or [], dtype=float)
-    if ratio.size:
-        blocks = np.arange(1, ratio.shape[0] + 1)
-        early, late = blocks < cut, blocks >= cut
-        off = ~np.eye(ratio.shape[0], dtype=bool)
+        layers = np.arange(len(values)) + (1 if len(values) == len(entropy) - 1 else 0)
         rows.append(
-            (
-                "alignment ratio of block pairs within the phase (lower = more aligned)",
-                np.nanmean(ratio[np.ix_(early, early)][off[np.ix_(early, early)]]),
-                np.nanmean(ratio[np.ix_(late, late)][off[np.ix_(late, late)]]),
-            )
+            (label, [np.nanmean(values[(layers >= a) & (layers <= b)]) for _, a, b in phases])
         )
-    rows.insert(0, ("boundary (layer)", b, b))
-    return rows
+    for name, label in (
+        ("alignment_ratio", "alignment ratio within the phase (lower = more aligned)"),
+        ("coupling", "coupling within the phase"),
+    ):
+        matrix = np.array((matrices.get(name) or {}).get("mean") or [], dtype=float)
+        if not matrix.size:
+            continue
+        blocks = np.arange(1, matrix.shape[0] + 1)
+        off = ~np.eye(matrix.shape[0], dtype=bool)
+        cells = []
+        for _, a, b in phases:
+            inside = (blocks >= max(a, 1)) & (blocks <= b)
+            pair = np.ix_(inside, inside)
+            cells.append(np.nanmean(matrix[pair][off[pair]]) if inside.sum() > 1 else math.nan)
+        rows.append((label, cells))
+    return note, [name for name, _, _ in phases], rows
 
 
 def main() -> None:
@@ -115,14 +132,15 @@ def main() -> None:
         run(out, options.tasks.split(","), options.data_dir, options.limit, options.coupling_docs)
     for file in sorted(glob.glob(str(out / "*" / "geometry_*.json"))):
         geometry = json.loads(Path(file).read_text())
-        print(f"\n{geometry['task']} ({geometry['n_documents']} documents): {file}")
-        print("| property | thought phase | fixation phase |")
-        print("|---|---:|---:|")
-        for label, thought, fixation in phase_table(geometry):
-            print(f"| {label} | {thought:.4g} | {fixation:.4g} |")
+        note, names, rows = phase_table(geometry)
+        print(f"\n{geometry['task']} ({geometry['n_documents']} documents): {file}\n{note}")
+        print(f"| property | {' | '.join(names)} |")
+        print("|---|" + "---:|" * len(names))
+        for label, values in rows:
+            print(f"| {label} | {' | '.join(f'{v:.4g}' for v in values)} |")
         (results_file,) = sorted(Path(file).parent.glob("results_*.json"))[-1:]
         values = json.loads(results_file.read_text())["results"].get(geometry["task"], {})
-        for name in ("acc", "equidistance", "lss", "coupling", "alignment_ratio"):
+        for name in ("acc", "equidistance", "lss", "fixation_depth", "coupling", "alignment_ratio"):
             if f"{name},none" in values:
                 print(f"{name}: {values[f'{name},none']:.4g}")
 
