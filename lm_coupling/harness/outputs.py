@@ -14,6 +14,7 @@ import lm_coupling
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.files import geometry_file_name, output_root
 from lm_coupling.harness.session import GeometrySession, TaskRecords
+from lm_coupling.model_source import filed_dtype, filed_name
 
 log = logging.getLogger("lm_coupling")
 
@@ -25,12 +26,11 @@ def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[s
     model_args = config.get("model_args") or {}
     if isinstance(model_args, str):
         model_args = dict(pair.split("=", 1) for pair in model_args.split(",") if "=" in pair)
+    dtype = str(config.get("model_dtype") or model_args.get("dtype", "")).replace("torch.", "")
     return {
-        "name": model_args.get("pretrained", config.get("model")),
+        "name": filed_name(config, model_args.get("pretrained", config.get("model"))),
         "revision": config.get("model_revision") or model_args.get("revision", "main"),
-        "dtype": str(config.get("model_dtype") or model_args.get("dtype", "")).replace(
-            "torch.", ""
-        ),
+        "dtype": filed_dtype(config, dtype),
         **session.model_shape,
     }
 

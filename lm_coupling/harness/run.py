@@ -165,6 +165,7 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     from lm_eval.tasks import TaskManager
 
     from lm_coupling.harness.lm_eval_registry import registered_metrics
+    from lm_coupling.harness.offline_splits import check_offline_splits
     from lm_coupling.harness.quiet import quiet_lm_eval
     from lm_coupling.harness.tasks import GeometryTaskManager
 
@@ -174,6 +175,7 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         include_path=include_paths(config.include_path), metadata=metadata
     )
     tasks = resolve_tasks(index, config.tasks)  # task names fail before the model loads
+    check_offline_splits(index, tasks, metadata)  # so does an offline data folder lacking a split
     hub_args = dict(config.hf_hub_log_args or {})
     if config.output_path:
         hub_args["output_path"] = config.output_path

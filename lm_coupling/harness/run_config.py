@@ -20,6 +20,7 @@ from typing import Any
 
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.harness import model_identity
+from lm_coupling.harness.gguf_checkpoint import check_gguf
 from lm_coupling.harness.model_identity import check_model_named
 from lm_coupling.harness.run_inputs import check_run_inputs
 from lm_coupling.harness.run_options import check_model_path, check_model_type, check_run_options
@@ -50,6 +51,9 @@ class RunConfig:
             record them: its name and weights fingerprint
             (`lm_coupling.harness.model_identity.recorded_model_args`); None
             for a model loaded by name.
+        model_source: a GGUF checkpoint's file and quantisation
+            (`lm_coupling.harness.gguf_checkpoint.GgufCheckpoint.record`), recorded in
+            the results as ``config.lm_coupling.model_source``; None otherwise.
     """
 
     evaluator: Any
@@ -62,6 +66,7 @@ class RunConfig:
     log_samples: bool = False
     echo: bool = False
     model_record: Mapping[str, Any] | None = None
+    model_source: Mapping[str, Any] | None = None
 
     @property
     def model_type(self) -> str:
@@ -91,9 +96,14 @@ class RunConfig:
         check_run_inputs(evaluator.tasks, evaluator.limit, evaluator.output_path)
         check_model_type(evaluator.model or "hf")
         recorded = check_run_options(evaluator)
+        source = None
         if model is None:
             check_model_named(evaluator.model_args)
-            check_model_path((evaluator.model_args or {}).get("pretrained"))
+            model_args = evaluator.model_args or {}
+            gguf = check_gguf(model_args)  # before the path check: a GGUF folder has no config
+            source = gguf.record() if gguf is not None else None
+            if not model_args.get("gguf_file"):
+                check_model_path(model_args.get("pretrained"))
         return cls(
             evaluator=evaluator,
             selection=selection,
@@ -105,6 +115,7 @@ class RunConfig:
             log_samples=bool(evaluator.log_samples or return_samples),
             echo=echo,
             model_record=None if model_record is None else MappingProxyType(dict(model_record)),
+            model_source=None if source is None else MappingProxyType(source),
         )
 
     @classmethod

@@ -370,9 +370,12 @@ MODEL_ARGS: tuple[RunOption, ...] = (
         "(needs several GPUs; not in these tests).",
     ),
     RunOption(
-        "gguf_file", PASSED_ON,
-        "transformers dequantizes a GGUF file into a torch model, whose geometry is measured (not "
-        "tested: needs the gguf package).",
+        "gguf_file", WORKS,
+        "transformers dequantizes a GGUF file into a float torch model, whose geometry is "
+        "measured; the file is checked before the model loads (the gguf package, "
+        "`lm-coupling[gguf]`; a GGUF file; every tensor type dequantizable) and the results file "
+        "the model under the file and its quantisation (`dtype` `gguf:Q4_1`).",
+        checked_by="tests/real/test_real_smollm2.py",
     ),
     RunOption(
         "max_length", WORKS,

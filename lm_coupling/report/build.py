@@ -329,9 +329,19 @@ def task_set_notes(board: pd.DataFrame, sets: TaskSets, targets: list[str]) -> l
             "value is the mean over its own tasks, so these values are not comparable."
         )
     for metric, dropped in sets.dropped.items():
+        undefined = sets.undefined.get(metric, [])
+        missing = [unit for unit in dropped if unit not in undefined]
+        reasons = []
+        if missing:
+            reasons.append(f"left out because only some models have them: {', '.join(missing)}")
+        if undefined:
+            reasons.append(
+                "left out because the value is undefined (NaN) on some models, although every "
+                f"model measured them: {', '.join(undefined)}"
+            )
         notes.append(
             f"{metric} is averaged over the tasks every model has ({sets.used[metric]}); "
-            f"left out because only some models have them: {', '.join(dropped)}."
+            f"{'; '.join(reasons)}."
         )
     partial = [t for t in targets if 0 < board[t].notna().sum() < len(board)]
     if partial:

@@ -52,6 +52,7 @@ import pandas as pd
 
 from lm_coupling.catalogue import INSTALLED, Catalogue, recorded_catalogue
 from lm_coupling.errors import LmCouplingError
+from lm_coupling.model_source import filed_dtype, filed_name
 from lm_coupling.report.benchmarks import benchmark_of, is_geometry_metric, parse_step
 from lm_coupling.report.settings import TaskSetting, metric_options, task_settings
 
@@ -165,7 +166,8 @@ def run_identity(data: dict[str, Any]) -> tuple[str, str, str]:
     args = _model_args(config)
     model = args.get("pretrained") or args.get("model") or data.get("model_name") or "unknown"
     revision = config.get("model_revision") or args.get("revision") or "main"
-    dtype = config.get("model_dtype") or args.get("dtype")
+    dtype = filed_dtype(config, config.get("model_dtype") or args.get("dtype"))
+    model = filed_name(config, model)  # a GGUF checkpoint: its file (lm_coupling.model_source)
     model, revision = _split_local_checkpoint(str(model), str(revision))
     return model, revision, normalize_dtype(dtype)
 

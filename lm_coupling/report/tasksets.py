@@ -44,11 +44,16 @@ class TaskSets:
         used: metric -> the units every model was averaged over ("" when mixed).
         mixed: metrics whose models share no unit (each averaged over its own).
         dropped: metric -> units left out because some models lack them.
+        undefined: metric -> those of ``dropped`` that every model measured,
+            left out because the value is undefined (NaN) on some models (the
+            thought/fixation boundary of a profile without one), not because
+            the task is missing.
     """
 
     used: dict[str, str] = field(default_factory=dict)
     mixed: list[str] = field(default_factory=list)
     dropped: dict[str, list[str]] = field(default_factory=dict)
+    undefined: dict[str, list[str]] = field(default_factory=dict)
 
 
 def scored_groups(selected: pd.DataFrame) -> set[str]:
@@ -151,6 +156,9 @@ def geometry_table(
     """
     every_metric = list(dict.fromkeys(long["metric"]))
     every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None
+    n_models = len(every_id) if every_id is not None else 0
+    measured_by = long.drop_duplicates([*IDENTITY, "metric", "unit"]).groupby(["metric", "unit"])
+    measured_by_all = {key for key, rows in measured_by if len(rows) == n_models}
     long = long[np.isfinite(long["value"].astype(float))]
     units = _unit_values(long)  # every metric at once: one pass, not one per metric
     keys = list(units[[*IDENTITY, "metric", "unit"]].itertuples(index=False, name=None))
@@ -169,6 +177,9 @@ def geometry_table(
             sets.used[metric] = ";".join(sorted(shared[metric]))
             if every - shared[metric]:
                 sets.dropped[metric] = sorted(every - shared[metric])
+                undefined = [u for u in sets.dropped[metric] if (metric, u) in measured_by_all]
+                if undefined:
+                    sets.undefined[metric] = undefined
         else:
             sets.mixed.append(metric)
             sets.used[metric] = ""

@@ -42,11 +42,13 @@ def demo_run(tmp_path_factory):
     out = root / "results"
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env.pop("LM_COUPLING_DATA_DIR", None)
-    command = [sys.executable, "-m", "lm_coupling", "demo", "--out", str(out)]
+    # --no-real: the bundled models alone (SmolLM2's demo run is tests/real's)
+    command = [sys.executable, "-m", "lm_coupling", "demo", "--no-real", "--out", str(out)]
     # Run outside the checkout, so that `-m` imports the installed package, as the test does.
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=root)
     assert done.returncode == 0, done.stderr[-4000:]
     (root / "stdout.txt").write_text(done.stdout)
+    (root / "stderr.txt").write_text(done.stderr)
     (results,) = out.glob("tiny-gpt2/results_*.json")  # folders are named after the model
     return out, json.loads(results.read_text())
 
@@ -170,3 +172,13 @@ def test_default_demo_fits_across_five_independent_models(demo_run):
     summary = (out / "report" / "summary.md").read_text()
     assert "Primary test: across 5 independent models" in summary
     assert "fewer than 5 models" not in summary.split("## Primary test")[1].split("##")[0]
+
+
+def test_printed_paths_exist_after_the_folders_are_renamed(demo_run):
+    """Every file the demo names (``-> <geometry file>``) is where it says, after the renames."""
+    out, _ = demo_run
+    stderr = (out.parent / "stderr.txt").read_text()
+    named = [line.rsplit(" -> ", 1)[1].strip() for line in stderr.splitlines() if " -> " in line]
+    assert named, stderr[-2000:]
+    assert all(Path(path).is_file() for path in named), named
+    assert all(Path(path).parent.parent == out for path in named), named

@@ -1,0 +1,224 @@
+"""GGUF checkpoints (``gguf_file=`` in ``--model_args``), checked before the model loads.
+
+lm-eval's ``hf`` model hands ``gguf_file=`` to transformers, which reads the
+file with the ``gguf`` package and dequantizes every tensor to float
+(``gguf.dequantize``); the geometry is then measured on that float model, as
+on any other. lm-eval's rule: ``pretrained=<folder>,gguf_file=<file>``, the
+file taken relative to the folder (transformers joins the two; an absolute
+``gguf_file`` names the file wherever it is).
+
+Before the model loads, a run with ``gguf_file=`` is refused, with the fix:
+
+- without the ``gguf`` package (the optional extra ``lm-coupling[gguf]``);
+- when the file is missing, or is not a GGUF file (its first four bytes are
+  not ``GGUF``), or ``pretrained=`` names a file rather than a folder;
+- when a tensor is stored in a type the installed ``gguf`` cannot dequantize
+  (``gguf.dequantize`` raises ``NotImplementedError`` for it: Q8_1, Q8_K,
+  the integer types, F64 in gguf 0.19), naming the type and the tensors.
+
+The header's tensor types give the checkpoint's quantisation (the type most
+of its matrices are stored in, e.g. ``Q4_1``), which the results record
+(``config.lm_coupling.model_source``) so that a GGUF model is filed under its
+file and quantisation, never merged with its float original
+(`lm_coupling.model_source`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lm_coupling.errors import ConfigurationError, ModelNotFoundError
+
+GGUF_MAGIC = b"GGUF"
+"""The first four bytes of every GGUF file (llama.cpp's ggml/docs/gguf.md)."""
+
+INSTALL_EXTRA = "pip install 'lm-coupling[gguf]'"
+"""The install line that brings the GGUF reader (the ``gguf`` package)."""
+
+
+@dataclass(frozen=True)
+class GgufCheckpoint:
+    """What a GGUF file's header says, read before the model loads.
+
+    Attributes:
+        path: the file.
+        architecture: ``general.architecture`` (``llama``, ...).
+        quantization: the type most of its matrices (tensors of two or more
+            dimensions) are stored in, e.g. ``Q4_1``.
+        tensor_types: every tensor type in the file with its count.
+    """
+
+    path: Path
+    architecture: str
+    quantization: str
+    tensor_types: Mapping[str, int]
+
+    def record(self) -> dict[str, Any]:
+        """The results' ``config.lm_coupling.model_source`` entry (`lm_coupling.model_source`)."""
+        return {
+            "format": "gguf",
+            "file": str(self.path),
+            "quantization": self.quantization,
+            "architecture": self.architecture,
+            "tensor_types": dict(self.tensor_types),
+        }
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether ``path`` is a file starting with the GGUF magic bytes."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def _first_bytes(path: Path) -> bytes:
+    with path.open("rb") as fh:
+        return fh.read(8)
+
+
+def _local_folder(pretrained: Any) -> Path | None:
+    if not isinstance(pretrained, str) or not pretrained:
+        return None
+    path = Path(pretrained).expanduser()
+    return path if path.exists() else None
+
+
+def check_pretrained_file(pretrained: Any) -> None:
+    """Refuse ``pretrained=`` naming a file (lm-eval takes a folder or a hub id).
+
+    Raises:
+        ConfigurationError: a GGUF file (give its folder and ``gguf_file=``),
+            or any other file (give the folder save_pretrained wrote).
+    """
+    path = _local_folder(pretrained)
+    if path is None or not path.is_file():
+        return
+    if is_gguf_file(path):
+        raise ConfigurationError(
+            f"pretrained={pretrained} names a GGUF file; lm-eval's hf model loads one as "
+            f"pretrained=<folder>,gguf_file=<file>: use pretrained={path.parent},"
+            f"gguf_file={path.name}"
+        )
+    raise ConfigurationError(
+        f"pretrained={pretrained} is a file, not a model: give the folder save_pretrained "
+        "wrote (with config.json and the weights), a hub id, or for a GGUF file "
+        "pretrained=<folder>,gguf_file=<file.gguf>"
+    )
+
+
+def gguf_path(model_args: Mapping[str, Any]) -> Path | None:
+    """The local GGUF file ``model_args`` name, or None (no ``gguf_file=``, or a hub repo)."""
+    name = model_args.get("gguf_file")
+    if not name:
+        return None
+    file = Path(str(name)).expanduser()
+    if file.is_absolute():
+        return file
+    folder = _local_folder(model_args.get("pretrained"))
+    return None if folder is None else folder / file
+
+
+def _require_reader() -> Any:
+    try:
+        import gguf
+    except ImportError as exc:
+        raise ConfigurationError(
+            "gguf_file= needs the GGUF reader, the gguf package, which is not installed: "
+            f"{INSTALL_EXTRA} (transformers reads GGUF files through it)"
+        ) from exc
+    return gguf
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return ""
+
+
+def _readable(gguf: Any, type_name: str) -> bool:
+    """Whether the installed gguf dequantizes this tensor type (what transformers calls)."""
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    try:
+        gguf.dequantize(np.zeros(0, dtype=np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    except Exception:  # implemented; an empty block array only fails its reshape
+        return True
+    return True
+
+
+def read_header(path: Path) -> GgufCheckpoint:
+    """Read a GGUF file's architecture and tensor types (memory-mapped, no weights loaded).
+
+    Raises:
+        ConfigurationError: no gguf package, not a GGUF file, or an unreadable header.
+    """
+    gguf = _require_reader()
+    if not is_gguf_file(path):
+        raise ConfigurationError(
+            f"{path} is not a GGUF file (it starts with {_first_bytes(path)!r}, not "
+            f"{GGUF_MAGIC!r}): gguf_file= takes a llama.cpp GGUF file; for a safetensors or "
+            "PyTorch checkpoint drop gguf_file= and give pretrained=<the folder with config.json>"
+        )
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # a truncated or corrupt file: the reader's own words
+        raise ConfigurationError(
+            f"{path} starts like a GGUF file but cannot be read ({type(exc).__name__}: {exc}); "
+            "download it again"
+        ) from exc
+    counts = Counter(t.tensor_type.name for t in reader.tensors)
+    matrices = Counter(t.tensor_type.name for t in reader.tensors if len(t.shape) >= 2)
+    field = reader.fields.get("general.architecture")
+    architecture = bytes(field.parts[field.data[0]]).decode() if field is not None else "unknown"
+    quantization = (matrices or counts).most_common(1)[0][0] if counts else "none"
+    return GgufCheckpoint(path, architecture, quantization, dict(sorted(counts.items())))
+
+
+def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
+    """Check a ``gguf_file=`` checkpoint before the model loads; None without one.
+
+    A hub repository's GGUF (``pretrained=org/name`` and a relative
+    ``gguf_file``) is left to lm-eval once the reader is known to be there.
+
+    Raises:
+        ConfigurationError: no gguf package, a file that is not GGUF, or a
+            tensor type the installed gguf cannot dequantize (named).
+        ModelNotFoundError: the file is missing (the folder's GGUF files listed).
+    """
+    check_pretrained_file(model_args.get("pretrained"))
+    if not model_args.get("gguf_file"):
+        return None
+    path = gguf_path(model_args)
+    if path is None:
+        _require_reader()
+        return None
+    if not path.is_file():
+        found = sorted(p.name for p in path.parent.glob("*.gguf")) if path.parent.is_dir() else []
+        raise ModelNotFoundError(
+            f"no GGUF file at {path}: gguf_file= is taken relative to pretrained= (or give its "
+            f"absolute path); GGUF files in {path.parent}: {', '.join(found) or 'none'}"
+        )
+    header = read_header(path)
+    gguf = _require_reader()
+    unreadable = sorted(name for name in header.tensor_types if not _readable(gguf, name))
+    if unreadable:
+        raise ConfigurationError(
+            f"{path} stores tensors as {', '.join(unreadable)}, which the installed gguf "
+            f"{_version()} cannot dequantize (transformers loads GGUF "
+            "files through gguf.dequantize); convert the file to a type it reads (F32, F16, "
+            "BF16, Q8_0, Q4_0/Q4_1, Q5_0/Q5_1, the K-quants Q2_K..Q6_K) with llama.cpp's "
+            "llama-quantize, or use the float checkpoint"
+        )
+    return header
