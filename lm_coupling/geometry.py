@@ -139,8 +139,6 @@ class GeometryRunner:
         if streamed:
             self.collector = self._collector(streamed)
         self._engine = None
-        # transformers' ``dtype`` walks the parameters: read once, for the pool's budget.
-        self._state_itemsize = getattr(model, "dtype", torch.float32).itemsize
 
     def _collector(self, needs: set[str]):
         from lm_coupling.capture.attention import check_attentions
@@ -191,16 +189,6 @@ class GeometryRunner:
                 )
             return lens
         return LogitLens(self.parts)
-
-    def standing_hooks(self) -> contextlib.AbstractContextManager[None]:
-        """A context keeping the capture's hooks registered across forward passes.
-
-        Captures and recordings inside it arm those hooks instead of
-        registering their own (``StateCollector.standing_hooks``).
-        """
-        if self.collector is None:
-            return contextlib.nullcontext()
-        return self.collector.standing_hooks()
 
     @property
     def needs_forward_capture(self) -> bool:
@@ -341,48 +329,6 @@ class GeometryRunner:
             last_index, first_index, target_tokens, self._reducer_factories(), documents, rows
         ) as handle:
             yield handle
-
-    @property
-    def can_record(self) -> bool:
-        """Whether forward passes can be recorded now and reduced later (:meth:`replay`).
-
-        Not when a selected metric reads attention probabilities (they are
-        not recorded), nor when nothing is captured.
-        """
-        return self.collector is not None and self.collector.can_record
-
-    def recording_bytes(self, rows: int, n_tokens: int) -> int:
-        """Bytes the recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
-        return self.collector.recording_bytes(rows, n_tokens, self._state_itemsize)
-
-    def record(
-        self,
-        last_index: torch.Tensor,
-        first_index: torch.Tensor,
-        target_tokens: torch.Tensor,
-        documents: Sequence[Sequence[DocumentRef]] | None = None,
-        rows: Sequence[int] | torch.Tensor | None = None,
-    ):
-        """Record the first forward pass run inside the block, to reduce later.
-
-        The arguments are those of :meth:`capture`; the context yields a
-        ``capture.recording.Recording``. Pass a list of complete recordings
-        to :meth:`replay`.
-        """
-        return self.collector.record(last_index, first_index, target_tokens, documents, rows)
-
-    def release_buffers(self) -> None:
-        """Free the memory the collector keeps between replays (a pool's stack)."""
-        if self.collector is not None:
-            self.collector.release_buffers()
-
-    def replay(self, recordings: Sequence[Any]):
-        """Reduce several recorded forward passes as one batch; pass the handle to :meth:`compute`.
-
-        Its rows are the recordings' measured rows, in order. The values equal
-        those of capturing each forward pass (``StateCollector.replay``).
-        """
-        return self.collector.replay(recordings, self._reducer_factories())
 
     def compute(self, captured, metrics: Sequence[str] | None = None) -> list[DocumentGeometry]:
         """Run the plugins on a batch; one `DocumentGeometry` per row.

@@ -65,9 +65,7 @@ class BatchInfo:
         n_layers: L, the number of blocks (states 0..L arrive).
         d_model: d.
         vocab_size: V.
-        size: B, the measured rows: those of one forward pass, or of several
-            small forward passes pooled into one batch (their rows in order,
-            right-padded to the longest; ``harness.batch_pool``).
+        size: B, the measured rows of one forward pass.
         n_tokens: T, positions of the (padded) rows: ``0 .. max(last_index)``
             (positions after every row's n, an answer's tokens, are not served).
         last_index: ``[B]`` int64, the target position n of each row.
@@ -97,7 +95,6 @@ class BatchInfo:
     dtype: Any = None
 
 
-@dataclass(frozen=True)
 class LayerView:
     """One state ``x^l`` of a batch, as a reducer's ``update`` receives it.
 
@@ -112,25 +109,48 @@ class LayerView:
         at_n: ``[B, d]`` ``x^l_n``, the rows at the target positions (with
             any of the streamed needs).
         normed: ``[B, d]`` the final norm of ``x^l_n``; need ``lens``.
-        logits: ``[B, V]`` the lens's logits at n; need ``lens``.
+        logits: ``[B, V]`` the lens's logits at n; need ``lens``. Both are
+            computed when first read (a reducer that never reads them costs
+            no lens), once for every reducer of the batch.
         attentions: ``[B, H, T, T]`` block l's attention probabilities (rows:
             queries, columns: keys); None at l = 0; need ``attentions``.
-        stack: ``[B, L+1, T, d]`` every state ``x^0..x^L`` of the batch at
-            once, when capture already holds them together (a replay of
-            recorded batches, ``capture.recording``), else None; need
-            ``hidden_states``. ``hidden`` is then ``stack[:, layer]``. The
-            same tensor at every layer, capture's own and not changed until
-            the batch is finalized: a reducer that reduces all states at once
-            may keep it (without a copy) from layer 0 to ``finalize``.
     """
 
-    layer: int
-    hidden: torch.Tensor | None = None
-    at_n: torch.Tensor | None = None
-    normed: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    attentions: torch.Tensor | None = None
-    stack: torch.Tensor | None = None
+    __slots__ = ("layer", "hidden", "at_n", "attentions", "_normed", "_logits", "_lens")
+
+    def __init__(
+        self,
+        layer: int,
+        hidden: torch.Tensor | None = None,
+        at_n: torch.Tensor | None = None,
+        normed: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
+        attentions: torch.Tensor | None = None,
+        lens: Any = None,
+    ) -> None:
+        self.layer, self.hidden, self.at_n, self.attentions = layer, hidden, at_n, attentions
+        self._normed, self._logits = normed, logits
+        self._lens = lens  # capture's ``() -> (normed, logits)``, called on the first read
+
+    def _read_lens(self) -> None:
+        read, self._lens = self._lens, None
+        if read is not None:
+            self._normed, self._logits = read()
+
+    @property
+    def normed(self) -> torch.Tensor | None:
+        """``[B, d]`` the final norm of ``x^l_n`` (need ``lens``)."""
+        self._read_lens()
+        return self._normed
+
+    @property
+    def logits(self) -> torch.Tensor | None:
+        """``[B, V]`` the lens's logits at n (need ``lens``)."""
+        self._read_lens()
+        return self._logits
+
+    def __repr__(self) -> str:
+        return f"LayerView(layer={self.layer})"
 
 
 @runtime_checkable
@@ -138,20 +158,15 @@ class LayerReducer(Protocol):
     """What a plugin's ``lmc_layer_reducer`` returns: a reducer of one batch.
 
     ``update`` is called once per state, l = 0..L in order, during the
-    benchmark's forward pass or, for small batches pooled together, from the
-    recorded states after it (``capture.recording``); ``finalize`` once after
-    ``x^L``. What
+    benchmark's forward pass; ``finalize`` once after ``x^L``. What
     ``finalize`` returns reaches the same plugin's ``lmc_compute_batch`` as
     its ``reduced`` argument. Memory: capture serves one layer's states; the
     reducer holds what it keeps (keep reductions, not the states).
 
-    Optional, the lens route (attribute ``lens_route``): ``"layer"`` (the
-    default) serves ``view.normed``/``view.logits`` at every ``update``;
-    ``"none"`` says the reducer reads no lens (capture then computes none for
-    it); ``"stack"`` serves the lens of every state at once, after x^L and
-    before ``finalize``, through the reducer's ``update_lens(logits)``
-    (``[B, L+1, V]``, from one lens call per batch; ``view.normed`` and
-    ``view.logits`` are then None unless another reducer reads them by layer).
+    Optional: a method ``update_lens(logits)`` receives the lens logits of
+    every state at once, ``[B, L+1, V]``, after x^L and before ``finalize``
+    (one read-out per batch); a reducer that has it need not read
+    ``view.logits``.
     """
 
     def update(self, view: LayerView) -> None:

@@ -25,7 +25,6 @@ import lm_coupling
 from lm_coupling.catalogue import CONFIG_KEY, Catalogue
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness import preflight
-from lm_coupling.harness.batch_pool import BatchPool
 from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
@@ -75,7 +74,6 @@ class CouplingHFLM(HFLMWithHooks):
     _lmc_gathered = False
     _lmc_probing = False
     _lmc_progress: GeometryProgress | None = None
-    _lmc_pool: BatchPool | None = None
 
     def open_session(self, run: RunConfig) -> GeometrySession:
         """Build the run's session whole and measure with it from now on.
@@ -159,11 +157,7 @@ class CouplingHFLM(HFLMWithHooks):
         """Plan the requests' documents, then run lm-eval's loglikelihood."""
         if self._lmc_session is None:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-        # The capture's hooks stay registered for the scoring's forward passes (not
-        # for generation's decoding steps, which would pass through them all).
-        runner = self._lmc_session.runner
-        standing = contextlib.nullcontext() if runner is None else runner.standing_hooks()
-        with self._geometry_progress(requests, disable_tqdm), standing:
+        with self._geometry_progress(requests, disable_tqdm):
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
     @contextlib.contextmanager
@@ -174,14 +168,10 @@ class CouplingHFLM(HFLMWithHooks):
         sampled = session.runner.sampled_metrics
         self._lmc_progress = GeometryProgress(",".join(sampled), disable=disable or not sampled)
         self._lmc_progress.plan(sampled_in_requests(session, requests))
-        self._lmc_pool = BatchPool(session)
         try:
             with counting_requests(self, requests):  # Ctrl-C says how far it got
                 yield
-            self._lmc_pool.flush()  # the batches still held (an interrupted run drops them)
         finally:
-            self._lmc_pool.close()
-            self._lmc_pool = None
             self._lmc_progress.close()
             self._lmc_progress = None
 
@@ -277,8 +267,6 @@ class CouplingHFLM(HFLMWithHooks):
             last,
             [0] * size,
             target,
-            # The positions measured (none after the last n), from the plans: no tensor op.
-            max(plans[0].last_index for _, plans in rows) + 1,
         )
         if session.runner.sampled_metrics:
             self._measure_sampled(
@@ -329,7 +317,7 @@ class CouplingHFLM(HFLMWithHooks):
         if not matches:
             return call()
         last = [width - 1] * batch
-        output = self._captured_call(call, session, matches, last, first, target, width)
+        output = self._captured_call(call, session, matches, last, first, target)
         self._measure_sampled(
             session, [(key, tuple(context[b, first[b] :].tolist())) for b, key in matches]
         )
@@ -358,9 +346,8 @@ class CouplingHFLM(HFLMWithHooks):
 
     # -- shared capture plumbing -------------------------------------------------
     def _wanted(self, session: GeometrySession, key: GeometryKey) -> bool:
-        """Planned, not measured yet, and not held for a later reduction."""
-        pool = self._lmc_pool
-        return session.wanted(key) and not (pool is not None and pool.holds(key))
+        """Planned and not measured yet."""
+        return session.wanted(key)
 
     def _captured_call(
         self,
@@ -370,16 +357,12 @@ class CouplingHFLM(HFLMWithHooks):
         last: list[int],
         first: list[int],
         target: list[int],
-        n_tokens: int,
     ) -> Any:
         """Run ``call`` under capture; a capture failure never loses the output.
 
         ``last``, ``first`` and ``target`` have one entry per row of the
         forward (`StateCollector.capture`); only the rows of ``matches`` are
-        measured.
-
-        A small batch is recorded and reduced later with others
-        (`BatchPool`); a large one is reduced at once.
+        measured, while the forward call runs.
 
         When the captured call itself fails (an out-of-memory error in the
         capture's hooks, say), the benchmark batch is run again without
@@ -410,16 +393,6 @@ class CouplingHFLM(HFLMWithHooks):
                 refs,
                 measured,
             )
-            pool = self._lmc_pool
-            if pool is not None and pool.accepts(len(measured), n_tokens):
-                with runner.record(*indices) as recording:
-                    output = call()
-                if recording.error is not None:  # a state written in place: record again,
-                    with runner.record(*indices) as recording:  # now copying in the hooks
-                        output = call()
-                forward = (time.perf_counter() - start) / max(len(matches), 1)
-                pool.add(recording, [(at[b], key) for b, key in matches], forward)
-                return output
             with runner.capture(*indices) as handle:
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
@@ -458,8 +431,6 @@ class CouplingHFLM(HFLMWithHooks):
         for key, tokens in documents:
             if session.sampled(key):
                 by_tokens.setdefault(tokens, []).append(key)
-        if by_tokens and self._lmc_pool is not None:
-            self._lmc_pool.flush()  # the batch's own values first: the sampled part merges in
         groups: dict[tuple[str, ...], list[tuple[GeometryKey, tuple[int, ...]]]] = {}
         for tokens, keys in by_tokens.items():
             wanted = set().union(*(session.needed_metrics(key) for key in keys))

@@ -50,7 +50,6 @@ from lm_coupling.capture.jacobian_calls import (
 from lm_coupling.capture.jacobian_sequence import SEQUENCE, choose_replay, record_sequences
 from lm_coupling.capture.transformers_adapter import cache_layers, layer_keeps_state, output_cache
 from lm_coupling.errors import UnsupportedModelError
-from lm_coupling.harness.host_memory import trim_host_memory
 from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
 
@@ -201,21 +200,15 @@ def _looks_ahead(model: nn.Module) -> str:
 def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> ModelProbe:
     """Stop before any request when the model cannot give the selected metrics.
 
-    The memory its probes freed is then handed back (`trim_host_memory`),
-    before the benchmark's peak.
-
     Raises:
         UnsupportedModelError: the model is not causal or its blocks pass
             more than one residual stream (no metric is defined). The message
             names the model and what was found.
     """
-    try:
-        probe = _check_model(model, parts)
-        if selection.needs & JACOBIAN_NEEDS:  # how the Jacobian engine will replay the blocks
-            probe = dataclasses.replace(probe, replay=choose_replay(model))
-        return probe
-    finally:
-        trim_host_memory()
+    probe = _check_model(model, parts)
+    if selection.needs & JACOBIAN_NEEDS:  # how the Jacobian engine will replay the blocks
+        probe = dataclasses.replace(probe, replay=choose_replay(model))
+    return probe
 
 
 def _check_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
@@ -427,8 +420,5 @@ def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
     tokens = list(lm.tok_encode(context))[-FIRST_BATCH_TOKENS:] if context else []
     if not tokens:
         tokens = list(range(1, min(PROBE_TOKENS, runner.parts.vocab_size - 1) + 1))
-    try:
-        check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)
-        check_differentiable(lm.model, runner.parts, torch.tensor(tokens), session.selection)
-    finally:
-        trim_host_memory()  # the probes' freed memory, before the benchmark's peak
+    check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)
+    check_differentiable(lm.model, runner.parts, torch.tensor(tokens), session.selection)

@@ -299,8 +299,7 @@ def geometry_rows(
     (``by_results``), else the newest for its model and task. The
     thought/fixation boundary is read from the catalogue's boundary
     profiles (default catalogue: the installed plugins'). ``groups``: the
-    scored groups of the whole table (default: `scored_groups` of ``selected``;
-    the refresh builds a few rows at a time, `lm_coupling.report.refresh`).
+    scored groups of the whole table (default: `scored_groups` of ``selected``).
     The value rows come first, in ``selected``'s order, then the boundary rows.
     """
     catalogue = catalogue if catalogue is not None else Catalogue.installed()

@@ -93,9 +93,7 @@ def group_sums(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.D
     grouped sum and mean carry a round-off term from one group into the next
     (pandas 3.1: a group's mean changed in its last bit when another model's
     rows came before it), so a leaderboard value would depend on which other
-    models are in the folder; here it does not, and the refresh, which
-    builds a few rows at a time (`lm_coupling.report.refresh`), writes the
-    same bytes as a build of the whole table.
+    models are in the folder; here it does not.
 
     Returns:
         One row per group, in order of first appearance: ``keys``, ``columns``
@@ -137,8 +135,8 @@ def geometry_table(
             ``metric``, ``unit``, ``value``, ``n`` and ``k_used`` (NaN where
             the metric has no K).
         common: the common set of each metric over the whole table (an empty
-            set: mixed), when ``long`` holds only some of its rows (the
-            refresh, `lm_coupling.report.refresh`); default: computed from ``long``.
+            set: mixed), when ``long`` holds only some of its rows; default:
+            computed from ``long``.
         with_k: the metrics with a ``__k_used`` column in the whole table
             (default: those with a K in ``long``).
 
