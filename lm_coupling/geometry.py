@@ -12,10 +12,8 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pluggy
 import torch
 
@@ -25,64 +23,13 @@ from lm_coupling.plugins.calls import PluginCalls
 from lm_coupling.plugins.manager import get_plugin_manager
 from lm_coupling.plugins.specs import JacobianRequest
 from lm_coupling.selection import Selection
-from lm_coupling.states import STREAMED_NEEDS, DocumentRef, GeometryStates, JacobianFactors
-
-
-@dataclass(slots=True)
-class DocumentGeometry:
-    """The geometry of one document.
-
-    Attributes:
-        values: per-document scalar of each metric (NaN when undefined).
-        profiles: per-layer vectors and L x L matrices, as float64 arrays.
-        jacobian_methods: the Jacobian route per layer, for sampled documents.
-        timings: seconds spent on this document's geometry: scalars
-            (``forward_capture``, ``jacobian_products``, ``factorisation``,
-            ``metrics``) and per-layer lists (``jacobian_products_per_layer``,
-            ``factorisation_per_layer``).
-        summaries: per-document summaries a plugin keeps for its
-            ``lmc_aggregate_task`` (never written to a file).
-        failures: ``{"plugin", "metrics", "error"}`` of each plugin whose
-            answer failed on this document (its metrics are NaN here).
-    """
-
-    values: dict[str, float] = field(default_factory=dict)
-    profiles: dict[str, np.ndarray] = field(default_factory=dict)
-    jacobian_methods: list[str] | None = None
-    timings: dict[str, Any] = field(default_factory=dict)
-    summaries: dict[str, np.ndarray] = field(default_factory=dict)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-
-    def copy(self) -> DocumentGeometry:
-        """An independent copy (a later merge into one document's geometry leaves the other's)."""
-        return DocumentGeometry(
-            values=dict(self.values),
-            profiles=dict(self.profiles),
-            jacobian_methods=None if self.jacobian_methods is None else list(self.jacobian_methods),
-            timings=dict(self.timings),
-            summaries=dict(self.summaries),
-            failures=[dict(failure) for failure in self.failures],
-        )
-
-    def without_profiles(self) -> DocumentGeometry:
-        """This geometry without its profiles (the other parts shared, not copied)."""
-        return DocumentGeometry(
-            values=self.values,
-            jacobian_methods=self.jacobian_methods,
-            timings=self.timings,
-            summaries=self.summaries,
-            failures=self.failures,
-        )
-
-    def merge(self, other: DocumentGeometry) -> None:
-        """Add ``other``'s values, profiles, summaries, failures and timings to this document's."""
-        self.values.update(other.values)
-        self.profiles.update(other.profiles)
-        self.summaries.update(other.summaries)
-        self.failures.extend(f for f in other.failures if f not in self.failures)
-        self.timings.update(other.timings)
-        if other.jacobian_methods is not None:
-            self.jacobian_methods = other.jacobian_methods
+from lm_coupling.states import (
+    STREAMED_NEEDS,
+    DocumentGeometry,
+    DocumentRef,
+    GeometryStates,
+    JacobianFactors,
+)
 
 
 class _EmptyCapture:

@@ -17,16 +17,22 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 from lm_coupling.errors import GeometryWarning
 
 if TYPE_CHECKING:
-    from lm_coupling.geometry import DocumentGeometry
-    from lm_coupling.selection import Selection
-    from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates
+    from lm_coupling.plugins.specs import MetricSpec
+    from lm_coupling.states import BatchInfo, DocumentGeometry, DocumentRef, GeometryStates
+
+
+class _Specs(Protocol):
+    """What the calls read of a run's selection (`lm_coupling.selection.Selection`)."""
+
+    specs: Mapping[str, MetricSpec]
+
 
 __all__ = ["PluginCalls"]
 
@@ -42,7 +48,7 @@ class PluginCalls:
         selection: the run's metrics (each spec names its plugin).
     """
 
-    def __init__(self, pm: pluggy.PluginManager, selection: Selection):
+    def __init__(self, pm: pluggy.PluginManager, selection: _Specs):
         self.pm, self.selection = pm, selection
         self._warned: set[tuple[str, str]] = set()
         declaring = {self._name(i) for i in pm.hook.lmc_declare_metrics.get_hookimpls()}

@@ -25,8 +25,7 @@ if TYPE_CHECKING:  # annotations only: declaring plugins loads no torch
     import torch
 
     from lm_coupling.capture.architecture import ModelParts
-    from lm_coupling.geometry import DocumentGeometry
-    from lm_coupling.states import BatchInfo, GeometryStates, LayerReducer, Lens
+    from lm_coupling.states import BatchInfo, DocumentGeometry, GeometryStates, LayerReducer, Lens
 
 
 @hookspec

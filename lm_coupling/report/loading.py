@@ -51,8 +51,13 @@ from typing import Any
 import pandas as pd
 
 from lm_coupling.catalogue import INSTALLED, Catalogue, recorded_catalogue
-from lm_coupling.errors import LmCouplingError
 from lm_coupling.report.benchmarks import benchmark_of, is_geometry_metric, parse_step
+from lm_coupling.report.notices import (  # also the loader's public names
+    CatalogueWarning,
+    ReportInputError,
+    ReportWarning,
+    SettingsWarning,  # noqa: F401 (re-exported)
+)
 from lm_coupling.report.settings import TaskSetting, metric_options, task_settings
 
 IDENTITY = ["model", "revision", "dtype"]
@@ -62,22 +67,6 @@ VALUE_COLUMNS += ["shots", "limit", "k_used"]
 _CHECKPOINT = re.compile(r"^(?:global_)?(?:step|checkpoint|ckpt|iter)[-_]?\d+$", re.IGNORECASE)
 _TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)")
 _SKIP_KEYS = {"alias", "name", "sample_len", " ", ""}
-
-
-class ReportInputError(LmCouplingError, ValueError):
-    """The results folder cannot be reported on (missing, or no usable results file)."""
-
-
-class ReportWarning(UserWarning):
-    """A file under the results folder was skipped or only partly used."""
-
-
-class SettingsWarning(ReportWarning):
-    """Runs of one model measured a task in different settings, or a row combines settings."""
-
-
-class CatalogueWarning(ReportWarning):
-    """A results file records no catalogue of metrics: the installed plugins' is used."""
 
 
 @dataclass
