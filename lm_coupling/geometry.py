@@ -17,8 +17,8 @@ from typing import Any
 import pluggy
 import torch
 
-from lm_coupling.capture.architecture import ModelParts, locate_model_parts
 from lm_coupling.errors import ConfigurationError, LmCouplingError
+from lm_coupling.model.architecture import ModelParts, locate_model_parts
 from lm_coupling.plugins.calls import PluginCalls
 from lm_coupling.plugins.manager import get_plugin_manager
 from lm_coupling.plugins.specs import JacobianRequest
@@ -88,8 +88,8 @@ class GeometryRunner:
         self._engine = None
 
     def _collector(self, needs: set[str]):
-        from lm_coupling.capture.attention import check_attentions
         from lm_coupling.capture.collector import StateCollector
+        from lm_coupling.model.attention import check_attentions
 
         if "attentions" in needs:
             readers = [
@@ -190,7 +190,7 @@ class GeometryRunner:
 
         Only the fields `USER_FIELDS` lists; the route is the request's.
         """
-        from lm_coupling.capture.jacobian_config import USER_FIELDS
+        from lm_coupling.jacobian.config import USER_FIELDS
 
         options = self.selection.options
         return {
@@ -210,7 +210,7 @@ class GeometryRunner:
                 plugin asked for them (a plugin without ``lmc_jacobian_request``).
         """
         if self._engine is None:
-            from lm_coupling.capture.jacobian import JacobianEngine
+            from lm_coupling.jacobian.engine import JacobianEngine
 
             request = self.jacobian_request()
             if request is None and "jacobian" not in self.selection.needs:

@@ -262,7 +262,7 @@ class JacobianFactors:
             returned triplets.
         ill_defined: ``[L]`` bool; two of the top K+1 singular values are so
             close that the singular vectors are not determined (see
-            ``capture.jacobian_linalg.ill_defined``).
+            ``jacobian.linalg.ill_defined``).
         peak_bytes: peak memory the engine held for this document's batch
             (tensors it keeps, or the CUDA allocator's peak on a GPU).
         dense: ``[L, d, d]`` the Jacobians themselves (rows: output
@@ -280,7 +280,7 @@ class JacobianFactors:
         replay: how the blocks were replayed at n: ``"cache"`` (token n against
             the frozen prefix keys/values) or ``"sequence"`` (the whole prompt,
             rows < n fixed: recurrent-state caches, no cache, indexer
-            attention); see ``capture.jacobian_sequence`` and docs/engine.md.
+            attention); see ``jacobian.sequence`` and docs/engine.md.
     """
 
     U: torch.Tensor

@@ -1,6 +1,6 @@
 """The package's dependencies as contracts: private names only in the adapters; no cycles.
 
-- No module but ``harness/lm_eval_adapter.py`` and ``capture/transformers_adapter.py``
+- No module but ``harness/lm_eval_adapter.py`` and ``model/transformers_adapter.py``
   reads or writes a private name (``obj._name``,
   ``getattr(obj, "_name")``, ``obj.__dict__.get("_name")``) that the package does
   not define itself, calls
@@ -26,7 +26,7 @@ import lm_coupling
 PACKAGE = Path(lm_coupling.__file__).resolve().parent
 ADAPTERS = {
     "harness/lm_eval_adapter.py",
-    "capture/transformers_adapter.py",
+    "model/transformers_adapter.py",
 }
 FOREIGN = ("lm_eval", "transformers")
 NAME_FUNCTIONS = {"getattr", "setattr", "hasattr", "delattr"}
@@ -156,7 +156,7 @@ def test_private_names_of_lm_eval_and_transformers_are_used_in_the_adapters_only
     ]
     assert not offenders, (
         "private names of another library used outside harness/lm_eval_adapter.py and "
-        "capture/transformers_adapter.py (move each use into its adapter, with a contract "
+        "model/transformers_adapter.py (move each use into its adapter, with a contract "
         "test):\n" + "\n".join(offenders)
     )
 

@@ -1,14 +1,14 @@
 """Getting states out of any Hugging Face causal LM: parts, hooks, Jacobians."""
 
-from lm_coupling.capture.architecture import (
+from lm_coupling.capture.collector import CaptureHandle, StateCollector
+from lm_coupling.capture.lens import LogitLens
+from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
+from lm_coupling.model.architecture import (
     ModelParts,
     block_output_hidden,
     locate_model_parts,
     register_override,
 )
-from lm_coupling.capture.collector import CaptureHandle, StateCollector
-from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.capture.lens import LogitLens
 
 __all__ = [
     "CaptureHandle",

@@ -42,10 +42,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
-from lm_coupling.capture.attention import attention_modules
 from lm_coupling.capture.lens import read_all, read_one
 from lm_coupling.errors import LmCouplingError
+from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.model.attention import attention_modules
 from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates, LayerReducer, LayerView, Lens
 
 __all__ = ["CaptureHandle", "ReducerFactory", "StateCollector"]
@@ -345,7 +345,7 @@ class StateCollector:
 
     Args:
         model: the causal LM the hooks attach to.
-        parts: its located parts (:func:`~lm_coupling.capture.architecture.locate_model_parts`).
+        parts: its located parts (:func:`~lm_coupling.model.architecture.locate_model_parts`).
         hidden_states: views carry the states ``[B, T, d]`` (need ``hidden_states``).
         lens: the lens whose logits at n the views carry (need ``lens``), or None.
         attentions: views carry each block's attention probabilities (need

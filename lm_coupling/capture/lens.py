@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lm_coupling.capture.architecture import ModelParts
+from lm_coupling.model.architecture import ModelParts
 
 __all__ = ["LogitLens", "TransformLens", "read_all", "read_one", "read_out"]
 

@@ -24,7 +24,7 @@ from lm_coupling.plugins.specs import JacobianRequest, MetricSpec
 if TYPE_CHECKING:  # annotations only: declaring plugins loads no torch
     import torch
 
-    from lm_coupling.capture.architecture import ModelParts
+    from lm_coupling.model.architecture import ModelParts
     from lm_coupling.states import BatchInfo, DocumentGeometry, GeometryStates, LayerReducer, Lens
 
 

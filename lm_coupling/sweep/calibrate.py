@@ -136,7 +136,7 @@ def _build(shape: Shape, layers: int, tokens: int, device: str, dtype):
     import torch
     import transformers
 
-    from lm_coupling.capture.architecture import locate_model_parts
+    from lm_coupling.model.architecture import locate_model_parts
 
     torch.manual_seed(0)
     config = _config_with_layers(shape, layers, tokens)
@@ -181,7 +181,7 @@ def calibrate(
     """Time a forward pass and one block's Jacobian at ``shape`` on ``device`` (see above)."""
     import torch
 
-    from lm_coupling.capture.jacobian import JacobianEngine
+    from lm_coupling.jacobian.engine import JacobianEngine
     from lm_coupling.plugins.specs import used_k
 
     torch_dtype = getattr(torch, dtype)

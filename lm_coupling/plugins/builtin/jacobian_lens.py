@@ -40,7 +40,7 @@ from lm_coupling.plugins.specs import UNIT_INTERVAL, JacobianRequest, MetricSpec
 if TYPE_CHECKING:
     import torch
 
-    from lm_coupling.capture.architecture import ModelParts
+    from lm_coupling.model.architecture import ModelParts
     from lm_coupling.states import BatchInfo
 
 FORMAT = "lm_coupling.jacobian_lens"

@@ -1,0 +1,1 @@
+"""The block-Jacobian engine: replays, routes, Krylov and the linear algebra."""
