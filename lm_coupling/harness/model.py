@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from bisect import bisect_left, bisect_right
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,20 +25,11 @@ from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
 from lm_coupling.harness.progress import GeometryProgress, sampled_in_requests
+from lm_coupling.harness.rows import RowIndex, rows_per_target
 from lm_coupling.harness.session import GeometrySession, plugin_versions
 
 if TYPE_CHECKING:
     from lm_coupling.harness.run_config import RunConfig
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """One batch row to measure: its key, target position, gold token, context."""
-
-    key: GeometryKey
-    last_index: int
-    target_token: int
-    context_tokens: tuple[int, ...]
 
 
 class CouplingHFLM(HFLMWithHooks):
@@ -68,8 +55,7 @@ class CouplingHFLM(HFLMWithHooks):
     # lm-coupling's state, as class defaults (HFLM's __init__ is not overridden); every
     # one is replaced on the instance, never changed in place.
     _lmc_session: GeometrySession | None = None
-    _lmc_rows: Mapping[int, dict[tuple[int, ...], list[RowPlan]]] = MappingProxyType({})
-    _lmc_lengths: list[int] = []  # sorted(_lmc_rows), made once per scoring call
+    _lmc_rows: RowIndex | None = None  # the wanted requests by model input, while scoring
     _lmc_gen_contexts: list[str] | None = None
     _lmc_gathered = False
     _lmc_probing = False
@@ -182,55 +168,11 @@ class CouplingHFLM(HFLMWithHooks):
         if session is None:
             yield
             return
-        self._lmc_rows = self._plan_rows(requests, session)
-        self._lmc_lengths = sorted(self._lmc_rows)
+        self._lmc_rows = RowIndex.of_requests(self, requests, session)
         try:
             yield
         finally:
-            self._lmc_rows, self._lmc_lengths = MappingProxyType({}), []
-
-    def _plan_rows(
-        self, requests: list[Any], session: GeometrySession
-    ) -> dict[int, dict[tuple[int, ...], list[RowPlan]]]:
-        """Index the wanted requests by the exact model input lm-eval will build.
-
-        Requests with the same input (duplicate prompts: the same context, or
-        one-token answers after it, which lm-eval runs as one row) keep every
-        distinct key: all of them are measured from that one row.
-        """
-        rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = defaultdict(dict)
-        max_length = self.max_length  # a property HFLM resolves from the config: read once
-        for cache_key, context_enc, continuation_enc in requests:
-            if cache_key is None:  # loglikelihood_rolling windows: no geometry
-                continue
-            key = (cache_key[0], cache_key[1])
-            if key[0] is None or not session.wanted(key):
-                continue
-            inp, last = loglikelihood_input(self, context_enc, continuation_enc, max_length)
-            if last < 0:
-                continue
-            inp = tuple(inp)
-            plan = RowPlan(key, last, continuation_enc[0], inp[: last + 1])
-            plans = rows[len(inp)].setdefault(inp, [])
-            if all(other.key != key for other in plans):
-                plans.append(plan)
-        return rows
-
-    def _match_rows(self, inps: torch.Tensor) -> list[tuple[int, list[RowPlan]]]:
-        """Find each right-padded row's plans (pads are zeros, as lm-eval pads)."""
-        matches = []
-        lengths = self._lmc_lengths
-        for b, row in enumerate(inps.tolist()):
-            shortest = len(row)  # the row without its trailing pads (at least 1 token)
-            while shortest > 1 and row[shortest - 1] == 0:
-                shortest -= 1
-            candidates = lengths[bisect_left(lengths, shortest) : bisect_right(lengths, len(row))]
-            for length in candidates:
-                plans = self._lmc_rows[length].get(tuple(row[:length]))
-                if plans is not None:
-                    matches.append((b, plans))
-                    break
-        return matches
+            self._lmc_rows = None
 
     def forward_batch(self, inps: torch.Tensor, call: Callable[..., torch.Tensor]) -> torch.Tensor:
         """One forward batch of lm-eval's scoring: its wanted rows measured under capture.
@@ -245,14 +187,14 @@ class CouplingHFLM(HFLMWithHooks):
         if session is None or not self._lmc_rows:
             return call()
         matched = []
-        for b, plans in self._match_rows(inps):
+        for b, plans in self._lmc_rows.match(inps):
             plans = [plan for plan in plans if self._wanted(session, plan.key)]
             if plans:
                 matched.append((b, plans))
         if not matched:
             return call()
         batch = inps.shape[0]
-        rows, copies = _rows_per_target(matched, batch)
+        rows, copies = rows_per_target(matched, batch)
         full = torch.cat([inps, inps[copies]]) if copies else inps
         # The indices of the captured rows as Python lists: one tensor each, made
         # once per batch by the capture (a tensor write per row costs microseconds).
@@ -524,32 +466,6 @@ class CouplingHFLM(HFLMWithHooks):
             if self.rank == dst:
                 session.merge_records(gathered)
         return super().gather_object(obj, dst)
-
-
-def _rows_per_target(
-    matched: list[tuple[int, list[RowPlan]]], batch: int
-) -> tuple[list[tuple[int, list[RowPlan]]], list[int]]:
-    """One captured row per (batch row, lens target); extra rows are copies of their row.
-
-    Keys sharing an input and a lens target share a row. A key with another
-    target (one-token answers that differ after the same context) gets a copy
-    of the row appended to the same forward pass, whose logits lm-eval never
-    sees: the trajectory is the same, only the lens target differs.
-
-    Returns:
-        ``[(row, plans)]`` and the batch rows copied (the extra rows, in order).
-    """
-    rows: list[tuple[int, list[RowPlan]]] = []
-    copies: list[int] = []
-    for b, plans in matched:
-        by_target: dict[int, list[RowPlan]] = {}
-        for plan in plans:
-            by_target.setdefault(plan.target_token, []).append(plan)
-        for i, group in enumerate(by_target.values()):
-            if i:
-                copies.append(b)
-            rows.append((b if i == 0 else batch + len(copies) - 1, group))
-    return rows, copies
 
 
 def model_shape(model: Any, runner: GeometryRunner) -> dict[str, Any]:
