@@ -152,15 +152,13 @@ class GeometryRunner:
             ConfigurationError: two plugins ask for different named routes or
                 hand different pair reductions.
         """
-        answers = [
-            a
-            for a in self.pm.hook.lmc_jacobian_request(
-                selected=self.selection.metrics,
-                options=self.selection.options,
-                d_model=self.parts.d_model,
-            )
-            if a is not None
-        ]
+        asked = self.plugins.each(
+            "lmc_jacobian_request",
+            selected=self.selection.metrics,
+            options=self.selection.options,
+            d_model=self.parts.d_model,
+        )
+        answers = [a for a in asked.values() if a is not None]
         if not answers:
             return None
         methods = {a.method for a in answers} - {"auto"} or {"auto"}
@@ -316,13 +314,14 @@ class GeometryRunner:
         """
         if "tokenwise_jacobian" not in self.selection.needs:
             return {}
-        asked = self.pm.hook.lmc_position_jacobian_keys(
+        asked = self.plugins.each(
+            "lmc_position_jacobian_keys",
             selected=self.selection.metrics,
             options=self.selection.options,
             n_layers=self.parts.n_layers,
             n_tokens=int(input_ids.shape[-1]),
         )
-        keys = sorted({tuple(key) for answer in asked for key in answer or ()})
+        keys = sorted({tuple(key) for answer in asked.values() for key in answer or ()})
         return {key: self.engine.position_jacobian(input_ids, *key) for key in keys}
 
     def compute_sampled(
