@@ -91,7 +91,7 @@ class GeometrySession:
         self.generation_keys: dict[str, list[GeometryKey]] = defaultdict(list)
         self.results: dict[str, Any] | None = None  # lm-eval's results, once saved
         self.sample_sizes: dict[str, int | None] = {
-            name: selection.options.get(spec.sample_option or "coupling_docs")
+            name: selection.options.get(spec.sample_option)
             for name, spec in selection.specs.items()
             if spec.sampled
         }
@@ -199,10 +199,7 @@ class GeometrySession:
         if sample is None:
             return None
         specs = self.selection.specs
-        sizes = {
-            specs[name].sample_option or "coupling_docs": size
-            for name, size in self.sample_sizes.items()
-        }
+        sizes = {specs[name].sample_option: size for name, size in self.sample_sizes.items()}
         return sample.record(sizes)
 
     def plan_for(self, task_name: str, doc_id: int) -> DocumentPlan | None:

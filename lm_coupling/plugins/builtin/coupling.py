@@ -169,6 +169,7 @@ def lmc_declare_metrics():
             label="coupling 1 - m_K",
             bounds=UNIT_INTERVAL,
             profile_specs=_COUPLING_PROFILES,
+            primary=True,
         ),
         MetricSpec(
             "coupling_swapped",
