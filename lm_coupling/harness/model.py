@@ -270,7 +270,9 @@ class CouplingHFLM(HFLMWithHooks):
         try:
             return self._first_target_token(key)
         except ValueError as exc:
-            session.warn_key(key, f"tv_to_target is undefined (NaN): {exc}")
+            targeted = [n for n, s in session.selection.specs.items() if s.reads_target]
+            what = ", ".join(targeted) or "the lens target"
+            session.warn_key(key, f"{what} is undefined (NaN): {exc}")
             return -1
 
     def _first_target_token(self, key: GeometryKey) -> int:

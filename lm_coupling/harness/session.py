@@ -503,13 +503,15 @@ class GeometrySession:
         if len(values) < len(own.values):
             failed = {name for failure in own.failures for name in failure.get("metrics", ())}
             undefined = [name for name in own.values if name not in values and name not in failed]
-        if "tv_to_target" in undefined and plan.target_problem is not None:
-            undefined.remove("tv_to_target")
+        specs = self.selection.specs
+        targeted = [n for n in undefined if n in specs and specs[n].reads_target]
+        if targeted and plan.target_problem is not None:
+            undefined = [name for name in undefined if name not in targeted]
             reported = self.reported_id(plan.task_name, plan.doc_id)
             self._warn_once(
                 ("target", plan.task_name, plan.doc_id),
-                f"task {plan.task_name!r} document {reported}: tv_to_target is undefined "
-                f"(NaN): {plan.target_problem}",
+                f"task {plan.task_name!r} document {reported}: {', '.join(targeted)} "
+                f"{'is' if len(targeted) == 1 else 'are'} undefined (NaN): {plan.target_problem}",
             )
         if undefined and plan.problem is None and plan.key not in self.failed_keys:
             self.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")

@@ -165,6 +165,10 @@ class MetricSpec:
             measured, before lm-eval scores the first one (a read-out through
             a quantity fitted on the task's own sample, such as the Jacobian
             lens), instead of by ``lmc_compute_batch``.
+        reads_target: it reads the gold next token at n
+            (``BatchInfo.target_tokens``): a document without one (an empty
+            gold answer) leaves it NaN with that reason, not as undefined
+            geometry.
         primary: the report's default primary metric (its test against the
             average score comes first); one metric of the installed plugins
             says so (the built-in ``coupling``).
@@ -190,6 +194,7 @@ class MetricSpec:
     profile_specs: tuple[ProfileSpec, ...] = ()
     task_level: bool = False
     deferred: bool = False
+    reads_target: bool = False
     primary: bool = False
     requires: tuple[str, ...] | Callable[[Mapping[str, Any]], Iterable[str]] = field(
         default=(), compare=False

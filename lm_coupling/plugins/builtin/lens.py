@@ -50,6 +50,7 @@ def lmc_declare_metrics():
             higher_is_better=False,
             label="TV to target",
             bounds=UNIT_INTERVAL,
+            reads_target=True,
             profile_specs=(
                 ProfileSpec("tv_to_target", "states", "TV to target", UNIT_INTERVAL, boundary=True),
             ),
