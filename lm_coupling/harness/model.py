@@ -25,7 +25,7 @@ from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
 from lm_coupling.harness.progress import GeometryProgress, sampled_in_requests
-from lm_coupling.harness.rows import RowIndex, rows_per_target
+from lm_coupling.harness.rows import RowIndex, rows_per_target, share_untargeted
 from lm_coupling.harness.session import GeometrySession, plugin_versions
 
 if TYPE_CHECKING:
@@ -209,6 +209,7 @@ class CouplingHFLM(HFLMWithHooks):
             last,
             [0] * size,
             target,
+            {batch + j: b for j, b in enumerate(copies)},
         )
         if session.runner.sampled_metrics:
             self._measure_sampled(
@@ -301,12 +302,15 @@ class CouplingHFLM(HFLMWithHooks):
         last: list[int],
         first: list[int],
         target: list[int],
+        copies: dict[int, int] | None = None,
     ) -> Any:
         """Run ``call`` under capture; a capture failure never loses the output.
 
         ``last``, ``first`` and ``target`` have one entry per row of the
         forward (`StateCollector.capture`); only the rows of ``matches`` are
-        measured, while the forward call runs.
+        measured, while the forward call runs. ``copies``: rows appended as
+        copies of a row for another lens target (`rows_per_target`), each
+        with its original row (`share_untargeted`).
 
         When the captured call itself fails (an out-of-memory error in the
         capture's hooks, say), the benchmark batch is run again without
@@ -341,6 +345,7 @@ class CouplingHFLM(HFLMWithHooks):
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle)
+            share_untargeted(documents, at, copies or {}, session.selection.specs)
             stored: set[int] = set()
             for b, key in matches:
                 document = documents[at[b]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,10 @@ if TYPE_CHECKING:
     import torch
 
     from lm_coupling.harness.session import GeometrySession
+    from lm_coupling.plugins.specs import MetricSpec
+    from lm_coupling.states import DocumentGeometry
 
-__all__ = ["RowIndex", "RowPlan", "rows_per_target"]
+__all__ = ["RowIndex", "RowPlan", "rows_per_target", "share_untargeted"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,32 @@ def rows_per_target(
                 copies.append(b)
             rows.append((b if i == 0 else batch + len(copies) - 1, group))
     return rows, copies
+
+
+def share_untargeted(
+    documents: list[DocumentGeometry],
+    at: Mapping[int, int],
+    copies: Mapping[int, int],
+    specs: Mapping[str, MetricSpec],
+) -> None:
+    """A copy row takes its original row's values of every metric that reads no target.
+
+    A copy (`rows_per_target`) differs from its row in the lens target alone,
+    so only the metrics that read it (`MetricSpec.reads_target`) are its own;
+    every other value and profile is the original's, the same to the bit
+    (a row's position in the batch's matrix products may move its last bit).
+
+    Args:
+        documents: the measured rows' geometry, in capture order.
+        at: batch row -> its position in ``documents``.
+        copies: copy row -> the row it copies.
+        specs: the selected metrics' specs.
+    """
+    targeted = {name for name, spec in specs.items() if spec.reads_target}
+    own_profiles = {p for name in targeted for p in specs[name].profiles}
+    for row, original in copies.items():
+        if row not in at or original not in at:
+            continue
+        copy, source = documents[at[row]], documents[at[original]]
+        copy.values.update({k: v for k, v in source.values.items() if k not in targeted})
+        copy.profiles.update({k: v for k, v in source.profiles.items() if k not in own_profiles})
