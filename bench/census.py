@@ -357,7 +357,7 @@ PREPARE = {"xmod": lambda model: model.set_default_language("en_XX")}
 
 
 def _accepts(model, name: str) -> bool:
-    from lm_coupling.capture.jacobian_sequence import accepts_argument
+    from lm_coupling.jacobian.sequence import accepts_argument
 
     return accepts_argument(model, name)
 
@@ -366,7 +366,7 @@ def _block_records(model, parts, ids):
     """Each block's (args, kwargs) and output of the model's own forward pass, no cache."""
     import torch
 
-    from lm_coupling.capture.architecture import block_output_hidden
+    from lm_coupling.model.architecture import block_output_hidden
 
     records, outputs = {}, {}
 
@@ -396,7 +396,7 @@ def _block_records(model, parts, ids):
 
 def _block_classes(blocks) -> list[str]:
     """The blocks' class names; ``Name (n calls)`` where calls of one module are unrolled."""
-    from lm_coupling.capture.block_calls import is_unrolled
+    from lm_coupling.model.block_calls import is_unrolled
 
     modules = [getattr(b, "block", b) if type(b).__name__ == "CallSite" else b for b in blocks]
     if not is_unrolled(blocks):
@@ -411,7 +411,7 @@ def reference_jacobians(model, parts, ids):
     """``[L, d, d]`` J^l at the last position: autograd through the whole sequence, no engine."""
     import torch
 
-    from lm_coupling.capture.architecture import block_output_hidden
+    from lm_coupling.model.architecture import block_output_hidden
 
     records, _ = _block_records(model, parts, ids)
     jacobians = []
@@ -506,9 +506,9 @@ def check(model_type: str) -> Result:
     """Build, run and verify one model type (in the calling process)."""
     import torch
 
-    from lm_coupling.capture.architecture import locate_model_parts
     from lm_coupling.errors import UnsupportedModelError
     from lm_coupling.harness import preflight
+    from lm_coupling.model.architecture import locate_model_parts
     from lm_coupling.selection import make_selection
 
     start = time.perf_counter()

@@ -16,11 +16,11 @@ import dataclasses
 import torch
 import transformers
 
-from lm_coupling.capture.architecture import ModelParts, locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.capture.jacobian_config import METHODS, JacobianConfig
 from lm_coupling.demo.tiny import tiny_config
+from lm_coupling.jacobian.config import METHODS, JacobianConfig
+from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
 from lm_coupling.metrics.coupling import coupling_matrices_dense, miscoupling
+from lm_coupling.model.architecture import ModelParts, locate_model_parts
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 
 LLAMA_7B = {"d_model": 4096, "d_ff": 11008, "n_heads": 32, "n_layers": 32}
@@ -28,7 +28,7 @@ GPT2_SMALL = {"d_model": 768, "d_ff": 3072, "n_heads": 12, "n_layers": 12}
 
 
 def engine_routes() -> tuple[str, ...]:
-    """Every ``method=`` the engine offers (``capture.jacobian_config.METHODS``)."""
+    """Every ``method=`` the engine offers (``jacobian.config.METHODS``)."""
     return METHODS
 
 

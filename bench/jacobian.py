@@ -63,9 +63,9 @@ from engine_runs import (
 )
 from timing import machine_line, median, print_table, timed
 
-from lm_coupling.capture.jacobian import JacobianEngine
-from lm_coupling.capture.jacobian_calls import compute_dtype, engine_mode, record_full_sequence
-from lm_coupling.capture.jacobian_linalg import top_eigh
+from lm_coupling.jacobian.calls import compute_dtype, engine_mode, record_full_sequence
+from lm_coupling.jacobian.engine import JacobianEngine
+from lm_coupling.jacobian.linalg import top_eigh
 
 TOLERANCE = 1e-4
 HEADER = (

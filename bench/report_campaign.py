@@ -11,12 +11,12 @@ geometry file per task. Then it times:
   and per-model figures (``auto``: none above 12 model rows), with ``--svg``
   PNG and SVG, and with ``--all-figures`` every per-model figure
   (``--per-model-figures all``);
-* the leaderboard refresh that follows every run (`refresh_leaderboard`) on a
-  folder of ``--models`` rows, first with an empty index, then after one more run
-  (what the next run of a campaign pays); ``--refresh-sizes 10,50,100`` times
-  only the refresh, on folders of each size (is it independent of the size?):
-  the median CPU seconds of ``--repeats`` refreshes after one more run, and
-  the bytes of the index read by every refresh, in one table.
+* the leaderboard written after every run (`refresh_leaderboard`, the whole
+  table rebuilt from the folder) on a folder of ``--models`` rows, first,
+  again with nothing changed, then after one more run (what the next run of
+  a campaign pays); ``--refresh-sizes 10,50,100`` times only the leaderboard,
+  on folders of each size: the median CPU seconds of ``--repeats`` rebuilds
+  after one more run, in one table.
 
 A ``--keep`` folder is reused: its real run (``real/runs``) is not run again.
 
@@ -106,54 +106,26 @@ def real_runs(work: Path) -> list[Path]:
 
 
 def refresh_sizes(work: Path, sizes: list[int], n_tasks: int, repeats: int = 3) -> None:
-    """Time the refresh after one more run on folders of each size (index warm).
+    """Time the leaderboard after one more run on folders of each size.
 
-    Each size: the first refresh (cold index), one with nothing changed, then
-    ``repeats`` times one more run added, refreshed and taken away again
-    (median CPU seconds printed), and what the refresh read
-    (`lm_coupling.report.refresh.RefreshStats`, where the code has it).
+    Each size: the first build, one with nothing changed, then ``repeats``
+    times one more run added, the leaderboard rebuilt and the run taken away
+    again (median CPU seconds printed).
     """
-    refresh = refresh_call()
+    from lm_coupling.harness.outputs import refresh_leaderboard
+
     rows = []
     for size in sizes:
         folder = work / f"refresh_{size}"
         if not folder.exists():
             write_campaign(folder, real_runs(work)[0], size, n_tasks)
-        timed(f"{size} models: refresh, first", lambda f=folder: refresh(f))
-        timed(f"{size} models: refresh, nothing changed", lambda f=folder: refresh(f))
-        cpu = [one_more(folder, refresh, f"{size} models: ") for _ in range(repeats)]
-        rows.append((size, statistics.median(cpu), index_bytes(folder)))
-    print("models | refresh after one more run, median CPU s | index bytes read per refresh")
-    for size, cpu, size_bytes in rows:
-        print(f"{size:6d} | {cpu:.3f} | {size_bytes}")
-
-
-def refresh_call():
-    """The refresh: `refresh` (prints what it read) where the code has it, else the run's."""
-    try:
-        from lm_coupling.report.refresh import refresh
-    except ImportError:  # before the per-row records
-        from lm_coupling.harness.outputs import refresh_leaderboard
-
-        return refresh_leaderboard
-
-    def call(folder: Path) -> None:
-        _, stats = refresh(folder)
-        print(
-            f"    rows built {stats.rows_built}, run folders read {stats.folders_read}, "
-            f"files parsed {stats.parsed}",
-            flush=True,
-        )
-
-    return call
-
-
-def index_bytes(folder: Path) -> int:
-    """Bytes of the index a refresh with nothing changed reads (the summary, or the index)."""
-    for name in (".lm_coupling_index/summary.json", ".lm_coupling_index.json"):
-        if (folder / name).is_file():
-            return (folder / name).stat().st_size
-    return 0
+        timed(f"{size} models: refresh, first", lambda f=folder: refresh_leaderboard(f))
+        timed(f"{size} models: refresh, nothing changed", lambda f=folder: refresh_leaderboard(f))
+        cpu = [one_more(folder, refresh_leaderboard, f"{size} models: ") for _ in range(repeats)]
+        rows.append((size, statistics.median(cpu)))
+    print("models | leaderboard after one more run, median CPU s")
+    for size, cpu in rows:
+        print(f"{size:6d} | {cpu:.3f}")
 
 
 def one_more(folder: Path, refresh, prefix: str = "") -> float:

@@ -18,10 +18,10 @@ import argparse
 import torch
 from jlens_reference import load, prompts
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine
-from lm_coupling.capture.jacobian_linalg import ill_defined
+from lm_coupling.jacobian.engine import JacobianEngine
+from lm_coupling.jacobian.linalg import ill_defined
 from lm_coupling.metrics.coupling import largest_gap_k
+from lm_coupling.model.architecture import locate_model_parts
 
 
 def main(argv=None) -> None:

@@ -25,7 +25,7 @@ from engine_runs import default_route, engine_coupling, route_summary
 from lmeval_runs import RunSpec, run_fresh, save_random_model, task_manager
 from timing import median, timed
 
-from lm_coupling.capture.architecture import locate_model_parts
+from lm_coupling.model.architecture import locate_model_parts
 
 ARC = "lmc_arc_challenge_offline"
 

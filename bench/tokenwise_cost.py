@@ -24,10 +24,10 @@ import time
 
 import torch
 
-from lm_coupling.capture.jacobian_calls import engine_mode, record_full_sequence
-from lm_coupling.capture.jacobian_linalg import vjp_rows
 from lm_coupling.demo.tiny import build_tiny_model
 from lm_coupling.geometry import GeometryRunner
+from lm_coupling.jacobian.calls import engine_mode, record_full_sequence
+from lm_coupling.jacobian.linalg import vjp_rows
 from lm_coupling.plugins.builtin.tokenwise import lmc_position_jacobian_keys
 from lm_coupling.selection import make_selection
 

@@ -56,7 +56,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(markers, name)
     if name == "JacobianMismatchError":
-        from lm_coupling.capture.jacobian import JacobianMismatchError
+        from lm_coupling.jacobian.engine import JacobianMismatchError
 
         return JacobianMismatchError
     raise AttributeError(f"module 'lm_coupling' has no attribute {name!r}")

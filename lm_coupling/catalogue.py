@@ -28,7 +28,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lm_coupling.plugins.specs import PROFILE_AXES, MetricSpec, ProfileSpec
+from lm_coupling.plugins.specs import (
+    DEFAULT_SAMPLE_OPTION,
+    PROFILE_AXES,
+    MetricSpec,
+    ProfileSpec,
+)
 
 CONFIG_KEY = "catalogue"
 """The key of the catalogue in the results file's ``config.lm_coupling``."""
@@ -56,6 +61,11 @@ class MetricEntry:
         profiles: the names of the profiles it stores.
         task_level: one value per task (`MetricSpec.task_level`), not per
             document; recorded in the JSON form only when true.
+        sample_option: a sampled metric's option sizing its sample of
+            documents (`MetricSpec.sample_option`); recorded in the JSON form
+            only when it is not `DEFAULT_SAMPLE_OPTION`.
+        primary: the report's default primary metric (`MetricSpec.primary`);
+            never recorded (the report takes it from the installed plugins).
     """
 
     name: str
@@ -68,6 +78,8 @@ class MetricEntry:
     plugin: str = ""
     profiles: tuple[str, ...] = ()
     task_level: bool = False
+    sample_option: str | None = None
+    primary: bool = field(default=False, compare=False)  # not recorded: the installed one's
 
 
 def _bounds(value: Any) -> tuple[float, float] | None:
@@ -113,6 +125,8 @@ class Catalogue:
                 spec.plugin,
                 tuple(spec.profiles),
                 spec.task_level,
+                spec.sample_option,
+                spec.primary,
             )
             for record in spec.profile_specs:
                 known = profiles.setdefault(record.name, record)
@@ -141,6 +155,8 @@ class Catalogue:
             record["profiles"] = list(entry.profiles)
             if entry.task_level:  # only when true: earlier files and the golden ones stay
                 record["task_level"] = True
+            if entry.sampled and entry.sample_option != DEFAULT_SAMPLE_OPTION:  # likewise
+                record["sample_option"] = entry.sample_option
             metrics[name] = record
         profiles = {}
         for name, spec in self.profiles.items():
@@ -180,6 +196,9 @@ class Catalogue:
                     str(rec.get("plugin") or ""),
                     tuple(str(p) for p in rec.get("profiles") or ()),
                     bool(rec.get("task_level", False)),
+                    (rec.get("sample_option") or DEFAULT_SAMPLE_OPTION)
+                    if rec.get("sampled")
+                    else None,
                 )
                 for name, rec in metrics_in.items()
             }
@@ -260,6 +279,16 @@ class Catalogue:
     def sampled_metrics(self) -> tuple[str, ...]:
         """The metrics computed on the coupling sample of documents only."""
         return tuple(n for n, e in self.metrics.items() if e.sampled)
+
+    def primary_metric(self) -> str | None:
+        """The metric a plugin declares the report's default primary one (None: none does)."""
+        return next((name for name, e in self.metrics.items() if e.primary), None)
+
+    def sample_options(self) -> frozenset[str]:
+        """The options sizing the sampled metrics' samples (how many documents, not what)."""
+        return frozenset(
+            e.sample_option for e in self.metrics.values() if e.sampled and e.sample_option
+        )
 
     def task_level_metrics(self) -> tuple[str, ...]:
         """The metrics with one value per task (`MetricSpec.task_level`)."""

@@ -12,77 +12,24 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pluggy
 import torch
 
-from lm_coupling.capture.architecture import ModelParts, locate_model_parts
 from lm_coupling.errors import ConfigurationError, LmCouplingError
+from lm_coupling.model.architecture import ModelParts, locate_model_parts
 from lm_coupling.plugins.calls import PluginCalls
 from lm_coupling.plugins.manager import get_plugin_manager
 from lm_coupling.plugins.specs import JacobianRequest
 from lm_coupling.selection import Selection
-from lm_coupling.states import STREAMED_NEEDS, DocumentRef, GeometryStates, JacobianFactors
-
-
-@dataclass(slots=True)
-class DocumentGeometry:
-    """The geometry of one document.
-
-    Attributes:
-        values: per-document scalar of each metric (NaN when undefined).
-        profiles: per-layer vectors and L x L matrices, as float64 arrays.
-        jacobian_methods: the Jacobian route per layer, for sampled documents.
-        timings: seconds spent on this document's geometry: scalars
-            (``forward_capture``, ``jacobian_products``, ``factorisation``,
-            ``metrics``) and per-layer lists (``jacobian_products_per_layer``,
-            ``factorisation_per_layer``).
-        summaries: per-document summaries a plugin keeps for its
-            ``lmc_aggregate_task`` (never written to a file).
-        failures: ``{"plugin", "metrics", "error"}`` of each plugin whose
-            answer failed on this document (its metrics are NaN here).
-    """
-
-    values: dict[str, float] = field(default_factory=dict)
-    profiles: dict[str, np.ndarray] = field(default_factory=dict)
-    jacobian_methods: list[str] | None = None
-    timings: dict[str, Any] = field(default_factory=dict)
-    summaries: dict[str, np.ndarray] = field(default_factory=dict)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-
-    def copy(self) -> DocumentGeometry:
-        """An independent copy (a later merge into one document's geometry leaves the other's)."""
-        return DocumentGeometry(
-            values=dict(self.values),
-            profiles=dict(self.profiles),
-            jacobian_methods=None if self.jacobian_methods is None else list(self.jacobian_methods),
-            timings=dict(self.timings),
-            summaries=dict(self.summaries),
-            failures=[dict(failure) for failure in self.failures],
-        )
-
-    def without_profiles(self) -> DocumentGeometry:
-        """This geometry without its profiles (the other parts shared, not copied)."""
-        return DocumentGeometry(
-            values=self.values,
-            jacobian_methods=self.jacobian_methods,
-            timings=self.timings,
-            summaries=self.summaries,
-            failures=self.failures,
-        )
-
-    def merge(self, other: DocumentGeometry) -> None:
-        """Add ``other``'s values, profiles, summaries, failures and timings to this document's."""
-        self.values.update(other.values)
-        self.profiles.update(other.profiles)
-        self.summaries.update(other.summaries)
-        self.failures.extend(f for f in other.failures if f not in self.failures)
-        self.timings.update(other.timings)
-        if other.jacobian_methods is not None:
-            self.jacobian_methods = other.jacobian_methods
+from lm_coupling.states import (
+    STREAMED_NEEDS,
+    DocumentGeometry,
+    DocumentRef,
+    GeometryStates,
+    JacobianFactors,
+)
 
 
 class _EmptyCapture:
@@ -139,12 +86,10 @@ class GeometryRunner:
         if streamed:
             self.collector = self._collector(streamed)
         self._engine = None
-        # transformers' ``dtype`` walks the parameters: read once, for the pool's budget.
-        self._state_itemsize = getattr(model, "dtype", torch.float32).itemsize
 
     def _collector(self, needs: set[str]):
-        from lm_coupling.capture.attention import check_attentions
         from lm_coupling.capture.collector import StateCollector
+        from lm_coupling.model.attention import check_attentions
 
         if "attentions" in needs:
             readers = [
@@ -192,16 +137,6 @@ class GeometryRunner:
             return lens
         return LogitLens(self.parts)
 
-    def standing_hooks(self) -> contextlib.AbstractContextManager[None]:
-        """A context keeping the capture's hooks registered across forward passes.
-
-        Captures and recordings inside it arm those hooks instead of
-        registering their own (``StateCollector.standing_hooks``).
-        """
-        if self.collector is None:
-            return contextlib.nullcontext()
-        return self.collector.standing_hooks()
-
     @property
     def needs_forward_capture(self) -> bool:
         """Whether the benchmark's forward passes must be captured."""
@@ -217,15 +152,13 @@ class GeometryRunner:
             ConfigurationError: two plugins ask for different named routes or
                 hand different pair reductions.
         """
-        answers = [
-            a
-            for a in self.pm.hook.lmc_jacobian_request(
-                selected=self.selection.metrics,
-                options=self.selection.options,
-                d_model=self.parts.d_model,
-            )
-            if a is not None
-        ]
+        asked = self.plugins.each(
+            "lmc_jacobian_request",
+            selected=self.selection.metrics,
+            options=self.selection.options,
+            d_model=self.parts.d_model,
+        )
+        answers = [a for a in asked.values() if a is not None]
         if not answers:
             return None
         methods = {a.method for a in answers} - {"auto"} or {"auto"}
@@ -255,7 +188,7 @@ class GeometryRunner:
 
         Only the fields `USER_FIELDS` lists; the route is the request's.
         """
-        from lm_coupling.capture.jacobian_config import USER_FIELDS
+        from lm_coupling.jacobian.config import USER_FIELDS
 
         options = self.selection.options
         return {
@@ -275,7 +208,7 @@ class GeometryRunner:
                 plugin asked for them (a plugin without ``lmc_jacobian_request``).
         """
         if self._engine is None:
-            from lm_coupling.capture.jacobian import JacobianEngine
+            from lm_coupling.jacobian.engine import JacobianEngine
 
             request = self.jacobian_request()
             if request is None and "jacobian" not in self.selection.needs:
@@ -342,48 +275,6 @@ class GeometryRunner:
         ) as handle:
             yield handle
 
-    @property
-    def can_record(self) -> bool:
-        """Whether forward passes can be recorded now and reduced later (:meth:`replay`).
-
-        Not when a selected metric reads attention probabilities (they are
-        not recorded), nor when nothing is captured.
-        """
-        return self.collector is not None and self.collector.can_record
-
-    def recording_bytes(self, rows: int, n_tokens: int) -> int:
-        """Bytes the recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
-        return self.collector.recording_bytes(rows, n_tokens, self._state_itemsize)
-
-    def record(
-        self,
-        last_index: torch.Tensor,
-        first_index: torch.Tensor,
-        target_tokens: torch.Tensor,
-        documents: Sequence[Sequence[DocumentRef]] | None = None,
-        rows: Sequence[int] | torch.Tensor | None = None,
-    ):
-        """Record the first forward pass run inside the block, to reduce later.
-
-        The arguments are those of :meth:`capture`; the context yields a
-        ``capture.recording.Recording``. Pass a list of complete recordings
-        to :meth:`replay`.
-        """
-        return self.collector.record(last_index, first_index, target_tokens, documents, rows)
-
-    def release_buffers(self) -> None:
-        """Free the memory the collector keeps between replays (a pool's stack)."""
-        if self.collector is not None:
-            self.collector.release_buffers()
-
-    def replay(self, recordings: Sequence[Any]):
-        """Reduce several recorded forward passes as one batch; pass the handle to :meth:`compute`.
-
-        Its rows are the recordings' measured rows, in order. The values equal
-        those of capturing each forward pass (``StateCollector.replay``).
-        """
-        return self.collector.replay(recordings, self._reducer_factories())
-
     def compute(self, captured, metrics: Sequence[str] | None = None) -> list[DocumentGeometry]:
         """Run the plugins on a batch; one `DocumentGeometry` per row.
 
@@ -423,13 +314,14 @@ class GeometryRunner:
         """
         if "tokenwise_jacobian" not in self.selection.needs:
             return {}
-        asked = self.pm.hook.lmc_position_jacobian_keys(
+        asked = self.plugins.each(
+            "lmc_position_jacobian_keys",
             selected=self.selection.metrics,
             options=self.selection.options,
             n_layers=self.parts.n_layers,
             n_tokens=int(input_ids.shape[-1]),
         )
-        keys = sorted({tuple(key) for answer in asked for key in answer or ()})
+        keys = sorted({tuple(key) for answer in asked.values() for key in answer or ()})
         return {key: self.engine.position_jacobian(input_ids, *key) for key in keys}
 
     def compute_sampled(
@@ -522,12 +414,12 @@ class GeometryRunner:
         if "tokenwise_jacobian" in needs:
             states.tokenwise = [self.position_jacobians(ids) for ids in prompts]
         if "lens_jacobian" in needs:  # the Jacobian lens's fit terms (its estimator's module)
-            from lm_coupling.capture.jacobian_lens_fit import lens_terms, model_identity
+            from lm_coupling.jacobian.lens_fit import lens_terms, model_identity
 
             states.lens_jacobians = lens_terms(self, prompts, self.selection.options)
             states.model_identity = model_identity(self.model, self.parts)
         if "authors_jacobian" in needs:  # the coupling authors' route (its own module)
-            from lm_coupling.capture.jacobian_authors import authors_jacobians
+            from lm_coupling.jacobian.authors import authors_jacobians
 
             states.authors_jacobians = authors_jacobians(self, prompts)
         docs = self.compute(states, metrics)

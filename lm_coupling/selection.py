@@ -191,7 +191,7 @@ def sample_problems(options: dict[str, Any], specs: dict[str, MetricSpec]) -> li
     """A sample of 0 documents for a selected sampled metric (``coupling_docs=0``)."""
     problems = []
     for name, spec in specs.items():
-        option = spec.sample_option or "coupling_docs"
+        option = spec.sample_option
         if spec.sampled and options.get(option, None) == 0:
             problems.append(
                 f"--metric_args {option}=0 leaves {name} with no documents: give a number "

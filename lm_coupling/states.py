@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # annotations only: importing the records loads no torch
+    import numpy as np
     import torch
 
 Need = Literal[
@@ -49,10 +50,10 @@ From the Jacobian engine, on the sampled documents (``lmc_jacobian_request``):
   at the keys ``lmc_position_jacobian_keys`` asks for.
 - ``lens_jacobian``: ``states.lens_jacobians``, one document's term of the
   Jacobian-lens fit ``[L+1, d, d]`` under the estimator the options name
-  (``capture.jacobian_lens_fit.lens_terms``), and ``states.model_identity``.
+  (``jacobian.lens_fit.lens_terms``), and ``states.model_identity``.
 - ``authors_jacobian``: ``states.authors_jacobians``, one document's L block
   Jacobians at n on the coupling authors' route, the last one through the
-  final norm (``capture.jacobian_authors``).
+  final norm (``jacobian.authors``).
 """
 
 NEEDS: tuple[str, ...] = (
@@ -87,9 +88,7 @@ class BatchInfo:
         n_layers: L, the number of blocks (states 0..L arrive).
         d_model: d.
         vocab_size: V.
-        size: B, the measured rows: those of one forward pass, or of several
-            small forward passes pooled into one batch (their rows in order,
-            right-padded to the longest; ``harness.batch_pool``).
+        size: B, the measured rows of one forward pass.
         n_tokens: T, positions of the (padded) rows: ``0 .. max(last_index)``
             (positions after every row's n, an answer's tokens, are not served).
         last_index: ``[B]`` int64, the target position n of each row.
@@ -124,7 +123,6 @@ class BatchInfo:
     final_norm: Any = None
 
 
-@dataclass(frozen=True)
 class LayerView:
     """One state ``x^l`` of a batch, as a reducer's ``update`` receives it.
 
@@ -139,25 +137,48 @@ class LayerView:
         at_n: ``[B, d]`` ``x^l_n``, the rows at the target positions (with
             any of the streamed needs).
         normed: ``[B, d]`` the final norm of ``x^l_n``; need ``lens``.
-        logits: ``[B, V]`` the lens's logits at n; need ``lens``.
+        logits: ``[B, V]`` the lens's logits at n; need ``lens``. Both are
+            computed when first read (a reducer that never reads them costs
+            no lens), once for every reducer of the batch.
         attentions: ``[B, H, T, T]`` block l's attention probabilities (rows:
             queries, columns: keys); None at l = 0; need ``attentions``.
-        stack: ``[B, L+1, T, d]`` every state ``x^0..x^L`` of the batch at
-            once, when capture already holds them together (a replay of
-            recorded batches, ``capture.recording``), else None; need
-            ``hidden_states``. ``hidden`` is then ``stack[:, layer]``. The
-            same tensor at every layer, capture's own and not changed until
-            the batch is finalized: a reducer that reduces all states at once
-            may keep it (without a copy) from layer 0 to ``finalize``.
     """
 
-    layer: int
-    hidden: torch.Tensor | None = None
-    at_n: torch.Tensor | None = None
-    normed: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    attentions: torch.Tensor | None = None
-    stack: torch.Tensor | None = None
+    __slots__ = ("layer", "hidden", "at_n", "attentions", "_normed", "_logits", "_lens")
+
+    def __init__(
+        self,
+        layer: int,
+        hidden: torch.Tensor | None = None,
+        at_n: torch.Tensor | None = None,
+        normed: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
+        attentions: torch.Tensor | None = None,
+        lens: Any = None,
+    ) -> None:
+        self.layer, self.hidden, self.at_n, self.attentions = layer, hidden, at_n, attentions
+        self._normed, self._logits = normed, logits
+        self._lens = lens  # capture's ``() -> (normed, logits)``, called on the first read
+
+    def _read_lens(self) -> None:
+        read, self._lens = self._lens, None
+        if read is not None:
+            self._normed, self._logits = read()
+
+    @property
+    def normed(self) -> torch.Tensor | None:
+        """``[B, d]`` the final norm of ``x^l_n`` (need ``lens``)."""
+        self._read_lens()
+        return self._normed
+
+    @property
+    def logits(self) -> torch.Tensor | None:
+        """``[B, V]`` the lens's logits at n (need ``lens``)."""
+        self._read_lens()
+        return self._logits
+
+    def __repr__(self) -> str:
+        return f"LayerView(layer={self.layer})"
 
 
 @runtime_checkable
@@ -165,20 +186,15 @@ class LayerReducer(Protocol):
     """What a plugin's ``lmc_layer_reducer`` returns: a reducer of one batch.
 
     ``update`` is called once per state, l = 0..L in order, during the
-    benchmark's forward pass or, for small batches pooled together, from the
-    recorded states after it (``capture.recording``); ``finalize`` once after
-    ``x^L``. What
+    benchmark's forward pass; ``finalize`` once after ``x^L``. What
     ``finalize`` returns reaches the same plugin's ``lmc_compute_batch`` as
     its ``reduced`` argument. Memory: capture serves one layer's states; the
     reducer holds what it keeps (keep reductions, not the states).
 
-    Optional, the lens route (attribute ``lens_route``): ``"layer"`` (the
-    default) serves ``view.normed``/``view.logits`` at every ``update``;
-    ``"none"`` says the reducer reads no lens (capture then computes none for
-    it); ``"stack"`` serves the lens of every state at once, after x^L and
-    before ``finalize``, through the reducer's ``update_lens(logits)``
-    (``[B, L+1, V]``, from one lens call per batch; ``view.normed`` and
-    ``view.logits`` are then None unless another reducer reads them by layer).
+    Optional: a method ``update_lens(logits)`` receives the lens logits of
+    every state at once, ``[B, L+1, V]``, after x^L and before ``finalize``
+    (one read-out per batch); a reducer that has it need not read
+    ``view.logits``.
     """
 
     def update(self, view: LayerView) -> None:
@@ -273,7 +289,7 @@ class JacobianFactors:
             returned triplets.
         ill_defined: ``[L]`` bool; two of the top K+1 singular values are so
             close that the singular vectors are not determined (see
-            ``capture.jacobian_linalg.ill_defined``).
+            ``jacobian.linalg.ill_defined``).
         peak_bytes: peak memory the engine held for this document's batch
             (tensors it keeps, or the CUDA allocator's peak on a GPU).
         dense: ``[L, d, d]`` the Jacobians themselves (rows: output
@@ -291,7 +307,7 @@ class JacobianFactors:
         replay: how the blocks were replayed at n: ``"cache"`` (token n against
             the frozen prefix keys/values) or ``"sequence"`` (the whole prompt,
             rows < n fixed: recurrent-state caches, no cache, indexer
-            attention); see ``capture.jacobian_sequence`` and docs/engine.md.
+            attention); see ``jacobian.sequence`` and docs/engine.md.
     """
 
     U: torch.Tensor
@@ -332,7 +348,7 @@ class GeometryStates:
             (need ``lens_jacobian``), None where the estimator skips the
             document (too short) or outside the sample.
         model_identity: the model and unembedding the terms belong to (need
-            ``lens_jacobian``; ``capture.jacobian_lens_fit.model_identity``).
+            ``lens_jacobian``; ``jacobian.lens_fit.model_identity``).
         authors_jacobians: per row, ``[L, d, d]`` block Jacobians at n with the
             last one through the final norm (need ``authors_jacobian``).
     """
@@ -347,3 +363,60 @@ class GeometryStates:
     lens_jacobians: list[torch.Tensor | None] = field(default_factory=list)
     model_identity: dict = field(default_factory=dict)
     authors_jacobians: list[torch.Tensor | None] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class DocumentGeometry:
+    """The geometry of one document.
+
+    Attributes:
+        values: per-document scalar of each metric (NaN when undefined).
+        profiles: per-layer vectors and L x L matrices, as float64 arrays.
+        jacobian_methods: the Jacobian route per layer, for sampled documents.
+        timings: seconds spent on this document's geometry: scalars
+            (``forward_capture``, ``jacobian_products``, ``factorisation``,
+            ``metrics``) and per-layer lists (``jacobian_products_per_layer``,
+            ``factorisation_per_layer``).
+        summaries: per-document summaries a plugin keeps for its
+            ``lmc_aggregate_task`` (never written to a file).
+        failures: ``{"plugin", "metrics", "error"}`` of each plugin whose
+            answer failed on this document (its metrics are NaN here).
+    """
+
+    values: dict[str, float] = field(default_factory=dict)
+    profiles: dict[str, np.ndarray] = field(default_factory=dict)
+    jacobian_methods: list[str] | None = None
+    timings: dict[str, Any] = field(default_factory=dict)
+    summaries: dict[str, np.ndarray] = field(default_factory=dict)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+    def copy(self) -> DocumentGeometry:
+        """An independent copy (a later merge into one document's geometry leaves the other's)."""
+        return DocumentGeometry(
+            values=dict(self.values),
+            profiles=dict(self.profiles),
+            jacobian_methods=None if self.jacobian_methods is None else list(self.jacobian_methods),
+            timings=dict(self.timings),
+            summaries=dict(self.summaries),
+            failures=[dict(failure) for failure in self.failures],
+        )
+
+    def without_profiles(self) -> DocumentGeometry:
+        """This geometry without its profiles (the other parts shared, not copied)."""
+        return DocumentGeometry(
+            values=self.values,
+            jacobian_methods=self.jacobian_methods,
+            timings=self.timings,
+            summaries=self.summaries,
+            failures=self.failures,
+        )
+
+    def merge(self, other: DocumentGeometry) -> None:
+        """Add ``other``'s values, profiles, summaries, failures and timings to this document's."""
+        self.values.update(other.values)
+        self.profiles.update(other.profiles)
+        self.summaries.update(other.summaries)
+        self.failures.extend(f for f in other.failures if f not in self.failures)
+        self.timings.update(other.timings)
+        if other.jacobian_methods is not None:
+            self.jacobian_methods = other.jacobian_methods

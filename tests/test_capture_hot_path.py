@@ -16,11 +16,11 @@ import torch
 from fixtures.host_reads import HostReads
 from fixtures.prompts import PROMPTS, TRAJ_LENS, right_padded
 
-from lm_coupling.capture.architecture import locate_model_parts
 from lm_coupling.capture.collector import StateCollector
 from lm_coupling.capture.lens import LogitLens
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.metrics.lens import lens_summary
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.lens import LensReducer
 from lm_coupling.plugins.builtin.trajectory import TrajectoryReducer
 from lm_coupling.plugins.manager import get_registry, new_plugin_manager

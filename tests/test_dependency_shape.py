@@ -1,7 +1,7 @@
 """The package's dependencies as contracts: private names only in the adapters; no cycles.
 
-- No module but ``harness/lm_eval_adapter.py``, ``capture/transformers_adapter.py``
-  and ``capture/torch_adapter.py`` reads or writes a private name (``obj._name``,
+- No module but ``harness/lm_eval_adapter.py`` and ``model/transformers_adapter.py``
+  reads or writes a private name (``obj._name``,
   ``getattr(obj, "_name")``, ``obj.__dict__.get("_name")``) that the package does
   not define itself, calls
   a base class's private method through ``super()``, or overrides a private
@@ -26,8 +26,7 @@ import lm_coupling
 PACKAGE = Path(lm_coupling.__file__).resolve().parent
 ADAPTERS = {
     "harness/lm_eval_adapter.py",
-    "capture/transformers_adapter.py",
-    "capture/torch_adapter.py",
+    "model/transformers_adapter.py",
 }
 FOREIGN = ("lm_eval", "transformers")
 NAME_FUNCTIONS = {"getattr", "setattr", "hasattr", "delattr"}
@@ -156,9 +155,9 @@ def test_private_names_of_lm_eval_and_transformers_are_used_in_the_adapters_only
         for line, text in [*_private_uses(tree, own), *_private_names_in_text(tree, foreign)]
     ]
     assert not offenders, (
-        "private names of another library used outside harness/lm_eval_adapter.py, "
-        "capture/transformers_adapter.py and capture/torch_adapter.py (move each use into "
-        "its adapter, with a contract test):\n" + "\n".join(offenders)
+        "private names of another library used outside harness/lm_eval_adapter.py and "
+        "model/transformers_adapter.py (move each use into its adapter, with a contract "
+        "test):\n" + "\n".join(offenders)
     )
 
 

@@ -1,23 +1,6 @@
-"""Getting states out of any Hugging Face causal LM: parts, hooks, Jacobians."""
+"""Hooks scoped to one forward call, and lenses: the states plugins ask for, layer by layer."""
 
-from lm_coupling.capture.architecture import (
-    ModelParts,
-    block_output_hidden,
-    locate_model_parts,
-    register_override,
-)
 from lm_coupling.capture.collector import CaptureHandle, StateCollector
-from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.capture.lens import LogitLens
+from lm_coupling.capture.lens import LogitLens, TransformLens
 
-__all__ = [
-    "CaptureHandle",
-    "JacobianEngine",
-    "naive_block_jacobians",
-    "StateCollector",
-    "LogitLens",
-    "ModelParts",
-    "block_output_hidden",
-    "locate_model_parts",
-    "register_override",
-]
+__all__ = ["CaptureHandle", "LogitLens", "StateCollector", "TransformLens"]

@@ -11,17 +11,16 @@ the selected metrics declared (`lm_coupling.states.Need`): the states
 (``lens``, from the run's `Lens` object), the block's attention
 probabilities (``attentions``).
 
-The lens at n is read in one call per batch where it can be: a reducer that
-sets ``lens_route = "stack"`` gets every state's lens logits at once, after
-x^L (``update_lens(logits [B, L+1, V])``), from one lens call on the stacked
-rows ``[(L+1) B, d]``; one that sets ``"none"`` reads no lens. The per-state
-``view.normed``/``view.logits`` are computed only while a started reducer reads
-them (``lens_route = "layer"``, the default of every reducer that sets nothing).
+The lens at n (the run's lens object, `lm_coupling.capture.lens`) is read
+two ways, both computed only when a reducer asks: ``view.normed`` and
+``view.logits`` of one state when a reducer reads them in ``update``; and,
+for a reducer with ``update_lens``, the logits of every state at once, after
+x^L (``update_lens(logits [B, L+1, V])``), from one read-out of the stacked
+transformed rows ``[(L+1) B, d]`` (`lm_coupling.capture.lens.read_all`).
 
-A forward pass can also be recorded (`StateCollector.record`: its measured
-rows copied, no reducer run) and several recordings served later as one batch
-(`StateCollector.replay`, ``capture.recording``): the harness pools small
-benchmark batches so that their fixed per-batch cost is paid once.
+Every hook lives for one forward call: `StateCollector.capture` registers
+them on entry and removes every handle in ``finally``, as lm-eval's
+``hf_steered.py`` does.
 
 Capture knows no metric: reducers are named objects with ``update`` and
 ``finalize``. One that raises is dropped from the batch and its error kept
@@ -43,17 +42,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
-from lm_coupling.capture.attention import attention_modules
-from lm_coupling.capture.lens import LogitLens
-from lm_coupling.capture.recording import (
-    Recorder,
-    Recording,
-    forward_shape,
-    merge_recordings,
-    stack_recordings,
-)
+from lm_coupling.capture.lens import read_all, read_one
 from lm_coupling.errors import LmCouplingError
+from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.model.attention import attention_modules
 from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates, LayerReducer, LayerView, Lens
 
 __all__ = ["CaptureHandle", "ReducerFactory", "StateCollector"]
@@ -102,6 +94,50 @@ def _as_tensor(values: list[int]) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64)
 
 
+def forward_shape(hidden, last_index: list[int], rows: list[int] | None) -> tuple[int, int]:
+    """``(rows measured, positions measured)`` of a forward pass, checked against its indices.
+
+    The positions measured are ``0 .. max(last_index)``: no row measures a
+    later one (an answer's tokens after every row's n), so the capture serves
+    only those.
+
+    Args:
+        hidden: what block 1 received as its hidden states.
+        last_index: the capture's ``[b]`` target positions.
+        rows: the forward's rows measured, or None for every row.
+
+    Raises:
+        LmCouplingError: block 1 received no ``[B, T, d]`` tensor.
+        ValueError: the batch size or length does not fit the indices.
+    """
+    if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+        raise LmCouplingError(
+            "expected block 1 to receive hidden states [B, T, d] as its first argument or "
+            f"as hidden_states=, got {type(hidden).__name__}; register an override"
+        )
+    batch, n_tokens = hidden.shape[0], hidden.shape[1]
+    n_rows, max_last = len(last_index), max(last_index, default=-1)
+    if rows is not None:
+        max_row = max(rows, default=-1)
+        if max_row >= batch:
+            raise ValueError(
+                f"capture() was given row {max_row} to measure but the "
+                f"forward has batch size {batch}; pass rows of the batch"
+            )
+        batch = n_rows
+    elif batch != n_rows:
+        raise ValueError(
+            f"capture() was given {n_rows} last_index entries but the forward "
+            f"has batch size {batch}; pass one index per row of the batch"
+        )
+    if max_last >= n_tokens:
+        raise ValueError(
+            f"last_index {max_last} is outside the {n_tokens} positions of "
+            "the forward; pass the position of each row's last context token"
+        )
+    return batch, max_last + 1
+
+
 class _Run:
     """The hook state of one capture: waits for the first forward, streams it, then idles."""
 
@@ -126,9 +162,8 @@ class _Run:
         self.reducers: dict[str, LayerReducer] = {}
         self.attentions: dict[int, torch.Tensor | None] = {}
         self.row_index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.layer_lens = False  # a started reducer reads view.normed/logits
-        self.stacked: list[str] = []  # reducers served the lens of every state at once
-        self.rows_at_n: list[torch.Tensor] = []  # x^l_n of l = 0.., for the stacked lens
+        self.whole_lens: list[str] = []  # reducers served every state's lens at once
+        self.rows_at_n: list[torch.Tensor] = []  # x^l_n of l = 0.., for their read-out
 
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         """Forward pre-hook on block 1: x^0 is its input hidden states."""
@@ -152,18 +187,12 @@ class _Run:
                 continue
             if reducer is not None:
                 self.reducers[name] = reducer
-        self._route_lens()
-
-    def _route_lens(self) -> None:
-        """Which started reducers read the lens layer by layer, and which all at once."""
-        if self.collector.lens is None:
-            return
-        for name, reducer in self.reducers.items():
-            route = getattr(reducer, "lens_route", "layer")
-            if route == "stack" and callable(getattr(reducer, "update_lens", None)):
-                self.stacked.append(name)
-            elif route != "none":
-                self.layer_lens = True
+        if self.collector.lens is not None:
+            self.whole_lens = [
+                name
+                for name, reducer in self.reducers.items()
+                if callable(getattr(reducer, "update_lens", None))
+            ]
 
     def _info(self, batch: int, n_tokens: int, dtype: torch.dtype) -> BatchInfo:
         collector = self.collector
@@ -212,42 +241,23 @@ class _Run:
             self.finish()
         return None
 
-    def serve(
-        self,
-        layer: int,
-        hidden: torch.Tensor | None,
-        at_n: torch.Tensor | None = None,
-        stack: torch.Tensor | None = None,
-    ) -> None:
-        """Serve one state to every reducer, then drop it.
-
-        ``hidden`` is the forward's ``[B, T, d]``; a replay gives the measured
-        rows' states instead (views of its ``stack`` of every state, served
-        as ``LayerView.stack``), or only their rows at n (``at_n``, hidden None).
-        """
+    def serve(self, layer: int, hidden: torch.Tensor) -> None:
+        """Serve one state ``hidden [B, T, d]`` of the forward to every reducer, then drop it."""
         if not self.reducers:
             return
         collector = self.collector
         device = collector.device
-        if hidden is not None:
-            hidden = self._measured(hidden.detach())[:, : self.handle.info.n_tokens]
-            dtype = work_dtype(hidden)
-            at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)
-        else:
-            dtype = work_dtype(at_n)
-        if self.stacked:
+        hidden = self._measured(hidden.detach())[:, : self.handle.info.n_tokens]
+        dtype = work_dtype(hidden)
+        at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)
+        if self.whole_lens:
             self.rows_at_n.append(at_n)
-        normed, logits = self._lens(layer, at_n) if self.layer_lens else (None, None)
         view = LayerView(
             layer=layer,
-            hidden=None
-            if hidden is None or not collector.hidden_states
-            else hidden.to(device=device, dtype=dtype),
+            hidden=hidden.to(device=device, dtype=dtype) if collector.hidden_states else None,
             at_n=at_n,
-            normed=normed,
-            logits=logits,
             attentions=self._attentions(layer, device, dtype),
-            stack=stack,
+            lens=None if collector.lens is None else (lambda: self._lens(layer, at_n)),
         )
         for name, reducer in list(self.reducers.items()):
             try:
@@ -257,39 +267,26 @@ class _Run:
                 del self.reducers[name]
 
     def _lens(self, layer: int, at_n: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        """``(N(x^l_n), lens logits)``; None, None without a lens or once the lens failed."""
-        lens = self.collector.lens
-        if lens is None or self.handle.lens_error is not None:
+        """``(N(x^l_n), lens logits)``; None, None once the lens failed (read when asked)."""
+        if self.handle.lens_error is not None:
             return None, None
         try:
-            normed = self.collector.parts.final_norm_fp32(at_n)
-            if _is_logit_lens(lens):  # W_U N(x): the norm just computed, not twice
-                return normed, lens.logits_of_normed(normed)
-            return normed, lens.logits(layer, at_n)
+            return read_one(self.collector.lens, self.collector.parts, layer, at_n)
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
             self.handle.lens_error = repr(exc)
             return None, None
 
-    def _serve_stacked_lens(self) -> None:
-        """After x^L: the lens logits ``[B, L+1, V]`` of every state, to the stacking reducers.
+    def _serve_whole_lens(self) -> None:
+        """After x^L: the lens logits ``[B, L+1, V]`` of every state, to the reducers taking them.
 
-        The built-in logit lens reads the stacked rows ``[(L+1) B, d]`` in one
-        call (its norm and unembedding act row by row); another lens is called
-        once per state, as the layer route calls it.
+        One read-out of every state's transformed rows (`read_all`).
         """
-        names = [name for name in self.stacked if name in self.reducers]
-        lens = self.collector.lens
+        names = [name for name in self.whole_lens if name in self.reducers]
+        rows, self.rows_at_n = self.rows_at_n, []
         if not names or self.handle.lens_error is not None:
             return
-        rows, self.rows_at_n = self.rows_at_n, []
         try:
-            if _is_logit_lens(lens):
-                depth, (batch, width) = len(rows), rows[0].shape
-                flat = torch.stack(rows, dim=1).reshape(batch * depth, width)
-                normed = self.collector.parts.final_norm_fp32(flat)
-                logits = lens.logits_of_normed(normed).reshape(batch, depth, -1)
-            else:
-                logits = torch.stack([lens.logits(i, x) for i, x in enumerate(rows)], dim=1)
+            logits = read_all(self.collector.lens, self.collector.parts, rows)
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
             self.handle.lens_error = repr(exc)
             return
@@ -329,7 +326,7 @@ class _Run:
     def finish(self) -> None:
         """Finalize every reducer of a complete forward and set the handle's states."""
         parts, info = self.collector.parts, self.handle.info
-        self._serve_stacked_lens()
+        self._serve_whole_lens()
         for name, reducer in self.reducers.items():
             try:
                 self.handle.reduced[name] = reducer.finalize()
@@ -349,7 +346,7 @@ class StateCollector:
 
     Args:
         model: the causal LM the hooks attach to.
-        parts: its located parts (:func:`~lm_coupling.capture.architecture.locate_model_parts`).
+        parts: its located parts (:func:`~lm_coupling.model.architecture.locate_model_parts`).
         hidden_states: views carry the states ``[B, T, d]`` (need ``hidden_states``).
         lens: the lens whose logits at n the views carry (need ``lens``), or None.
         attentions: views carry each block's attention probabilities (need
@@ -377,12 +374,6 @@ class StateCollector:
         self.attention_modules = attention_modules(parts.blocks) if self.attentions else []
         first_param = next(parts.blocks[0].parameters(), None)
         self.device = first_param.device if first_param is not None else torch.device("cpu")
-        self._standing: _StandingHooks | None = None
-        # Recording by reference (capture.recording.Recorder) needs every state on one device.
-        devices = {p.device for block in parts.blocks for p in block.parameters()}
-        self.single_device = len(devices) <= 1
-        self.copy_in_hooks = False  # set once a model wrote a recorded state in place
-        self._stack_buffer: torch.Tensor | None = None
 
     @contextmanager
     def capture(
@@ -433,49 +424,12 @@ class StateCollector:
             yield handle
 
     @contextmanager
-    def standing_hooks(self) -> Iterator[None]:
-        """Keep the hooks registered for every forward pass inside the context.
-
-        :meth:`capture` and :meth:`record` inside it arm these hooks for their
-        forward pass instead of registering and removing their own: a
-        benchmark of short prompts otherwise pays the registration on every
-        batch. Forward passes that nothing armed pass through (the hooks
-        return at once). Removed on exit, also when the block raises.
-        """
-        if self._standing is not None:  # already standing: the outer context removes them
-            yield
-            return
-        standing = _StandingHooks()
-        with self._registered(standing.pre_hook, standing.post_hook, standing.attention_hook):
-            self._standing = standing
-            try:
-                yield
-            finally:
-                self._standing = None
-
-    @contextmanager
     def _hooks(self, pre_hook, post_hook, attention_hook=None) -> Iterator[None]:
-        """The hooks of one forward pass, disarmed or removed on exit (also when it raises).
+        """The hooks of one forward call, every handle removed on exit (also when it raises).
 
         ``pre_hook`` on block 1, ``post_hook(l, ...)`` on every block l, and
         ``attention_hook(l, ...)`` on block l's attention where it serves attentions.
-        Inside :meth:`standing_hooks` they arm the standing hooks (unless
-        those are armed already: a capture inside a capture registers its own).
         """
-        standing = self._standing
-        if standing is not None and standing.armed is None:
-            standing.armed = (pre_hook, post_hook, attention_hook)
-            try:
-                yield
-            finally:
-                standing.armed = None
-            return
-        with self._registered(pre_hook, post_hook, attention_hook):
-            yield
-
-    @contextmanager
-    def _registered(self, pre_hook, post_hook, attention_hook=None) -> Iterator[None]:
-        """Register the hooks of :meth:`_hooks`; remove them on exit."""
         hooks = []
         try:
             hooks.append(self.parts.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -488,113 +442,6 @@ class StateCollector:
         finally:
             for hook in hooks:
                 hook.remove()
-
-    @property
-    def can_record(self) -> bool:
-        """Whether forward passes can be recorded and reduced later (no attentions read)."""
-        return not self.attentions
-
-    def recording_bytes(self, rows: int, n_tokens: int, element_size: int) -> int:
-        """Bytes a recording of ``rows`` measured rows of ``n_tokens`` positions holds."""
-        width = n_tokens if self.hidden_states else 1
-        return (self.parts.n_layers + 1) * rows * width * self.parts.d_model * element_size
-
-    @contextmanager
-    def record(
-        self,
-        last_index: Sequence[int] | torch.Tensor,
-        first_index: Sequence[int] | torch.Tensor,
-        target_tokens: Sequence[int] | torch.Tensor | None,
-        documents: Sequence[Sequence[DocumentRef]] | None = None,
-        rows: Sequence[int] | torch.Tensor | None = None,
-    ) -> Iterator[Recording]:
-        """Record the first forward pass run inside the context, for a later :meth:`replay`.
-
-        The hooks copy the measured rows of each state (``[b, T, d]``, or the
-        rows at n when no reducer reads ``hidden_states``) and run no reducer.
-        The arguments are those of :meth:`capture`.
-
-        Yields:
-            A :class:`~lm_coupling.capture.recording.Recording`, ``complete``
-            once every block has run.
-
-        Raises:
-            ValueError: the collector serves attentions (they are not recorded;
-                use :meth:`capture`), or the indices do not fit (as for :meth:`capture`).
-        """
-        if not self.can_record:
-            raise ValueError(
-                "a collector that serves attention probabilities cannot record: use capture()"
-            )
-        last, first, target, docs, measured = _indices(
-            last_index, first_index, target_tokens, documents, rows
-        )
-        recording = Recording(last, first, target, docs or tuple(() for _ in range(len(last))))
-        recorder = Recorder(
-            recording,
-            self.parts.n_layers,
-            measured,
-            self.hidden_states,
-            by_reference=self.single_device and not self.copy_in_hooks,
-            on_written=self._copy_from_now_on,
-        )
-        with self._hooks(recorder.pre_hook, recorder.post_hook):
-            yield recording
-
-    def _copy_from_now_on(self) -> None:
-        """A recorded state was written in place: later recordings copy each state in its hook."""
-        self.copy_in_hooks = True
-
-    def release_buffers(self) -> None:
-        """Free the memory kept for the next replay's stack (`stack_recordings`)."""
-        self._stack_buffer = None
-
-    def replay(
-        self, recordings: Sequence[Recording], reducers: Mapping[str, ReducerFactory]
-    ) -> CaptureHandle:
-        """Serve several recorded forward passes to the reducers as one batch.
-
-        The recordings' rows are joined in order and right-padded to the
-        longest (`stack_recordings`; `merge_recordings` for rows at n); the
-        reducers see one batch whose rows are every recording's measured rows,
-        exactly as :meth:`capture` serves one forward pass, and the handle's
-        rows follow the same order.
-
-        Raises:
-            ValueError: no recording, or one that is incomplete.
-        """
-        if not recordings or not all(recording.complete for recording in recordings):
-            raise ValueError(
-                "replay() needs complete recordings (a forward pass that ran every block)"
-            )
-        last = [n for recording in recordings for n in recording.last]
-        first = [f for recording in recordings for f in recording.first]
-        target = [t for recording in recordings for t in recording.target]
-        docs = tuple(row for recording in recordings for row in recording.documents)
-        handle = CaptureHandle()
-        run = _Run(self, last, first, target, dict(reducers), docs, handle)
-        dtype = work_dtype(recordings[0].stacked)
-        if self.hidden_states:  # whole rows: one stack, each layer a view of it
-            buffer = self._stack_buffer
-            if buffer is not None and (buffer.dtype != dtype or buffer.device != self.device):
-                buffer = None
-            stack, n_tokens = stack_recordings(list(recordings), self.device, dtype, buffer)
-            # Kept for the next replay: its memory is reused, not mapped and faulted in anew.
-            # Reducers may keep the stack until they finalize (LayerView.stack), no longer.
-            layers = stack.transpose(0, 1)
-            if buffer is None or layers.data_ptr() != buffer.data_ptr():
-                self._stack_buffer = layers.reshape(-1)
-            run.begin(len(last), n_tokens, dtype)
-            for layer in range(stack.shape[1]):
-                run.serve(layer, stack[:, layer], stack=stack)
-        else:
-            states, n_tokens = merge_recordings(list(recordings), self.device, dtype)
-            run.begin(len(last), n_tokens, dtype)
-            for layer, state in enumerate(states):
-                run.serve(layer, None, at_n=state)
-        run.phase = "done"
-        run.finish()
-        return handle
 
     def capture_prompt(
         self,
@@ -651,7 +498,7 @@ def _indices(
     """The capture's indices as lists of ints, checked (``StateCollector.capture``).
 
     Lists: the indices are a few per batch, read in Python; no tensor is
-    made per batch until a capture or a replay needs one.
+    made per batch until a capture needs one.
     """
     last = _as_list(last_index, "last_index")
     first = _as_list(first_index, "first_index")
@@ -684,41 +531,10 @@ def _indices(
     return last, first, target, docs, measured
 
 
-def _is_logit_lens(lens: Any) -> bool:
-    """The built-in logit lens, its ``logits`` not overridden (it then acts row by row)."""
-    return isinstance(lens, LogitLens) and type(lens).logits is LogitLens.logits
-
-
-class _StandingHooks:
-    """Hooks registered once (`StateCollector.standing_hooks`), each forwarding to the armed pass.
-
-    ``armed`` is ``(pre_hook, post_hook, attention_hook)`` of the capture or
-    recording under way, or None: the forward pass then runs untouched.
-    """
-
-    def __init__(self) -> None:
-        self.armed: tuple | None = None
-
-    def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict):
-        armed = self.armed
-        return None if armed is None else armed[0](module, args, kwargs)
-
-    def post_hook(self, layer: int, module: nn.Module, args: tuple, output):
-        armed = self.armed
-        return None if armed is None else armed[1](layer, module, args, output)
-
-    def attention_hook(self, layer: int, module: nn.Module, args: tuple, output):
-        armed = self.armed
-        if armed is None or armed[2] is None:
-            return None
-        return armed[2](layer, module, args, output)
-
-
 def _bind(post_hook, layer: int):
     """A forward hook that calls ``post_hook(layer, module, args, output)``."""
 
     def hook(module: nn.Module, args: tuple, output) -> None:
         return post_hook(layer, module, args, output)
 
-    hook.target = post_hook  # what the hook calls (its owner says whether it is armed)
     return hook

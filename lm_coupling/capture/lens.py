@@ -1,40 +1,110 @@
-"""The built-in lens: the logit lens, ``P^l = softmax(W_U N(x^l) + b)``.
+"""Lenses as objects: a transform of the state, then one read-out shared by every lens.
 
 A lens maps a state ``x^l_n`` (before the final norm) to next-token logits
-(`lm_coupling.states.Lens`). The logit lens applies the model's own final norm
-N and unembedding, so that the lens of ``x^L`` is exactly the model's output
-(docs/design.md, "Metric definitions"). A plugin supplies another lens (tuned,
-Jacobian) through the hook ``lmc_lens``; capture serves whichever lens the run
-uses, and the lens metrics read its logits.
+(`lm_coupling.states.Lens`). As tuned-lens's ``Lens`` does, a `TransformLens`
+splits that map in two: its own ``transform(l, x)`` of the state (the
+identity for the logit lens; a learned or fitted map for a tuned or Jacobian
+lens), then the model's read-out, shared by every lens: the final norm N
+and the unembedding, ``W_U N(.) + b``. Capture reads every state's lens of
+a batch in one read-out call on the stacked transformed rows (`read_all`),
+whatever the lens, and one state's alone where a reducer asks for it
+(`read_one`).
 
-Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020).
+A lens that only has ``logits(layer, hidden)`` (the protocol) is called
+once per state; so is a `TransformLens` subclass that overrides ``logits``.
+
+Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
+Belrose et al., "Eliciting Latent Predictions from Transformers with the
+Tuned Lens" (2023), the ``Lens``/``Unembed`` split.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
-from lm_coupling.capture.architecture import ModelParts
+from lm_coupling.model.architecture import ModelParts
 
-__all__ = ["LogitLens"]
+__all__ = ["LogitLens", "TransformLens", "read_all", "read_one", "read_out"]
 
 
-class LogitLens:
-    """``logits(l, x) = W_U N(x) + b`` with the model's final norm N, for every layer l.
+def read_out(parts: ModelParts, states: torch.Tensor) -> torch.Tensor:
+    """The shared read-out ``W_U N(x) + b`` of states ``[N, d]``: ``[N, V]`` (float32)."""
+    return parts.unembed_fp32(parts.final_norm_fp32(states))
+
+
+class TransformLens:
+    """A lens as an object: ``logits(l, x) = read_out(transform(l, x))``.
+
+    Subclasses override `transform` (and set `name`); the read-out (the
+    model's final norm and unembedding) is shared, so capture can read every
+    state of a batch in one call.
 
     Args:
         parts: the model's located parts (final norm and unembedding).
     """
 
-    name = "logit"
+    name = "transform"
 
     def __init__(self, parts: ModelParts):
         self.parts = parts
 
+    def transform(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The state ``x^layer_n`` ``[B, d]`` as the read-out takes it (here: itself)."""
+        return hidden
+
     def logits(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, V]`` logits of ``hidden [B, d]`` (float32, float64 for float64 input)."""
-        return self.logits_of_normed(self.parts.final_norm_fp32(hidden))
+        return read_out(self.parts, self.transform(layer, hidden))
 
-    def logits_of_normed(self, normed: torch.Tensor) -> torch.Tensor:
-        """``[B, V]`` logits ``W_U y + b`` of states already normed, ``y = N(x)``."""
-        return self.parts.unembed_fp32(normed)
+
+class LogitLens(TransformLens):
+    """The logit lens, ``P^l = softmax(W_U N(x^l) + b)``: the identity transform.
+
+    The lens of ``x^L`` is exactly the model's output (docs/design.md,
+    "Metric definitions").
+    """
+
+    name = "logit"
+
+
+def _transforms(lens: Any):
+    """The lens's ``transform`` when its logits are the shared read-out of it, else None."""
+    transform = getattr(lens, "transform", None)
+    if transform is None or getattr(type(lens), "logits", None) is not TransformLens.logits:
+        return None
+    return transform
+
+
+def read_one(
+    lens: Any, parts: ModelParts, layer: int, at_n: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(N(x^l_n), lens logits)`` of one state's rows at n ``[B, d]``.
+
+    The final norm already computed serves the read-out when the transform
+    returns the state itself (the logit lens), so it is not computed twice.
+    """
+    normed = parts.final_norm_fp32(at_n)
+    transform = _transforms(lens)
+    if transform is None:
+        return normed, lens.logits(layer, at_n)
+    moved = transform(layer, at_n)
+    return normed, parts.unembed_fp32(normed if moved is at_n else parts.final_norm_fp32(moved))
+
+
+def read_all(lens: Any, parts: ModelParts, rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The lens logits ``[B, L+1, V]`` of every state's rows at n (``rows[l]``: ``[B, d]``).
+
+    One read-out call on the stacked transformed rows ``[(L+1) B, d]`` (the
+    norm and unembedding act row by row, so each state's logits are those of
+    `read_one`); a lens without a shared read-out is called once per state.
+    """
+    transform = _transforms(lens)
+    if transform is None:
+        return torch.stack([lens.logits(i, x) for i, x in enumerate(rows)], dim=1)
+    moved = [transform(i, x) for i, x in enumerate(rows)]
+    depth, (batch, width) = len(moved), moved[0].shape
+    flat = torch.stack(moved, dim=1).reshape(batch * depth, width)
+    return read_out(parts, flat).reshape(batch, depth, -1)

@@ -43,3 +43,11 @@ def bundled_tasks_data_path() -> Path:
         FileNotFoundError: the folder is missing from the installation.
     """
     return _existing(ASSETS_DIR / TASKS_DIRNAME, "demo tasks")
+
+
+def family_checkpoints(family_dir: Path) -> list[Path]:
+    """Checkpoint folders ``<family>/<size>/step<N>``, by size then step."""
+    from lm_coupling.report.benchmarks import parse_step
+
+    found = [p.parent for p in family_dir.glob("*/step*/config.json")]
+    return sorted(found, key=lambda p: (p.parent.name, parse_step(p.name) or 0))

@@ -28,6 +28,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from lm_coupling.demo.assets import family_checkpoints
+
 DEMO_TASKS = "lmc_demo"
 MODEL_VARIABLE = "LMC_DEMO_MODEL"
 DATA_VARIABLE = "LM_COUPLING_DATA_DIR"  # read by the offline task YAMLs
@@ -116,14 +118,6 @@ def where_lines() -> list[str]:
         f"export {MODEL_VARIABLE}={shlex.quote(str(model))}",
         f"export {DATA_VARIABLE}={shlex.quote(str(data))}",
     ]
-
-
-def family_checkpoints(family_dir: Path) -> list[Path]:
-    """Checkpoint folders ``<family>/<size>/step<N>``, by size then step."""
-    from lm_coupling.report.benchmarks import parse_step
-
-    found = [p.parent for p in family_dir.glob("*/step*/config.json")]
-    return sorted(found, key=lambda p: (p.parent.name, parse_step(p.name) or 0))
 
 
 def demo_model_path(out_dir: Path) -> Path:

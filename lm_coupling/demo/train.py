@@ -26,10 +26,9 @@ from pathlib import Path
 
 import torch
 
-from lm_coupling.demo.assets import ASSETS_DIR, MODEL_DIRNAME, TASKS_DIRNAME
+from lm_coupling.demo.assets import ASSETS_DIR, MODEL_DIRNAME, TASKS_DIRNAME, family_checkpoints
 from lm_coupling.demo.corpus import TRUTHFULQA_PREFIX, build_corpus, make_demo_data
 from lm_coupling.demo.corpus import write_eval_tasks as _write_eval_tasks
-from lm_coupling.demo.run import family_checkpoints
 from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer
 
 logger = logging.getLogger(__name__)

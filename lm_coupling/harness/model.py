@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from bisect import bisect_left, bisect_right
-from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,25 +21,15 @@ import lm_coupling
 from lm_coupling.catalogue import CONFIG_KEY, Catalogue
 from lm_coupling.geometry import DocumentGeometry, GeometryRunner
 from lm_coupling.harness import preflight
-from lm_coupling.harness.batch_pool import BatchPool
 from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
 from lm_coupling.harness.progress import GeometryProgress, sampled_in_requests
+from lm_coupling.harness.rows import RowIndex, rows_per_target, share_untargeted
 from lm_coupling.harness.session import GeometrySession, plugin_versions
 
 if TYPE_CHECKING:
     from lm_coupling.harness.run_config import RunConfig
-
-
-@dataclass(frozen=True)
-class RowPlan:
-    """One batch row to measure: its key, target position, gold token, context."""
-
-    key: GeometryKey
-    last_index: int
-    target_token: int
-    context_tokens: tuple[int, ...]
 
 
 class CouplingHFLM(HFLMWithHooks):
@@ -69,13 +55,11 @@ class CouplingHFLM(HFLMWithHooks):
     # lm-coupling's state, as class defaults (HFLM's __init__ is not overridden); every
     # one is replaced on the instance, never changed in place.
     _lmc_session: GeometrySession | None = None
-    _lmc_rows: Mapping[int, dict[tuple[int, ...], list[RowPlan]]] = MappingProxyType({})
-    _lmc_lengths: list[int] = []  # sorted(_lmc_rows), made once per scoring call
+    _lmc_rows: RowIndex | None = None  # the wanted requests by model input, while scoring
     _lmc_gen_contexts: list[str] | None = None
     _lmc_gathered = False
     _lmc_probing = False
     _lmc_progress: GeometryProgress | None = None
-    _lmc_pool: BatchPool | None = None
     _lmc_model_source: Mapping[str, Any] | None = None  # a GGUF file and its quantisation
 
     def open_session(self, run: RunConfig) -> GeometrySession:
@@ -163,11 +147,7 @@ class CouplingHFLM(HFLMWithHooks):
         """Plan the requests' documents, then run lm-eval's loglikelihood."""
         if self._lmc_session is None:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
-        # The capture's hooks stay registered for the scoring's forward passes (not
-        # for generation's decoding steps, which would pass through them all).
-        runner = self._lmc_session.runner
-        standing = contextlib.nullcontext() if runner is None else runner.standing_hooks()
-        with self._geometry_progress(requests, disable_tqdm), standing:
+        with self._geometry_progress(requests, disable_tqdm):
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
     @contextlib.contextmanager
@@ -178,14 +158,10 @@ class CouplingHFLM(HFLMWithHooks):
         sampled = session.runner.sampled_metrics
         self._lmc_progress = GeometryProgress(",".join(sampled), disable=disable or not sampled)
         self._lmc_progress.plan(sampled_in_requests(session, requests))
-        self._lmc_pool = BatchPool(session)
         try:
             with counting_requests(self, requests):  # Ctrl-C says how far it got
                 yield
-            self._lmc_pool.flush()  # the batches still held (an interrupted run drops them)
         finally:
-            self._lmc_pool.close()
-            self._lmc_pool = None
             self._lmc_progress.close()
             self._lmc_progress = None
 
@@ -196,55 +172,11 @@ class CouplingHFLM(HFLMWithHooks):
         if session is None:
             yield
             return
-        self._lmc_rows = self._plan_rows(requests, session)
-        self._lmc_lengths = sorted(self._lmc_rows)
+        self._lmc_rows = RowIndex.of_requests(self, requests, session)
         try:
             yield
         finally:
-            self._lmc_rows, self._lmc_lengths = MappingProxyType({}), []
-
-    def _plan_rows(
-        self, requests: list[Any], session: GeometrySession
-    ) -> dict[int, dict[tuple[int, ...], list[RowPlan]]]:
-        """Index the wanted requests by the exact model input lm-eval will build.
-
-        Requests with the same input (duplicate prompts: the same context, or
-        one-token answers after it, which lm-eval runs as one row) keep every
-        distinct key: all of them are measured from that one row.
-        """
-        rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = defaultdict(dict)
-        max_length = self.max_length  # a property HFLM resolves from the config: read once
-        for cache_key, context_enc, continuation_enc in requests:
-            if cache_key is None:  # loglikelihood_rolling windows: no geometry
-                continue
-            key = (cache_key[0], cache_key[1])
-            if key[0] is None or not session.wanted(key):
-                continue
-            inp, last = loglikelihood_input(self, context_enc, continuation_enc, max_length)
-            if last < 0:
-                continue
-            inp = tuple(inp)
-            plan = RowPlan(key, last, continuation_enc[0], inp[: last + 1])
-            plans = rows[len(inp)].setdefault(inp, [])
-            if all(other.key != key for other in plans):
-                plans.append(plan)
-        return rows
-
-    def _match_rows(self, inps: torch.Tensor) -> list[tuple[int, list[RowPlan]]]:
-        """Find each right-padded row's plans (pads are zeros, as lm-eval pads)."""
-        matches = []
-        lengths = self._lmc_lengths
-        for b, row in enumerate(inps.tolist()):
-            shortest = len(row)  # the row without its trailing pads (at least 1 token)
-            while shortest > 1 and row[shortest - 1] == 0:
-                shortest -= 1
-            candidates = lengths[bisect_left(lengths, shortest) : bisect_right(lengths, len(row))]
-            for length in candidates:
-                plans = self._lmc_rows[length].get(tuple(row[:length]))
-                if plans is not None:
-                    matches.append((b, plans))
-                    break
-        return matches
+            self._lmc_rows = None
 
     def forward_batch(self, inps: torch.Tensor, call: Callable[..., torch.Tensor]) -> torch.Tensor:
         """One forward batch of lm-eval's scoring: its wanted rows measured under capture.
@@ -259,14 +191,14 @@ class CouplingHFLM(HFLMWithHooks):
         if session is None or not self._lmc_rows:
             return call()
         matched = []
-        for b, plans in self._match_rows(inps):
+        for b, plans in self._lmc_rows.match(inps):
             plans = [plan for plan in plans if self._wanted(session, plan.key)]
             if plans:
                 matched.append((b, plans))
         if not matched:
             return call()
         batch = inps.shape[0]
-        rows, copies = _rows_per_target(matched, batch)
+        rows, copies = rows_per_target(matched, batch)
         full = torch.cat([inps, inps[copies]]) if copies else inps
         # The indices of the captured rows as Python lists: one tensor each, made
         # once per batch by the capture (a tensor write per row costs microseconds).
@@ -281,8 +213,7 @@ class CouplingHFLM(HFLMWithHooks):
             last,
             [0] * size,
             target,
-            # The positions measured (none after the last n), from the plans: no tensor op.
-            max(plans[0].last_index for _, plans in rows) + 1,
+            {batch + j: b for j, b in enumerate(copies)},
         )
         if session.runner.sampled_metrics:
             self._measure_sampled(
@@ -333,7 +264,7 @@ class CouplingHFLM(HFLMWithHooks):
         if not matches:
             return call()
         last = [width - 1] * batch
-        output = self._captured_call(call, session, matches, last, first, target, width)
+        output = self._captured_call(call, session, matches, last, first, target)
         self._measure_sampled(
             session, [(key, tuple(context[b, first[b] :].tolist())) for b, key in matches]
         )
@@ -344,7 +275,9 @@ class CouplingHFLM(HFLMWithHooks):
         try:
             return self._first_target_token(key)
         except ValueError as exc:
-            session.warn_key(key, f"tv_to_target is undefined (NaN): {exc}")
+            targeted = [n for n, s in session.selection.specs.items() if s.reads_target]
+            what = ", ".join(targeted) or "the lens target"
+            session.warn_key(key, f"{what} is undefined (NaN): {exc}")
             return -1
 
     def _first_target_token(self, key: GeometryKey) -> int:
@@ -362,9 +295,8 @@ class CouplingHFLM(HFLMWithHooks):
 
     # -- shared capture plumbing -------------------------------------------------
     def _wanted(self, session: GeometrySession, key: GeometryKey) -> bool:
-        """Planned, not measured yet, and not held for a later reduction."""
-        pool = self._lmc_pool
-        return session.wanted(key) and not (pool is not None and pool.holds(key))
+        """Planned and not measured yet."""
+        return session.wanted(key)
 
     def _captured_call(
         self,
@@ -374,16 +306,15 @@ class CouplingHFLM(HFLMWithHooks):
         last: list[int],
         first: list[int],
         target: list[int],
-        n_tokens: int,
+        copies: dict[int, int] | None = None,
     ) -> Any:
         """Run ``call`` under capture; a capture failure never loses the output.
 
         ``last``, ``first`` and ``target`` have one entry per row of the
         forward (`StateCollector.capture`); only the rows of ``matches`` are
-        measured.
-
-        A small batch is recorded and reduced later with others
-        (`BatchPool`); a large one is reduced at once.
+        measured, while the forward call runs. ``copies``: rows appended as
+        copies of a row for another lens target (`rows_per_target`), each
+        with its original row (`share_untargeted`).
 
         When the captured call itself fails (an out-of-memory error in the
         capture's hooks, say), the benchmark batch is run again without
@@ -414,20 +345,11 @@ class CouplingHFLM(HFLMWithHooks):
                 refs,
                 measured,
             )
-            pool = self._lmc_pool
-            if pool is not None and pool.accepts(len(measured), n_tokens):
-                with runner.record(*indices) as recording:
-                    output = call()
-                if recording.error is not None:  # a state written in place: record again,
-                    with runner.record(*indices) as recording:  # now copying in the hooks
-                        output = call()
-                forward = (time.perf_counter() - start) / max(len(matches), 1)
-                pool.add(recording, [(at[b], key) for b, key in matches], forward)
-                return output
             with runner.capture(*indices) as handle:
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle)
+            share_untargeted(documents, at, copies or {}, session.selection.specs)
             stored: set[int] = set()
             for b, key in matches:
                 document = documents[at[b]]
@@ -462,8 +384,6 @@ class CouplingHFLM(HFLMWithHooks):
         for key, tokens in documents:
             if session.sampled(key):
                 by_tokens.setdefault(tokens, []).append(key)
-        if by_tokens and self._lmc_pool is not None:
-            self._lmc_pool.flush()  # the batch's own values first: the sampled part merges in
         groups: dict[tuple[str, ...], list[tuple[GeometryKey, tuple[int, ...]]]] = {}
         for tokens, keys in by_tokens.items():
             wanted = set().union(*(session.needed_metrics(key) for key in keys))
@@ -557,32 +477,6 @@ class CouplingHFLM(HFLMWithHooks):
             if self.rank == dst:
                 session.merge_records(gathered)
         return super().gather_object(obj, dst)
-
-
-def _rows_per_target(
-    matched: list[tuple[int, list[RowPlan]]], batch: int
-) -> tuple[list[tuple[int, list[RowPlan]]], list[int]]:
-    """One captured row per (batch row, lens target); extra rows are copies of their row.
-
-    Keys sharing an input and a lens target share a row. A key with another
-    target (one-token answers that differ after the same context) gets a copy
-    of the row appended to the same forward pass, whose logits lm-eval never
-    sees: the trajectory is the same, only the lens target differs.
-
-    Returns:
-        ``[(row, plans)]`` and the batch rows copied (the extra rows, in order).
-    """
-    rows: list[tuple[int, list[RowPlan]]] = []
-    copies: list[int] = []
-    for b, plans in matched:
-        by_target: dict[int, list[RowPlan]] = {}
-        for plan in plans:
-            by_target.setdefault(plan.target_token, []).append(plan)
-        for i, group in enumerate(by_target.values()):
-            if i:
-                copies.append(b)
-            rows.append((b if i == 0 else batch + len(copies) - 1, group))
-    return rows, copies
 
 
 def model_shape(model: Any, runner: GeometryRunner) -> dict[str, Any]:

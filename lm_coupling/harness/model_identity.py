@@ -36,7 +36,7 @@ def in_memory_name(model: Any, model_name: str | None) -> str:
                 "output folder and the leaderboard row"
             )
         return model_name.strip()
-    from lm_coupling.capture.transformers_adapter import loaded_from as path_of
+    from lm_coupling.model.transformers_adapter import loaded_from as path_of
 
     loaded_from = path_of(model)
     if loaded_from.strip():

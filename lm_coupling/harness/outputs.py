@@ -15,6 +15,7 @@ from lm_coupling.errors import GeometryWarning
 from lm_coupling.files import geometry_file_name, output_root
 from lm_coupling.harness.session import GeometrySession, TaskRecords
 from lm_coupling.model_source import filed_dtype, filed_name
+from lm_coupling.plugins.calls import isolated_answers
 
 log = logging.getLogger("lm_coupling")
 
@@ -89,13 +90,10 @@ def geometry_document(
         output_dir=output_dir,
         run_id=run_id,
     )
-    pm = session.runner.pm
-    for impl in pm.hook.lmc_aggregate_task.get_hookimpls():
-        plugin = pm.get_name(impl.plugin) or repr(impl.plugin)
-        try:
-            extra = impl.function(**{name: arguments[name] for name in impl.argnames})
-        except Exception as exc:  # a plugin's failure is its own
-            _report(failures, task_name, plugin, None, f"lmc_aggregate_task raised {exc!r}")
+    answered = isolated_answers(session.runner.pm, "lmc_aggregate_task", **arguments)
+    for plugin, (extra, error) in answered.items():
+        if error is not None:
+            _report(failures, task_name, plugin, None, f"lmc_aggregate_task raised {error!r}")
             continue
         document.update(extra or {})
     _count_task_level(document, session, records)

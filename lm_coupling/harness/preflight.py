@@ -5,20 +5,20 @@ Two moments, each one call from `CouplingHFLM`:
 - `check_model`, at model load (before any request): the model must be
   causal (a token's states may not depend on later tokens) and its blocks
   must pass one state ``[B, T, d]`` (several residual streams, hyper-connections
-  and Gemma-3n's AltUp, arrive flattened, ``capture.block_calls``).
+  and Gemma-3n's AltUp, arrive flattened, ``model.block_calls``).
   A model that fails (a BERT loaded as ``BertLMHeadModel``) stops the run
   with a message saying what was found. Any cache is fine for the Jacobian
   metrics: where the model's cache holds more than keys and values (Mamba,
   hybrids, linear attention, indexer attention) or there is none, the
   engine replays whole sequences
-  (``capture.jacobian_sequence``); ``ModelProbe.replay`` says which replay.
+  (``jacobian.sequence``); ``ModelProbe.replay`` says which replay.
 - `check_first_batch`, on the first captured batch: the lens read-out of the
   last block's output, ``unembed(final_norm(x^L))``, must reproduce the
   model's own logits, and with a Jacobian metric selected the located blocks
   must compose to the model's output (block l+1 consumes what block l
   returned). Otherwise lm-coupling would report the geometry of a different
   function; the run stops naming the architecture and the override to add
-  (`lm_coupling.capture.architecture.register_override`). With a Jacobian
+  (`lm_coupling.model.architecture.register_override`). With a Jacobian
   metric, ``torch.func`` must also go through every block (one JVP each):
   a custom ``autograd.Function`` without a stand-in, or a module writing in
   place into its own weights, stops the run naming its module, rather than
@@ -38,19 +38,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_coupling.capture.architecture import ModelParts, block_output_hidden
-from lm_coupling.capture.block_calls import is_unrolled
-from lm_coupling.capture.differentiable import untransformable_modules
-from lm_coupling.capture.jacobian_calls import (
+from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.jacobian.calls import (
     compute_dtype,
     engine_mode,
     record_last_token,
     run_prompts,
 )
-from lm_coupling.capture.jacobian_sequence import SEQUENCE, choose_replay, record_sequences
-from lm_coupling.capture.transformers_adapter import cache_layers, layer_keeps_state, output_cache
-from lm_coupling.errors import UnsupportedModelError
-from lm_coupling.harness.host_memory import trim_host_memory
+from lm_coupling.jacobian.sequence import SEQUENCE, choose_replay, record_sequences
+from lm_coupling.model.architecture import ModelParts, block_output_hidden
+from lm_coupling.model.block_calls import is_unrolled
+from lm_coupling.model.differentiable import untransformable_modules
+from lm_coupling.model.transformers_adapter import cache_layers, layer_keeps_state, output_cache
 from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
 
@@ -201,21 +200,15 @@ def _looks_ahead(model: nn.Module) -> str:
 def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> ModelProbe:
     """Stop before any request when the model cannot give the selected metrics.
 
-    The memory its probes freed is then handed back (`trim_host_memory`),
-    before the benchmark's peak.
-
     Raises:
         UnsupportedModelError: the model is not causal or its blocks pass
             more than one residual stream (no metric is defined). The message
             names the model and what was found.
     """
-    try:
-        probe = _check_model(model, parts)
-        if selection.needs & JACOBIAN_NEEDS:  # how the Jacobian engine will replay the blocks
-            probe = dataclasses.replace(probe, replay=choose_replay(model))
-        return probe
-    finally:
-        trim_host_memory()
+    probe = _check_model(model, parts)
+    if selection.needs & JACOBIAN_NEEDS:  # how the Jacobian engine will replay the blocks
+        probe = dataclasses.replace(probe, replay=choose_replay(model))
+    return probe
 
 
 def _check_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
@@ -365,7 +358,7 @@ def check_readout(
         f"{_module_path(model, parts.final_norm)}, logit scale {parts.logit_scale}, soft-cap "
         f"{parts.logit_softcap}, {parts.n_layers} blocks. The model applies something the "
         "locator missed (a logit scale, soft-capping, a final norm or projection); tell "
-        "lm-coupling before the run, e.g. lm_coupling.capture.architecture.register_override("
+        "lm-coupling before the run, e.g. lm_coupling.model.architecture.register_override("
         f"{parts.model_type!r}, blocks='model.layers', final_norm='model.norm', "
         "unembed='lm_head', logit_scale=..., logit_softcap=...) with your model's paths and "
         "values, rather than measuring the lens of a different function. Metrics that read "
@@ -379,7 +372,7 @@ def check_differentiable(
     """Raise when a Jacobian metric is selected and ``torch.func`` cannot go through a block.
 
     One JVP per block on the engine's recorded last-token calls of
-    ``input_ids`` (``capture.differentiable``); modules with an exact stand-in
+    ``input_ids`` (``model.differentiable``); modules with an exact stand-in
     (Bloom's GELU) are substituted first, as the engine does.
 
     Raises:
@@ -405,7 +398,7 @@ def check_differentiable(
             "that torch.func (the Jacobian engine's jvp/vjp/vmap) cannot transform (a custom "
             "torch.autograd.Function, or an in-place write to a tensor such as its own "
             f"weights), in {'; '.join(failing)}, and lm-coupling has no exact "
-            "differentiable stand-in for it (lm_coupling.capture.differentiable.SUBSTITUTES: "
+            "differentiable stand-in for it (lm_coupling.model.differentiable.SUBSTITUTES: "
             "add one computing the same forward; for an in-place write, a transformers "
             "release whose model does not write its weights in eval mode). Metrics that do "
             f"not need Jacobians and can still run: {', '.join(others)}"
@@ -427,8 +420,5 @@ def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
     tokens = list(lm.tok_encode(context))[-FIRST_BATCH_TOKENS:] if context else []
     if not tokens:
         tokens = list(range(1, min(PROBE_TOKENS, runner.parts.vocab_size - 1) + 1))
-    try:
-        check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)
-        check_differentiable(lm.model, runner.parts, torch.tensor(tokens), session.selection)
-    finally:
-        trim_host_memory()  # the probes' freed memory, before the benchmark's peak
+    check_readout(lm.model, runner.parts, torch.tensor(tokens), session.selection)
+    check_differentiable(lm.model, runner.parts, torch.tensor(tokens), session.selection)

@@ -18,7 +18,7 @@ How it differs from :mod:`lm_coupling.metrics.coupling` (this package's
 (``elementwise_abs``); they report ``m`` (mis-coupling, lower = more coupled)
 as L x L matrices, the diagonal included (``pairs=all``), not ``1 - m``
 averaged; and their last block's Jacobian includes the final norm
-(``capture.jacobian_authors``).
+(``jacobian.authors``).
 """
 
 from __future__ import annotations

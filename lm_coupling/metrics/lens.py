@@ -7,12 +7,8 @@ without the final norm, or to Hugging Face's ``hidden_states[-1]`` (already
 normed), gives a different, wrong last layer.
 
 Rows of logits are processed in chunks, so at most a chunk's few temporaries
-are materialized at once. On the CPU the chunks are small (about 64K
-elements: 256 KB in float32): a temporary of that size is taken from and
-given back to the allocator's free lists, while a larger one is mapped
-afresh from the kernel and page-faulted in on every call (measured on the
-bundled model's pooled lens, 312 rows x 1024: 1.9 ms a call with about 400
-page faults, 0.8 ms without them; docs/benchmarks.md, session 15).
+are materialized at once (memory bounded at any vocabulary); each row's
+values are those of the row alone.
 """
 
 from __future__ import annotations
@@ -24,10 +20,7 @@ import torch
 __all__ = ["fixation_depth", "lens_summary", "normalized_entropy", "tv_to_target"]
 
 _CHUNK_ELEMENTS = 1 << 22
-"""Rows of logits are processed in chunks of about this many elements (not CPU)."""
-
-_CPU_CHUNK_ELEMENTS = 1 << 16
-"""The same on the CPU: small enough that the chunk's temporaries are reused, not mapped."""
+"""Rows of logits are processed in chunks of about this many elements."""
 
 
 def _work_dtype(x: torch.Tensor) -> torch.dtype:
@@ -37,8 +30,7 @@ def _work_dtype(x: torch.Tensor) -> torch.dtype:
 def _row_chunks(rows: torch.Tensor):
     """Yield ``(start, chunk [n, V])`` chunks of a ``[N, V]`` tensor in the work dtype."""
     vocab = rows.shape[-1]
-    elements = _CPU_CHUNK_ELEMENTS if rows.device.type == "cpu" else _CHUNK_ELEMENTS
-    step = max(1, elements // max(1, vocab))
+    step = max(1, _CHUNK_ELEMENTS // max(1, vocab))
     dtype = _work_dtype(rows)
     for start in range(0, rows.shape[0], step):
         yield start, rows[start : start + step].to(dtype)

@@ -479,31 +479,6 @@ class TrajectoryAccumulator:
             self._add_step(x - self._prev)
         self._prev = x
 
-    def update_stack(self, stack: torch.Tensor) -> None:
-        """Add every state ``x^0..x^L`` at once, instead of ``L+1`` :meth:`update` calls.
-
-        The stack is held as it is (in the work dtype, no copy) until
-        :meth:`finalize`: the caller must not change it before then.
-
-        Args:
-            stack: ``[B, L+1, T, d]`` states (L+1 >= 2), none added before.
-        """
-        if not isinstance(stack, torch.Tensor) or stack.dim() != 4 or stack.shape[1] < 2:
-            found = tuple(stack.shape) if isinstance(stack, torch.Tensor) else type(stack)
-            raise ValueError(f"stack must have shape [B, L+1, T, d] with L >= 1, found {found}")
-        if self.n_states:
-            raise ValueError(
-                f"update_stack needs an empty accumulator; {self.n_states} states were added"
-            )
-        if self._n_layers is not None and stack.shape[1] != self._n_layers + 1:
-            raise ValueError(
-                f"received {stack.shape[1]} states but the accumulator was built for "
-                f"n_layers={self._n_layers}; pass the model's number of blocks (or None)"
-            )
-        self._dtype = _work_dtype(stack)
-        self._held = stack.detach().to(self._dtype)
-        self._n_held = stack.shape[1]
-
     def _add_step(self, step: torch.Tensor) -> None:
         n_steps = len(self._steps) + 1  # 1-based index m of this step
         slot = None

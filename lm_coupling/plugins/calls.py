@@ -17,18 +17,24 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
 from lm_coupling.errors import GeometryWarning
 
 if TYPE_CHECKING:
-    from lm_coupling.geometry import DocumentGeometry
-    from lm_coupling.selection import Selection
-    from lm_coupling.states import BatchInfo, DocumentRef, GeometryStates
+    from lm_coupling.plugins.specs import MetricSpec
+    from lm_coupling.states import BatchInfo, DocumentGeometry, DocumentRef, GeometryStates
 
-__all__ = ["PluginCalls"]
+
+class _Specs(Protocol):
+    """What the calls read of a run's selection (`lm_coupling.selection.Selection`)."""
+
+    specs: Mapping[str, MetricSpec]
+
+
+__all__ = ["PluginCalls", "answers", "call", "implementers", "isolated_answers", "plugin_name"]
 
 _SHOWN_DOCUMENTS = 5
 """Documents a warning names before it says how many more."""
@@ -42,7 +48,7 @@ class PluginCalls:
         selection: the run's metrics (each spec names its plugin).
     """
 
-    def __init__(self, pm: pluggy.PluginManager, selection: Selection):
+    def __init__(self, pm: pluggy.PluginManager, selection: _Specs):
         self.pm, self.selection = pm, selection
         self._warned: set[tuple[str, str]] = set()
         declaring = {self._name(i) for i in pm.hook.lmc_declare_metrics.get_hookimpls()}
@@ -54,7 +60,7 @@ class PluginCalls:
         """Plugins computing without declaring metrics (observers), called with ``selected=()``."""
 
     def _name(self, impl: pluggy.HookImpl) -> str:
-        return self.pm.get_name(impl.plugin) or repr(impl.plugin)
+        return plugin_name(self.pm, impl)
 
     def owners(self, metrics: Iterable[str]) -> dict[str, tuple[str, ...]]:
         """``{plugin name: its metrics among metrics}``, in selection order."""
@@ -76,10 +82,7 @@ class PluginCalls:
         Errors propagate: run-level hooks run before any forward pass, where a
         failing plugin stops the run with its name.
         """
-        return {
-            self._name(impl): _call(impl, kwargs)
-            for impl in getattr(self.pm.hook, hook).get_hookimpls()
-        }
+        return answers(self.pm, hook, **kwargs)
 
     def factories(
         self, hook: str, metrics: Sequence[str], needs: set[str], **kwargs: Any
@@ -163,7 +166,7 @@ class PluginCalls:
                 parts=parts,
             )
             try:
-                result, error = _call(impl, kwargs), None
+                result, error = call(impl, kwargs), None
             except Exception as exc:  # a plugin's failure is its own
                 result, error = None, f"lmc_complete_task raised {exc!r}"
             answer, failed = self._check(plugin, own, result, len(docs), error)
@@ -189,7 +192,7 @@ class PluginCalls:
         """``(answer, None)`` of one plugin's ``lmc_compute_batch``, or ``(None, error)``."""
         kwargs = dict(selected=own, states=states, options=options, reduced=reduced)
         try:
-            return _call(impl, kwargs), None
+            return call(impl, kwargs), None
         except Exception as exc:  # a plugin's failure is its own
             return None, repr(exc)
 
@@ -290,14 +293,48 @@ class PluginCalls:
         warnings.warn(f"lm-coupling: {message}", GeometryWarning, stacklevel=4)
 
 
-def _call(impl: pluggy.HookImpl, kwargs: Mapping[str, Any]) -> Any:
+def plugin_name(pm: pluggy.PluginManager, impl: pluggy.HookImpl) -> str:
+    """The name a plugin is registered under (its repr when it has none)."""
+    return pm.get_name(impl.plugin) or repr(impl.plugin)
+
+
+def call(impl: pluggy.HookImpl, kwargs: Mapping[str, Any]) -> Any:
     """Call one implementation with the arguments it takes (as pluggy does)."""
     return impl.function(**{name: kwargs[name] for name in impl.argnames})
 
 
+def implementers(pm: pluggy.PluginManager, hook: str) -> list[str]:
+    """The plugins implementing ``hook``, in registration order."""
+    return [plugin_name(pm, impl) for impl in getattr(pm.hook, hook).get_hookimpls()]
+
+
+def answers(pm: pluggy.PluginManager, hook: str, **kwargs: Any) -> dict[str, Any]:
+    """``{plugin name: answer}`` of every implementation of ``hook``, in registration order.
+
+    The one way every hook is called: each implementation on its own, with
+    the arguments it takes. Errors propagate (`isolated_answers` keeps them).
+    """
+    return {
+        plugin_name(pm, impl): call(impl, kwargs) for impl in getattr(pm.hook, hook).get_hookimpls()
+    }
+
+
+def isolated_answers(
+    pm: pluggy.PluginManager, hook: str, **kwargs: Any
+) -> dict[str, tuple[Any, Exception | None]]:
+    """``{plugin name: (answer, None) or (None, error)}``: a plugin's failure is its own."""
+    out: dict[str, tuple[Any, Exception | None]] = {}
+    for impl in getattr(pm.hook, hook).get_hookimpls():
+        try:
+            out[plugin_name(pm, impl)] = (call(impl, kwargs), None)
+        except Exception as exc:  # a plugin's failure is its own
+            out[plugin_name(pm, impl)] = (None, exc)
+    return out
+
+
 def _factory(impl: pluggy.HookImpl, kwargs: dict[str, Any]) -> Callable[[BatchInfo], Any]:
     def start(batch: BatchInfo) -> Any:
-        return _call(impl, dict(kwargs, batch=batch))
+        return call(impl, dict(kwargs, batch=batch))
 
     return start
 

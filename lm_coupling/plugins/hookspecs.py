@@ -24,9 +24,8 @@ from lm_coupling.plugins.specs import JacobianRequest, MetricSpec
 if TYPE_CHECKING:  # annotations only: declaring plugins loads no torch
     import torch
 
-    from lm_coupling.capture.architecture import ModelParts
-    from lm_coupling.geometry import DocumentGeometry
-    from lm_coupling.states import BatchInfo, GeometryStates, LayerReducer, Lens
+    from lm_coupling.model.architecture import ModelParts
+    from lm_coupling.states import BatchInfo, DocumentGeometry, GeometryStates, LayerReducer, Lens
 
 
 @hookspec
@@ -49,10 +48,7 @@ def lmc_layer_reducer(
 
     Called once per captured batch, before ``x^0`` is served, for each plugin
     that owns a selected metric needing ``hidden_states``, ``lens`` or
-    ``attentions``. A batch is the measured rows of one forward pass, or of
-    several small ones pooled into one (their rows in order, right-padded
-    with zeros to the longest; ``harness.batch_pool``); a reduction per row
-    over ``batch.token_mask`` gives the same values either way. The
+    ``attentions``. A batch is the measured rows of one forward pass. The
     reducer's ``update(view)`` then receives ``x^0 .. x^L`` one `LayerView`
     at a time (the reducer keeps what it reduces, never the view),
     and its ``finalize()`` result reaches this plugin's ``lmc_compute_batch``

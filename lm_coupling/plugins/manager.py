@@ -10,6 +10,7 @@ import pluggy
 from lm_coupling.errors import PluginError
 from lm_coupling.plugins import hookspecs
 from lm_coupling.plugins.builtin import BUILTIN_PLUGINS
+from lm_coupling.plugins.calls import answers, implementers
 from lm_coupling.plugins.markers import PROJECT_NAME
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec
 from lm_coupling.states import NEEDS, STREAMED_NEEDS
@@ -26,13 +27,9 @@ class MetricRegistry:
         self.metrics: dict[str, MetricSpec] = {}
         self.options: dict[str, OptionSpec] = {}
         option_owner: dict[str, str] = {}
-        reducers = {
-            pm.get_name(impl.plugin) or repr(impl.plugin)
-            for impl in pm.hook.lmc_layer_reducer.get_hookimpls()
-        }
-        for impl in pm.hook.lmc_declare_metrics.get_hookimpls():
-            plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
-            for spec in impl.function() or ():
+        reducers = set(implementers(pm, "lmc_layer_reducer"))
+        for plugin_name, declared in answers(pm, "lmc_declare_metrics").items():
+            for spec in declared or ():
                 if not isinstance(spec, MetricSpec):
                     raise PluginError(
                         f"plugin {plugin_name!r} declared {spec!r}; expected MetricSpec records"

@@ -38,6 +38,9 @@ ProfileAxis = Literal["states", "blocks", "matrix"]
 
 PROFILE_AXES: tuple[str, ...] = ("states", "blocks", "matrix")
 UNIT_INTERVAL = (0.0, 1.0)
+
+DEFAULT_SAMPLE_OPTION = "coupling_docs"
+"""The option sizing the sample of a sampled metric that names none (`MetricSpec.sample_option`)."""
 """The ``bounds`` of a quantity in [0, 1]: the report draws it on a fixed [0, 1] axis."""
 
 
@@ -139,7 +142,8 @@ class MetricSpec:
             the results record the K actually used on the model, and the
             report names the metric's column after it (``coupling_k10``).
         sample_option: for a sampled metric, the option holding how many
-            documents per task get it (None: ``coupling_docs``).
+            documents per task get it (default `DEFAULT_SAMPLE_OPTION`, set
+            on construction; None for a metric that is not sampled).
         sampled: computed on the coupling sample of documents only.
         higher_is_better: for lm-eval's table; None when neither is better.
         opt_in: excluded from ``--metrics all`` (expensive, asks by name).
@@ -161,6 +165,13 @@ class MetricSpec:
             measured, before lm-eval scores the first one (a read-out through
             a quantity fitted on the task's own sample, such as the Jacobian
             lens), instead of by ``lmc_compute_batch``.
+        reads_target: it reads the gold next token at n
+            (``BatchInfo.target_tokens``): a document without one (an empty
+            gold answer) leaves it NaN with that reason, not as undefined
+            geometry.
+        primary: the report's default primary metric (its test against the
+            average score comes first); one metric of the installed plugins
+            says so (the built-in ``coupling``).
         requires: metrics added to the selection when this one is selected:
             names, or a function of the parsed options returning names (the
             J-lens needs its fit unless a fitted lens is loaded).
@@ -183,6 +194,8 @@ class MetricSpec:
     profile_specs: tuple[ProfileSpec, ...] = ()
     task_level: bool = False
     deferred: bool = False
+    reads_target: bool = False
+    primary: bool = False
     requires: tuple[str, ...] | Callable[[Mapping[str, Any]], Iterable[str]] = field(
         default=(), compare=False
     )
@@ -197,6 +210,8 @@ class MetricSpec:
         """Normalise the profiles to names plus one `ProfileSpec` each (see the attributes)."""
         set_ = object.__setattr__
         set_(self, "label", self.label or self.name)
+        if self.sampled and self.sample_option is None:
+            set_(self, "sample_option", DEFAULT_SAMPLE_OPTION)
         set_(self, "bounds", _check_bounds(f"metric {self.name!r}", self.bounds))
         given: dict[str, ProfileSpec] = {}
         names: list[str] = []

@@ -3,7 +3,7 @@
 Never imports torch. Entry point: `build_report`; command line: `lm_coupling.report.cli`.
 Names are imported on first use (PEP 562), so that building the command-line
 parser (`lm-coupling --help`) loads neither pandas nor statsmodels;
-`write_leaderboard` (the refresh after each run) needs pandas only, and
+`write_leaderboard` (the leaderboard after each run) needs pandas only, and
 `build_report` brings in the statistics and plots.
 """
 
@@ -16,14 +16,14 @@ from lm_coupling.report.benchmarks import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from lm_coupling.report.build import ReportResult, build_report
+    from lm_coupling.report.leaderboard_file import write_leaderboard
     from lm_coupling.report.loading import ReportInputError, ReportWarning, SettingsWarning
-    from lm_coupling.report.refresh import write_leaderboard
 
 _HOMES = {
     "ReportInputError": "lm_coupling.report.loading",
     "ReportWarning": "lm_coupling.report.loading",
     "SettingsWarning": "lm_coupling.report.loading",
-    "write_leaderboard": "lm_coupling.report.refresh",
+    "write_leaderboard": "lm_coupling.report.leaderboard_file",
     "build_report": "lm_coupling.report.build",
     "ReportResult": "lm_coupling.report.build",
 }

@@ -357,7 +357,7 @@ def build_report(
     results_dir: str | Path,
     out_dir: str | Path | None = None,
     scores_csv: str | Path | None = None,
-    primary: str = "coupling",
+    primary: str | None = None,
     seed: int = 0,
     figure_formats: str | tuple[str, ...] = ("png",),
     checkpoint: str = "last",
@@ -370,7 +370,8 @@ def build_report(
         out_dir: where to write (default ``<results_dir>/report``).
         scores_csv: external scores with a ``model`` column and benchmark columns.
         primary: geometry metric of the primary test (against the average, or
-            the score present on most models when no model has all six).
+            the score present on most models when no model has all six);
+            default: the one its plugin declares primary (`Catalogue.primary_metric`).
         seed: bootstrap seed.
         figure_formats: formats of every figure (`FIGURE_FORMATS`; PNG alone by
             default, ``("png", "svg")`` for vector copies too).
@@ -390,6 +391,8 @@ def build_report(
     """
     formats = check_figure_formats(figure_formats)
     check_per_model(per_model_figures)
+    if primary is None:
+        primary = Catalogue.installed().primary_metric()
     loaded = load_results(results_dir)
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)

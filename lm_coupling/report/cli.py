@@ -30,9 +30,10 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     )
     parser.add_argument(
         "--primary",
-        default="coupling",
+        default=None,
         metavar="METRIC",
-        help="geometry metric of the primary test against the average (default: coupling)",
+        help="geometry metric of the primary test against the average (default: the one "
+        "its plugin declares primary: coupling)",
     )
     parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     parser.add_argument(

@@ -291,23 +291,20 @@ def geometry_rows(
     geometry: list[dict[str, Any]],
     by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
     catalogue: Catalogue | None = None,
-    groups: set[str] | None = None,
 ) -> pd.DataFrame:
     """One row per (identity, task, metric): value, unit, documents measured, K used.
 
     A value's geometry file is the one written beside its own results file
     (``by_results``), else the newest for its model and task. The
     thought/fixation boundary is read from the catalogue's boundary
-    profiles (default catalogue: the installed plugins'). ``groups``: the
-    scored groups of the whole table (default: `scored_groups` of ``selected``;
-    the refresh builds a few rows at a time, `lm_coupling.report.refresh`).
-    The value rows come first, in ``selected``'s order, then the boundary rows.
+    profiles (default catalogue: the installed plugins'). The value rows come
+    first, in ``selected``'s order, then the boundary rows.
     """
     catalogue = catalogue if catalogue is not None else Catalogue.installed()
     geo = _first_filter(selected[selected["kind"] == "geometry"], None)
     lookup = _geometry_lookup(geometry)
     by_results = by_results or {}
-    groups = scored_groups(selected) if groups is None else groups
+    groups = scored_groups(selected)
     keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
     group_of = dict(zip(keys, selected["group"], strict=True))
     rows = _value_records(geo, lookup, by_results, groups, catalogue)
@@ -351,7 +348,6 @@ def row_columns(
     shapes: pd.DataFrame,
     scores: pd.DataFrame,
     runs: list[RunFile],
-    groups: set[str] | None = None,
 ) -> pd.DataFrame:
     """The leaderboard's columns other than geometry, one row per identity of ``selected``.
 
@@ -359,8 +355,8 @@ def row_columns(
     ``average``, the ``score:`` columns and the settings columns
     (`row_settings`), in that order, in ``selected``'s identity order, counts
     not yet made integers (`integer_columns`). Every value of a row comes from
-    the row's own values; ``groups`` (the scored groups of the whole table,
-    default: `scored_groups` of ``selected``) is the one input from other rows.
+    the row's own values; the scored groups of the whole table are the one
+    input from other rows.
     """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
@@ -375,10 +371,10 @@ def row_columns(
     complete = board["n_benchmarks"] == len(BENCHMARKS)
     average = board[bench_cols].mean(axis=1) if bench_cols else pd.Series(np.nan, board.index)
     board[AVERAGE] = average.where(complete)
-    extra = task_scores(selected, groups)
+    extra = task_scores(selected)
     if len(extra.columns):
         board = board.merge(extra.reset_index(), on=IDENTITY, how="left")
-    settings = row_settings(selected, runs, groups)
+    settings = row_settings(selected, runs)
     return board.merge(settings.reset_index(), on=IDENTITY, how="left")
 
 

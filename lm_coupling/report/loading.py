@@ -51,9 +51,14 @@ from typing import Any
 import pandas as pd
 
 from lm_coupling.catalogue import INSTALLED, Catalogue, recorded_catalogue
-from lm_coupling.errors import LmCouplingError
 from lm_coupling.model_source import filed_dtype, filed_name
 from lm_coupling.report.benchmarks import benchmark_of, is_geometry_metric, parse_step
+from lm_coupling.report.notices import (  # also the loader's public names
+    CatalogueWarning,
+    ReportInputError,
+    ReportWarning,
+    SettingsWarning,  # noqa: F401 (re-exported)
+)
 from lm_coupling.report.settings import TaskSetting, metric_options, task_settings
 
 IDENTITY = ["model", "revision", "dtype"]
@@ -63,22 +68,6 @@ VALUE_COLUMNS += ["shots", "limit", "k_used"]
 _CHECKPOINT = re.compile(r"^(?:global_)?(?:step|checkpoint|ckpt|iter)[-_]?\d+$", re.IGNORECASE)
 _TIMESTAMP = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)")
 _SKIP_KEYS = {"alias", "name", "sample_len", " ", ""}
-
-
-class ReportInputError(LmCouplingError, ValueError):
-    """The results folder cannot be reported on (missing, or no usable results file)."""
-
-
-class ReportWarning(UserWarning):
-    """A file under the results folder was skipped or only partly used."""
-
-
-class SettingsWarning(ReportWarning):
-    """Runs of one model measured a task in different settings, or a row combines settings."""
-
-
-class CatalogueWarning(ReportWarning):
-    """A results file records no catalogue of metrics: the installed plugins' is used."""
 
 
 @dataclass
@@ -255,14 +244,14 @@ def _as_float(value: Any) -> float:
         return math.nan
 
 
-def parse_results_file(path: Path, index: Any = None) -> RunFile:
-    """Parse one results JSON (through the folder's index, when given).
+def parse_results_file(path: Path) -> RunFile:
+    """Parse one results JSON.
 
     Raises:
         ValueError: the file is not JSON or lacks lm-eval's ``results``/``config``.
     """
     try:
-        data = index.read(path, "results") if index else json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"not valid JSON ({exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
@@ -416,9 +405,9 @@ def _attach_samples(run: RunFile) -> None:
 
 
 def _parse_geometry(
-    path: Path, runs_by_file: dict[Path, RunFile], names: dict[str, str], index=None
+    path: Path, runs_by_file: dict[Path, RunFile], names: dict[str, str]
 ) -> dict[str, Any]:
-    data = index.read(path, "geometry") if index else json.loads(path.read_text())
+    data = json.loads(path.read_text())
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
         "lm_coupling.geometry/"
     ):
@@ -462,12 +451,8 @@ def _shapes(runs: list[RunFile], geometry: list[dict[str, Any]]) -> pd.DataFrame
     return pd.DataFrame(rows, columns=[*IDENTITY, "n_params", "n_layers", "d_model"])
 
 
-def load_results(results_dir: str | Path, index: Any = None) -> LoadedResults:
+def load_results(results_dir: str | Path) -> LoadedResults:
     """Read every results, samples and geometry file under ``results_dir`` (recursively).
-
-    With ``index`` (`lm_coupling.report.index.FolderReader`, the leaderboard
-    refresh), unchanged files are answered from it, without the sections the
-    leaderboard never reads.
 
     Raises:
         ReportInputError: the folder does not exist or holds no readable results file.
@@ -481,7 +466,7 @@ def load_results(results_dir: str | Path, index: Any = None) -> LoadedResults:
     runs = []
     for path in sorted(root.rglob("results_*.json")):
         try:
-            runs.append(parse_results_file(path, index))
+            runs.append(parse_results_file(path))
         except ValueError as exc:
             _skip(path, str(exc), skipped)
     if not runs and skipped:  # results files exist: say what is wrong with each
@@ -506,7 +491,7 @@ def load_results(results_dir: str | Path, index: Any = None) -> LoadedResults:
     by_results: dict[tuple[str, str], dict[str, Any]] = {}
     for path in sorted(root.rglob("geometry_*.json")):
         try:
-            geo = _parse_geometry(path, by_file, names, index)
+            geo = _parse_geometry(path, by_file, names)
         except (OSError, ValueError, AttributeError) as exc:
             _skip(path, str(exc), skipped)
             continue

@@ -15,7 +15,7 @@ task):
    the same setting;
 3. the values of runs in other settings are left out: ``provenance.csv``
    says ``status`` "other setting", and `setting_conflicts` says which
-   values were dropped (the report and the leaderboard refresh turn each into
+   values were dropped (the report and the leaderboard after each run turn each into
    a `SettingsWarning`).
 """
 
@@ -65,7 +65,7 @@ def newest_values(
     selected = ordered[same].drop_duplicates(keys, keep="last")
     selected = selected.drop(columns="_task_setting").reset_index(drop=True)
     # The metrics each (file, task) supplied, grouped once (not one filter of the whole
-    # table per group: that made the refresh quadratic in the folder's runs).
+    # table per group: that made the leaderboard quadratic in the folder's runs).
     supplied = {key: set(metrics) for key, metrics in selected.groupby(["file", "task"])["metric"]}
     groups = ordered.groupby([*task_keys, "file", "timestamp"], sort=False)
     prov = []

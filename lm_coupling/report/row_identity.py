@@ -18,7 +18,7 @@ import math
 import warnings
 from typing import Any
 
-from lm_coupling.report.loading import ReportWarning
+from lm_coupling.report.notices import ReportWarning
 
 SIGNATURE_FIELDS = ("weights", "n_params", "n_layers")
 

@@ -66,8 +66,12 @@ def _options_of(files: list[str], runs: dict[str, RunFile]) -> list[tuple[dict, 
 def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
     parts = []
     for metric, rows in geometry.groupby("metric", sort=True):
-        options = [used for used, _ in _options_of(list(dict.fromkeys(rows["file"])), runs)]
-        diffs = differing_options(options)
+        files = list(dict.fromkeys(rows["file"]))
+        options = [used for used, _ in _options_of(files, runs)]
+        sample = frozenset().union(
+            *(runs[f].catalogue.sample_options() for f in files if f in runs)
+        )
+        diffs = differing_options(options, sample)
         if diffs:
             seen = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in diffs.items())
             parts.append(f"{metric}: {seen}")

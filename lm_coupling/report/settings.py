@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Options that change how many documents or which numerical route measured a
-# value, not what is measured: they never make two runs' values incomparable.
-SAMPLE_OPTIONS = ("coupling_docs",)
+# Options that change which numerical route measured a value, not what is measured:
+# like the sampled metrics' sample options (`Catalogue.sample_options`), they never
+# make two runs' values incomparable.
 ROUTE_OPTION_PREFIX = "jacobian_"
 
 
@@ -107,12 +107,26 @@ def metric_options(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     )
 
 
-def compared_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The options that change what a metric measures (`SAMPLE_OPTIONS` and routes left out)."""
+def _installed_sample_options() -> frozenset[str]:
+    from lm_coupling.catalogue import Catalogue
+
+    return Catalogue.installed().sample_options()
+
+
+def compared_options(
+    options: dict[str, Any], sample_options: frozenset[str] | None = None
+) -> dict[str, Any]:
+    """The options that change what a metric measures (sample options and routes left out).
+
+    ``sample_options``: the options sizing a sampled metric's sample, from the
+    runs' catalogues (`Catalogue.sample_options`; default: the installed plugins').
+    """
+    if sample_options is None:
+        sample_options = _installed_sample_options()
     return {
         k: v
         for k, v in options.items()
-        if k not in SAMPLE_OPTIONS and not str(k).startswith(ROUTE_OPTION_PREFIX)
+        if k not in sample_options and not str(k).startswith(ROUTE_OPTION_PREFIX)
     }
 
 
@@ -128,11 +142,15 @@ def options_text(options: dict[str, Any], requested: dict[str, Any] | None = Non
     return ", ".join(parts)
 
 
-def differing_options(runs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+def differing_options(
+    runs: list[dict[str, Any]], sample_options: frozenset[str] | None = None
+) -> dict[str, list[Any]]:
     """Option keys present in several of ``runs`` with different values -> the values seen."""
     seen: dict[str, list[Any]] = {}
     for options in runs:
-        for key, value in compared_options(options).items():
+        if sample_options is None:
+            sample_options = _installed_sample_options()
+        for key, value in compared_options(options, sample_options).items():
             values = seen.setdefault(key, [])
             if value not in values:
                 values.append(value)

@@ -276,8 +276,17 @@ def model_labels(board: pd.DataFrame) -> pd.Series:
     return labels
 
 
-def resolve_primary(metrics: list[str], primary: str) -> str | None:
-    """The metric column the primary test uses: ``primary`` itself, else the first ``primary_*``."""
+def resolve_primary(metrics: list[str], primary: str | None) -> str | None:
+    """The metric column the primary test uses: ``primary`` itself, else the first ``primary_*``.
+
+    ``primary`` None: the metric its plugin declares primary (`Catalogue.primary_metric`).
+    """
+    if primary is None:
+        from lm_coupling.catalogue import Catalogue
+
+        primary = Catalogue.installed().primary_metric()
+        if primary is None:
+            return None
     if primary in metrics:
         return primary
     return next((m for m in metrics if m.startswith(f"{primary}_")), None)
@@ -287,7 +296,7 @@ def correlations(
     board: pd.DataFrame,
     metrics: list[str],
     targets: list[str],
-    primary: str = "coupling",
+    primary: str | None = None,
     seed: int = 0,
     primary_target: str = "average",
     task_sets: dict[str, str] | None = None,
@@ -298,7 +307,7 @@ def correlations(
         board: the leaderboard, one row per model.
         metrics: geometry columns.
         targets: score columns (benchmarks, ``average``, per-task scores).
-        primary: metric of the primary test.
+        primary: metric of the primary test (default: the declared one).
         seed: bootstrap seed (the same seed for every pair).
         primary_target: score column of the primary test.
         task_sets: per metric, the tasks its values were averaged over

@@ -98,9 +98,7 @@ def group_sums(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.D
     grouped sum and mean carry a round-off term from one group into the next
     (pandas 3.1: a group's mean changed in its last bit when another model's
     rows came before it), so a leaderboard value would depend on which other
-    models are in the folder; here it does not, and the refresh, which
-    builds a few rows at a time (`lm_coupling.report.refresh`), writes the
-    same bytes as a build of the whole table.
+    models are in the folder; here it does not.
 
     Returns:
         One row per group, in order of first appearance: ``keys``, ``columns``
@@ -130,29 +128,20 @@ def _unit_values(rows: pd.DataFrame) -> pd.DataFrame:
     return pooled[[*keys, "value", "n"]]
 
 
-def geometry_table(
-    long: pd.DataFrame,
-    common: dict[str, set[str]] | None = None,
-    with_k: set[str] | None = None,
-) -> tuple[pd.DataFrame, TaskSets]:
+def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
     """Per model and metric: value, tasks used, documents, K used.
 
     Args:
         long: one row per (identity, task, metric) with columns ``IDENTITY``,
             ``metric``, ``unit``, ``value``, ``n`` and ``k_used`` (NaN where
             the metric has no K).
-        common: the common set of each metric over the whole table (an empty
-            set: mixed), when ``long`` holds only some of its rows (the
-            refresh, `lm_coupling.report.refresh`); default: computed from ``long``.
-        with_k: the metrics with a ``__k_used`` column in the whole table
-            (default: those with a K in ``long``).
 
     Returns:
         ``(wide, sets)``: a frame indexed by identity with, per metric, the
         columns ``<metric>``, ``<metric>__tasks``, ``<metric>__n`` (and
-        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`
-        (of ``long`` alone when ``common`` is given). Each row's values depend on
-        its own rows and on its metrics' common sets only.
+        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`.
+        Each row's values depend on its own rows and on its metrics' common
+        sets only.
     """
     every_metric = list(dict.fromkeys(long["metric"]))
     every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None
@@ -169,10 +158,7 @@ def geometry_table(
     shared: dict[str, set[str]] = {}
     for metric, models in of_model.items():
         every = set().union(*models.values())
-        if common is None:
-            shared[metric] = set.intersection(*models.values())
-        else:
-            shared[metric] = set(common.get(metric, set()))
+        shared[metric] = set.intersection(*models.values())
         if shared[metric]:
             sets.used[metric] = ";".join(sorted(shared[metric]))
             if every - shared[metric]:
@@ -198,7 +184,7 @@ def geometry_table(
         found[""][identity] = total / size
         found["__tasks"][identity] = ";".join(sorted(tasks[(*identity, metric)]))
         found["__n"][identity] = n
-    has_k = set(long.loc[long["k_used"].notna(), "metric"]) if with_k is None else with_k
+    has_k = set(long.loc[long["k_used"].notna(), "metric"])
     k_used: dict[str, dict[tuple, set[int]]] = {}
     for *identity, metric, unit, k in long[[*IDENTITY, "metric", "unit", "k_used"]].itertuples(
         index=False, name=None

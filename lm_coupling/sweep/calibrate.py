@@ -150,7 +150,7 @@ def _build(shape: Shape, layers: int, tokens: int, device: str, dtype):
     import torch
     import transformers
 
-    from lm_coupling.capture.architecture import locate_model_parts
+    from lm_coupling.model.architecture import locate_model_parts
 
     torch.manual_seed(0)
     config = _config_with_layers(shape, layers, tokens)
@@ -337,7 +337,7 @@ def _ids(vocab: int, batch: int, tokens: int, device: str):
 
 def _timed_jacobian(model, parts, ids, k: int, d_model: int, device: str) -> float:
     """Seconds of one block's top-K factors at the last of ``ids[0]``'s tokens."""
-    from lm_coupling.capture.jacobian import JacobianEngine
+    from lm_coupling.jacobian.engine import JacobianEngine
     from lm_coupling.plugins.specs import used_k
 
     one_block = dataclasses.replace(parts, blocks=parts.blocks[:1])

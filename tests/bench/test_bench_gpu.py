@@ -59,7 +59,7 @@ def quick_run() -> str:
 
 @pytest.mark.slow
 def test_engine_rows_cover_every_route_and_k(quick_run):
-    from lm_coupling.capture import jacobian
+    from lm_coupling.jacobian import engine as jacobian
 
     rows = _table(quick_run)
     routes = _header_list(quick_run, "routes")

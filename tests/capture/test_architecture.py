@@ -9,15 +9,15 @@ import torch
 import transformers
 from torch import nn
 
-from lm_coupling.capture import architecture
-from lm_coupling.capture.architecture import (
+from lm_coupling.demo.tiny import ARCHITECTURES, build_tiny_model
+from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.model import architecture
+from lm_coupling.model.architecture import (
     ModelParts,
     block_output_hidden,
     locate_model_parts,
     register_override,
 )
-from lm_coupling.demo.tiny import ARCHITECTURES, build_tiny_model
-from lm_coupling.errors import UnsupportedModelError
 
 PROMPT = "The sun is a star. Water boils"
 

@@ -19,8 +19,8 @@ allows it), with each attention implementation it supports:
 
 Models whose cache holds more than keys and values (Mamba, hybrids, linear
 attention, RG-LRU) are replayed on the whole sequence
-(``capture.jacobian_sequence``); Gemma-3n's AltUp streams are measured as one
-state, the k streams flattened (``capture.block_calls``).
+(``jacobian.sequence``); Gemma-3n's AltUp streams are measured as one
+state, the k streams flattened (``model.block_calls``).
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ from fixtures.transformers_range import (
     require_model_type,
 )
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.engine_mode import engine_mode
-from lm_coupling.capture.jacobian import JacobianEngine
-from lm_coupling.capture.jacobian_calls import _truncated_prefix
-from lm_coupling.capture.jacobian_sequence import _is_resource_failure, choose_replay
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
 from lm_coupling.harness.preflight import readout_problems
+from lm_coupling.jacobian.calls import _truncated_prefix
+from lm_coupling.jacobian.engine import JacobianEngine
+from lm_coupling.jacobian.engine_mode import engine_mode
+from lm_coupling.jacobian.sequence import _is_resource_failure, choose_replay
 from lm_coupling.metrics.coupling import coupling_matrices_dense, coupling_score, miscoupling
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 from lm_coupling.selection import make_selection
 

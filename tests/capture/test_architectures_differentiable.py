@@ -8,12 +8,12 @@ from fixtures.transformers_range import require_fixed
 from test_architectures_coupling import PROMPTS, build
 from transformers.models.bloom.modeling_bloom import BloomGelu, GeLUFunction
 
-from lm_coupling.capture import differentiable
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.differentiable import differentiable_substitutes
-from lm_coupling.capture.jacobian_calls import engine_mode
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
+from lm_coupling.jacobian.calls import engine_mode
+from lm_coupling.model import differentiable
+from lm_coupling.model.architecture import locate_model_parts
+from lm_coupling.model.differentiable import differentiable_substitutes
 from lm_coupling.selection import make_selection
 
 BLOOM_GELU = "transformers.models.bloom.modeling_bloom.BloomGelu"

@@ -2,7 +2,7 @@
 
 HRM (``hrm_text``, looped depth: a low- and a high-level stack, each run
 several times per forward pass) is unrolled into one call site per call
-(``capture.block_calls``). Checked against an independent computation that
+(``model.block_calls``). Checked against an independent computation that
 knows nothing of call sites: hooks on the model's own layer modules record
 each call's input and output in call order, and ``J`` of each call is taken by
 reverse-mode autograd through that module on its recorded whole-sequence
@@ -33,16 +33,16 @@ import torch
 import transformers
 from fixtures.transformers_range import experts_kwargs, require_fixed, require_model_type
 
-from lm_coupling.capture.architecture import block_output_hidden, locate_model_parts
-from lm_coupling.capture.block_calls import CallSite, is_unrolled
 from lm_coupling.capture.collector import StateCollector
-from lm_coupling.capture.jacobian import JacobianEngine
 from lm_coupling.capture.lens import LogitLens
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
 from lm_coupling.harness.preflight import readout_problems
+from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.metrics.coupling import coupling_matrices_dense, coupling_score, miscoupling
 from lm_coupling.metrics.trajectory import line_shape_score
+from lm_coupling.model.architecture import block_output_hidden, locate_model_parts
+from lm_coupling.model.block_calls import CallSite, is_unrolled
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 from lm_coupling.selection import make_selection
 

@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 
-from lm_coupling.capture.architecture import block_output_hidden, locate_model_parts
 from lm_coupling.capture.collector import StateCollector
 from lm_coupling.capture.lens import LogitLens
 from lm_coupling.demo.tiny import ARCHITECTURES, build_tiny_model
@@ -22,6 +21,7 @@ from lm_coupling.metrics.trajectory import (
     norm_profile,
     windowed_line_shape_score,
 )
+from lm_coupling.model.architecture import block_output_hidden, locate_model_parts
 
 PROMPTS = (
     "Question: Which property of a mineral can be determined just by looking at it?",

@@ -14,12 +14,12 @@ import transformers
 from fixtures.transformers_range import require_fixed
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.frozen_attention import SPLIT_ATTENTION, split_attention
-from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.capture.jacobian_calls import engine_mode, record_last_token, run_prompts
-from lm_coupling.capture.jacobian_sequence import CACHE, choose_replay
 from lm_coupling.demo.tiny import tiny_config
+from lm_coupling.jacobian.calls import engine_mode, record_last_token, run_prompts
+from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
+from lm_coupling.jacobian.frozen_attention import SPLIT_ATTENTION, split_attention
+from lm_coupling.jacobian.sequence import CACHE, choose_replay
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 
 F64 = torch.float64

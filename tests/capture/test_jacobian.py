@@ -19,17 +19,17 @@ import pytest
 import torch
 import transformers
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine, naive_block_jacobians
-from lm_coupling.capture.jacobian_calls import engine_mode, record_full_sequence
-from lm_coupling.capture.jacobian_linalg import dense_jacobian
 from lm_coupling.demo.tiny import build_tiny_model, tiny_config
+from lm_coupling.jacobian.calls import engine_mode, record_full_sequence
+from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
+from lm_coupling.jacobian.linalg import dense_jacobian
 from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
     miscoupling,
     swapped_coupling_matrices_dense,
 )
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 
 F64 = torch.float64

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine
-from lm_coupling.capture.jacobian_config import METHODS, USER_FIELDS, JacobianConfig
-from lm_coupling.capture.jacobian_linalg import gram_top, svd_top, top_eigh
 from lm_coupling.errors import ConfigurationError
+from lm_coupling.jacobian.config import METHODS, USER_FIELDS, JacobianConfig
+from lm_coupling.jacobian.engine import JacobianEngine
+from lm_coupling.jacobian.linalg import gram_top, svd_top, top_eigh
+from lm_coupling.model.architecture import locate_model_parts
 
 F64 = torch.float64
 IDS = torch.tensor([5, 17, 42, 99, 3, 250, 77, 310])

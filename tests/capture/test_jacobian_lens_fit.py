@@ -3,7 +3,7 @@
 The oracle is the installed transformer-lens (the ``test`` extra): a
 ``TransformerBridge`` wraps the same tiny Hugging Face Llama (``hf_model=``),
 ``JacobianLens.fit`` fits it on the same prompts, and our engine's fit
-(``capture.jacobian_lens_fit.reference_lens_rows``, averaged over the prompts
+(``jacobian.lens_fit.reference_lens_rows``, averaged over the prompts
 the reference does not skip) must equal it per layer within 1e-4 relative.
 State 0 (the embedding output), which TransformerLens does not fit, is checked
 against a dense autograd Jacobian through the whole sequence. Lens files go
@@ -18,13 +18,13 @@ import warnings
 import pytest
 import torch
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian_lens_fit import (
+from lm_coupling.errors import ConfigurationError
+from lm_coupling.jacobian.lens_fit import (
     model_identity,
     reference_lens_rows,
     unembedding_fingerprint,
 )
-from lm_coupling.errors import ConfigurationError
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.jacobian_lens_file import load_lens, save_lens
 
 PROMPTS = (

@@ -15,16 +15,16 @@ import torch
 import transformers
 from fixtures.transformers_range import require_fixed
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine, JacobianMismatchError
 from lm_coupling.demo.tiny import tiny_config
 from lm_coupling.geometry import GeometryRunner
+from lm_coupling.jacobian.engine import JacobianEngine, JacobianMismatchError
 from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
     miscoupling,
     swapped_coupling_matrices_dense,
 )
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 from lm_coupling.plugins.manager import get_registry, new_plugin_manager
 from lm_coupling.selection import make_selection

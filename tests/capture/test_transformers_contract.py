@@ -1,4 +1,4 @@
-"""Contract tests: every transformers internal that capture/transformers_adapter.py relies on.
+"""Contract tests: every transformers internal that model/transformers_adapter.py relies on.
 
 One test per use, on real tiny models of the installed transformers; each
 failure message names the adapter function whose assumption broke, so a
@@ -13,15 +13,15 @@ import pytest
 import torch
 import transformers
 
-from lm_coupling.capture import transformers_adapter as tfa
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine
+from lm_coupling.jacobian.engine import JacobianEngine
+from lm_coupling.model import transformers_adapter as tfa
+from lm_coupling.model.architecture import locate_model_parts
 
 IDS = torch.tensor([5, 17, 3, 42, 8, 11])
 
 
 def _broke(use: str, what: str) -> str:
-    return f"transformers contract broken: {use} ({what}); update capture/transformers_adapter.py"
+    return f"transformers contract broken: {use} ({what}); update model/transformers_adapter.py"
 
 
 def _small(model_type: str, **extra) -> transformers.PreTrainedModel:
@@ -198,7 +198,7 @@ def test_choosing_the_replay_logs_no_deprecated_cache_name(model_type):
     read under its old name; the engine's replay probe reads the declared field."""
     import logging
 
-    from lm_coupling.capture.jacobian_sequence import choose_replay
+    from lm_coupling.jacobian.sequence import choose_replay
 
     clear = getattr(logging.Logger.warning_once, "cache_clear", None)  # transformers' "once"
     if clear is not None:

@@ -9,10 +9,10 @@ import pytest
 import torch
 import transformers
 
-from lm_coupling.capture import architecture
-from lm_coupling.capture.architecture import locate_model_parts, register_override
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
+from lm_coupling.model import architecture
+from lm_coupling.model.architecture import locate_model_parts, register_override
 from lm_coupling.selection import make_selection
 
 ALL = make_selection("all")

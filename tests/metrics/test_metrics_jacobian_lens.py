@@ -8,9 +8,9 @@ import pytest
 import torch
 from fixtures.jacobians import autograd_total_jacobian, states_at_last
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine
+from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.metrics.jacobian_lens import JacobianLensFit, jacobian_products, transport
+from lm_coupling.model.architecture import locate_model_parts
 
 PROMPTS = (
     "The quick brown fox jumps over the lazy dog near the river bank.",

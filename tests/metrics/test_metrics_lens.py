@@ -41,7 +41,6 @@ def test_entropy_matches_direct_formula_and_handles_minus_inf():
 def test_lens_summary_against_softmax(monkeypatch):
     # Force several chunks so the chunked route is exercised.
     monkeypatch.setattr(lens, "_CHUNK_ELEMENTS", 64)
-    monkeypatch.setattr(lens, "_CPU_CHUNK_ELEMENTS", 64)
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 5, 40, generator=gen).to(torch.bfloat16)
     target = torch.tensor([4, -1, 39])
@@ -70,9 +69,10 @@ def test_undefined_rows_are_nan_and_the_others_untouched():
     torch.testing.assert_close(prob[3, 0], p[1])
 
 
-def test_a_row_longer_than_a_cpu_chunk_is_one_chunk_of_its_own():
-    # A vocabulary above the CPU chunk (64K elements) goes one row at a time.
-    vocab = lens._CPU_CHUNK_ELEMENTS + 7
+def test_a_row_longer_than_a_chunk_is_one_chunk_of_its_own(monkeypatch):
+    # A vocabulary above the chunk goes one row at a time.
+    monkeypatch.setattr(lens, "_CHUNK_ELEMENTS", 1 << 10)
+    vocab = lens._CHUNK_ELEMENTS + 7
     gen = torch.Generator().manual_seed(3)
     logits = 4 * torch.randn(2, 3, vocab, generator=gen)
     target = torch.tensor([vocab - 1, 0])

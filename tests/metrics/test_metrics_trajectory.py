@@ -152,7 +152,7 @@ def test_shape_errors_name_the_shape():
         (1, 3, 9, 4, True, 1),
     ],
 )
-@pytest.mark.parametrize("route", ["streamed", "stacked", "given"])
+@pytest.mark.parametrize("route", ["streamed", "stacked"])
 def test_accumulator_equals_dense(B, T, L, d, windowed, window, route):
     gen = torch.Generator().manual_seed(B * 100 + L)
     states = [torch.randn(B, T, d, generator=gen, dtype=F64) for _ in range(L + 1)]
@@ -161,11 +161,8 @@ def test_accumulator_equals_dense(B, T, L, d, windowed, window, route):
         acc = TrajectoryAccumulator(windowed=windowed, window=window)
     else:
         acc = TrajectoryAccumulator(windowed=windowed, window=window, n_layers=L)
-    if route == "given":  # every state at once (a replay's LayerView.stack)
-        acc.update_stack(torch.stack(states, dim=1))
-    else:
-        for state in states:
-            acc.update(state)
+    for state in states:
+        acc.update(state)
     assert acc.holds_stack == (route != "streamed")
     out = acc.finalize()
     stack = torch.stack(states, dim=2)  # [B, T, L+1, d]
@@ -210,24 +207,6 @@ def test_held_states_do_not_alias_the_callers_tensors():
     out = held.finalize()
     for key, value in expected.items():
         torch.testing.assert_close(out[key], value, equal_nan=True)
-
-
-def test_a_given_stack_is_held_without_a_copy_and_checked():
-    stack = torch.randn(2, 4, 3, 5)  # L = 3, float32: the work dtype already
-    acc = TrajectoryAccumulator(n_layers=3)
-    acc.update_stack(stack)
-    assert acc.n_states == 4 and acc.holds_stack
-    assert acc._held.data_ptr() == stack.data_ptr()  # no copy of the replay's stack
-    with pytest.raises(ValueError, match="empty accumulator; 4 states"):
-        acc.update_stack(stack)
-    with pytest.raises(ValueError, match="n_layers=2"):
-        TrajectoryAccumulator(n_layers=2).update_stack(stack)
-    with pytest.raises(ValueError, match=r"\[B, L\+1, T, d\]"):
-        TrajectoryAccumulator().update_stack(stack[:, :1])
-    streamed = TrajectoryAccumulator(n_layers=3)
-    streamed.update(stack[:, 0])
-    with pytest.raises(ValueError, match="1 states were added"):
-        streamed.update_stack(stack)
 
 
 def test_stacked_route_refuses_more_states_than_layers():

@@ -69,8 +69,8 @@ def test_six_columns_equal_the_authors_route(tiny_model, tokenizer, model_type):
 
 def test_the_last_block_goes_through_the_final_norm(tiny_model, tokenizer):
     """Without the norm the last row differs: the composition is what makes them equal."""
-    from lm_coupling.capture.jacobian import JacobianEngine
-    from lm_coupling.capture.jacobian_authors import authors_jacobians
+    from lm_coupling.jacobian.authors import authors_jacobians
+    from lm_coupling.jacobian.engine import JacobianEngine
 
     model = tiny_model("llama", dtype=torch.float64, init_std=0.2)
     ids = torch.tensor(tokenizer(TEXT)["input_ids"])

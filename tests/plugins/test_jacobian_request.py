@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from lm_coupling import hookimpl
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import naive_block_jacobians
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.geometry import GeometryRunner
+from lm_coupling.jacobian.engine import naive_block_jacobians
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.manager import MetricRegistry, new_plugin_manager
 from lm_coupling.plugins.specs import JacobianRequest, MetricSpec
 from lm_coupling.selection import make_selection

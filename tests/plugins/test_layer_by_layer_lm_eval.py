@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from lm_coupling.capture.architecture import block_output_hidden, locate_model_parts
 from lm_coupling.demo.run import demo_tasks_data
 from lm_coupling.demo.tiny import save_tiny_model
+from lm_coupling.model.architecture import block_output_hidden, locate_model_parts
 
 pytestmark = pytest.mark.slow
 

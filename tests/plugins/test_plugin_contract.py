@@ -217,8 +217,8 @@ class _LensPlugin:
 
 
 def test_the_lens_metrics_read_the_lens_a_plugin_supplies(tiny_model, tokenizer):
-    from lm_coupling.capture.architecture import block_output_hidden
     from lm_coupling.metrics.lens import lens_summary
+    from lm_coupling.model.architecture import block_output_hidden
 
     model = tiny_model("gpt2")
     ids = torch.tensor(tokenizer(PROMPT)["input_ids"])
@@ -286,7 +286,7 @@ def _trace(left, products):
 
 
 def test_dense_jacobians_and_a_plugin_pair_reduction(tiny_model):
-    from lm_coupling.capture.jacobian import naive_block_jacobians
+    from lm_coupling.jacobian.engine import naive_block_jacobians
 
     model = tiny_model("gpt2", dtype=torch.float64)
     plugin = _Dense()

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from lm_coupling.capture.architecture import locate_model_parts
-from lm_coupling.capture.jacobian import JacobianEngine
 from lm_coupling.geometry import GeometryRunner
+from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.metrics.tokenwise import (
     context_coupling_fixed_input,
     context_coupling_fixed_output,
     mean_offdiagonal,
     pairwise_coupling,
 )
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.tokenwise import lmc_position_jacobian_keys, resolve_layers
 from lm_coupling.plugins.manager import new_plugin_manager
 from lm_coupling.selection import make_selection

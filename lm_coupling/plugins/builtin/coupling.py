@@ -12,7 +12,7 @@ coupling sample of documents (``coupling_docs``) only.
 
 Per layer the coupling profiles also carry the engine's diagnostics
 (``jacobian_iterations``, ``jacobian_residual``, ``jacobian_ill_defined``;
-see ``lm_coupling.capture.jacobian``). The plugin asks the engine for its
+see ``lm_coupling.jacobian.engine``). The plugin asks the engine for its
 factors through ``lmc_jacobian_request``, handing the engine its per-layer-pair
 reduction (``pair_reduction``, ``U_m^T J^l V_m``), and writes the geometry
 file's ``coupling`` section through ``lmc_aggregate_task``, as a third-party
@@ -94,7 +94,7 @@ METHOD = OptionSpec(
     "subspace (matrix-free, to tolerance), randomized (matrix-free, fixed iterations)",
     choices=("auto", "dense", "gram", "krylov", "subspace", "randomized"),
 )
-# The engine's settings a user could want (lm_coupling.capture.jacobian_config.USER_FIELDS),
+# The engine's settings a user could want (lm_coupling.jacobian.config.USER_FIELDS),
 # each as a jacobian_<field> option; None lets the engine choose.
 ENGINE_OPTIONS = (
     OptionSpec(
@@ -178,6 +178,7 @@ def lmc_declare_metrics():
             label="coupling 1 - m_K",
             bounds=UNIT_INTERVAL,
             profile_specs=_COUPLING_PROFILES,
+            primary=True,
         ),
         MetricSpec(
             "coupling_swapped",
@@ -260,7 +261,7 @@ def lmc_aggregate_task(selected, profiles, options, documents) -> dict[str, Any]
 
     Per layer: the most common Jacobian route over the sampled documents, the
     mean iterations and residual, and whether the layer was ill-defined in any
-    of them (see ``lm_coupling.capture.jacobian``).
+    of them (see ``lm_coupling.jacobian.engine``).
     """
     if "coupling" not in selected:
         return None

@@ -2,7 +2,7 @@
 
 ``iclr2025_miscoupling_k{10,30,50}_{trace,norm}`` (math:
 ``lm_coupling.metrics.coupling_authors``; Jacobians:
-``lm_coupling.capture.jacobian_authors``): per sampled document the L x L
+``lm_coupling.jacobian.authors``): per sampled document the L x L
 matrix ``m_K(i, j) = || |U_{j,K}^T J_i V_{j,K}| - diag(s_{i,K}) ||_F / c`` from a
 full SVD of every block's residual Jacobian at the last token, the last block
 through the final norm, ``c`` the trace (l1) or the 2-norm of ``s_{i,K}``; the

@@ -8,7 +8,7 @@ contract only:
    the reading metrics unless ``jlens_path`` is given): on ``jlens_docs``
    documents of each task (the seeded sample), each document's term of the
    estimator ``jlens_estimator`` names (need ``lens_jacobian``,
-   ``capture.jacobian_lens_fit``): ``reference`` (default; Gurnee et al.
+   ``jacobian.lens_fit``): ``reference`` (default; Gurnee et al.
    2026 as TransformerLens 4.3 ``JacobianLens.fit`` computes it: target
    positions summed, source positions ``s .. T-2`` averaged) or
    ``last_position`` (``d x^L_n / d x^l_n`` at the target position alone,
@@ -42,7 +42,7 @@ from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, OptionSpec
 if TYPE_CHECKING:
     import torch
 
-    from lm_coupling.capture.architecture import ModelParts
+    from lm_coupling.model.architecture import ModelParts
     from lm_coupling.states import BatchInfo
 
 FIT = "jlens_fit"
@@ -403,7 +403,7 @@ def lmc_complete_task(selected, options, documents, parts: ModelParts):
     import numpy as np
     import torch
 
-    from lm_coupling.capture.jacobian_lens_fit import unembedding_fingerprint
+    from lm_coupling.jacobian.lens_fit import unembedding_fingerprint
 
     path = options.get(PATH.name)
     if path is not None:

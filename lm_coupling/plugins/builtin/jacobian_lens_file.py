@@ -59,7 +59,7 @@ def save_lens(
         jacobians: ``J_l`` for states l = 0..L (``J_L = I``; not stored).
         n_documents: documents the lens was fitted on.
         task: the task it was fitted on (``metadata["corpus"]``).
-        identity: ``capture.jacobian_lens_fit.model_identity`` of the model.
+        identity: ``jacobian.lens_fit.model_identity`` of the model.
         fit: the fit's options (``estimator``, ``skip_first_positions``, ...).
     """
     import torch
@@ -154,7 +154,7 @@ def load_lens(
         n_layers: L of the model read through it.
         d_model: d of that model.
         unembedding_sha256: that model's fingerprint
-            (``capture.jacobian_lens_fit.unembedding_fingerprint``); a file
+            (``jacobian.lens_fit.unembedding_fingerprint``); a file
             that records another is refused.
 
     Returns:

@@ -50,6 +50,7 @@ def lmc_declare_metrics():
             higher_is_better=False,
             label="TV to target",
             bounds=UNIT_INTERVAL,
+            reads_target=True,
             profile_specs=(
                 ProfileSpec("tv_to_target", "states", "TV to target", UNIT_INTERVAL, boundary=True),
             ),
@@ -67,11 +68,10 @@ def lmc_declare_metrics():
 class LensReducer:
     """Lens entropy, target probability and top-1 token at n, every state at once.
 
-    It reads the lens by the stacked route (``lens_route = "stack"``,
-    `lm_coupling.capture.collector`): after x^L, capture hands it the lens
-    logits of every state, ``[B, L+1, V]``, from one lens call per batch, and
-    it summarises them in one `lens_summary` call (each row's values are
-    those of that state's logits alone).
+    After x^L, capture hands it the lens logits of every state,
+    ``[B, L+1, V]``, from one read-out per batch (``update_lens``), and it
+    summarises them in one `lens_summary` call (each row's values are those
+    of that state's logits alone).
 
     Args:
         batch: the batch (its target tokens and vocabulary size).
@@ -80,8 +80,6 @@ class LensReducer:
     Raises:
         ValueError: a target token outside ``[-1, V)``.
     """
-
-    lens_route = "stack"
 
     def __init__(self, batch: BatchInfo, top1: bool = True):
         self.target, self.top1 = batch.target_tokens, top1
@@ -94,7 +92,7 @@ class LensReducer:
         self.summary: tuple | None = None
 
     def update(self, view: LayerView) -> None:
-        """Nothing per state: the lens arrives stacked (`update_lens`)."""
+        """Nothing per state: the lens of every state arrives at once (`update_lens`)."""
 
     def update_lens(self, logits) -> None:
         """Summarise the lens distributions ``P^l`` of the rows at n, ``logits [B, L+1, V]``."""

@@ -85,8 +85,6 @@ class TrajectoryReducer:
             summaries are then computed at n only and NaN elsewhere).
     """
 
-    lens_route = "none"  # reads the states, never the lens (capture skips the per-state lens)
-
     def __init__(self, batch: BatchInfo, windowed: bool, tokens: str):
         from lm_coupling.metrics.trajectory import TrajectoryAccumulator
 
@@ -94,17 +92,11 @@ class TrajectoryReducer:
         self.accumulator = TrajectoryAccumulator(windowed=windowed, n_layers=batch.n_layers)
 
     def update(self, view: LayerView) -> None:
-        """Add ``x^l`` (all positions, or the rows at n with ``tokens=last``).
-
-        When capture serves every state at once (``view.stack``, a replay of
-        recorded batches), the whole stack is taken at layer 0, without a copy.
-        """
+        """Add ``x^l`` (all positions, or the rows at n with ``tokens=last``)."""
         if self.tokens == "last":
             self.accumulator.update(view.at_n[:, None])
-        elif view.stack is None:
+        else:
             self.accumulator.update(view.hidden)
-        elif view.layer == 0:
-            self.accumulator.update_stack(view.stack)
 
     def finalize(self) -> TrajectoryStates:
         """The batch's `TrajectoryStates` (NaN outside n with ``tokens=last``)."""

@@ -14,14 +14,14 @@ block's cache argument is replaced by a :class:`FrozenPrefixCache` whose
 can be called any number of times, also under ``torch.func`` transforms.
 Where the model's attention runs as the engine's own SDPA function, the cache
 hands the prefix to that attention uncopied instead (``probe_split``,
-``capture.frozen_attention``): a product then costs what the block costs on
+``jacobian.frozen_attention``): a product then costs what the block costs on
 one token, whatever the prompt length.
 
 The prefix cache keeps every key/value row on every layer (a cache of full
 layers, whatever the model's own cache would keep): a layer's sliding window
 (Mistral, Gemma-2/3, Cohere2, ...) or attention chunk (Llama-4) is applied by
 the mask the model builds for that layer, exactly as in a whole-sequence pass.
-``engine_mode`` lives in ``capture.engine_mode``.
+``engine_mode`` lives in ``jacobian.engine_mode``.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lm_coupling.capture import transformers_adapter as tfa
-from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
-from lm_coupling.capture.engine_mode import FORWARD_AD_ATTENTION, engine_mode
-from lm_coupling.capture.frozen_attention import STASH, StashMismatch
 from lm_coupling.errors import EngineFallbackWarning, LmCouplingError, UnsupportedModelError
+from lm_coupling.jacobian.engine_mode import FORWARD_AD_ATTENTION, engine_mode
+from lm_coupling.jacobian.frozen_attention import STASH, StashMismatch
+from lm_coupling.model import transformers_adapter as tfa
+from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
 
 __all__ = [
     "BlockCall",
@@ -84,7 +84,7 @@ class FrozenPrefixCache:
         """Return the prefix keys/values followed by the new ones, without storing.
 
         For a layer in ``split``, stash the prefix for the attention call instead
-        and return only the new key and value (``capture.frozen_attention``).
+        and return only the new key and value (``jacobian.frozen_attention``).
         """
         if layer_idx not in self._prefixes:
             raise LmCouplingError(
@@ -513,7 +513,7 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
     """Let ``cache`` hand its prefix to the split attention for the blocks where that is exact.
 
     Per block, one call with the concatenating cache and one with the split
-    attention (``capture.frozen_attention``) on the recorded hidden states;
+    attention (``jacobian.frozen_attention``) on the recorded hidden states;
     the block's layers join ``cache.split`` only when the attention took the
     stashed prefix and the two outputs agree to ``sqrt(eps)`` (relative).
     A block whose attention never called ``split_sdpa`` (eager attention, a

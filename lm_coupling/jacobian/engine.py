@@ -17,10 +17,10 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
   route on either device.
 - ``krylov``: never forms J^l: restarted block Krylov iteration on
   ``J^T J`` with Rayleigh-Ritz, a residual-based convergence test and a warm
-  start from the previous layer's V (``capture.jacobian_krylov``); converges
+  start from the previous layer's V (``jacobian.krylov``); converges
   like ``exp(-2 t sqrt(gap))``, fast on flat spectra.
 - ``subspace``: the same test on plain block subspace iteration
-  (``capture.jacobian_linalg.subspace_svd``); converges like
+  (``jacobian.linalg.subspace_svd``); converges like
   ``(s_{p+1}/s_i)^(2t)``, kept for comparison.
 - ``randomized``: the same iteration with a fixed number of power iterations
   and no test (Halko et al. 2011); fast, accurate only where the gap is clear.
@@ -29,7 +29,7 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
   many steps as cost as much as the exact route, and ``gram`` for a document
   whose layer did not converge within that budget and is not ill-defined.
 
-The settings are one :class:`~lm_coupling.capture.jacobian_config.JacobianConfig`.
+The settings are one :class:`~lm_coupling.jacobian.config.JacobianConfig`.
 Each result carries the seconds its passes took per layer
 (``JacobianFactors.seconds``).
 
@@ -41,7 +41,7 @@ and the iteration stops there instead of running to its budget.
 The per-layer-pair products ``J^l V_m`` (and, with ``swapped``, ``J^l U_m``)
 are handed, a group at a time, to the pair reduction the requesting plugin
 gives (``pair_reduction``; the coupling plugin's ``A[l, m] = U_m^T J^l V_m``
-and ``B[l, m] = V_m^T J^l U_m``) and never held (``capture.jacobian_routes``):
+and ``B[l, m] = V_m^T J^l U_m``) and never held (``jacobian.routes``):
 extra memory grows linearly in L. Without a pair reduction ``A`` and ``B``
 are None.
 
@@ -65,9 +65,8 @@ import math
 import torch
 from torch import nn
 
-from lm_coupling.capture import transformers_adapter as tfa
-from lm_coupling.capture.architecture import ModelParts
-from lm_coupling.capture.jacobian_calls import (  # the _ helpers: see _record_rows
+from lm_coupling.errors import ConfigurationError, LmCouplingError
+from lm_coupling.jacobian.calls import (  # the _ helpers: see _record_rows
     BlockCall,
     FrozenPrefixCache,
     _batched_cache,
@@ -81,9 +80,9 @@ from lm_coupling.capture.jacobian_calls import (  # the _ helpers: see _record_r
     record_last_token,
     run_prompts,
 )
-from lm_coupling.capture.jacobian_config import DENSE_MAX_D, ILL_GAP, METHODS, JacobianConfig
-from lm_coupling.capture.jacobian_linalg import PRODUCTS, Clock, chunk_size_for, dense_jacobian
-from lm_coupling.capture.jacobian_routes import (
+from lm_coupling.jacobian.config import DENSE_MAX_D, ILL_GAP, METHODS, JacobianConfig
+from lm_coupling.jacobian.linalg import PRODUCTS, Clock, chunk_size_for, dense_jacobian
+from lm_coupling.jacobian.routes import (
     FACTORISATION,
     REDUCTION,
     MemoryLedger,
@@ -91,13 +90,14 @@ from lm_coupling.capture.jacobian_routes import (
     reduce_products,
     top_factors,
 )
-from lm_coupling.capture.jacobian_sequence import (
+from lm_coupling.jacobian.sequence import (
     SEQUENCE,
     choose_replay,
     record_sequences,
     run_sequences,
 )
-from lm_coupling.errors import ConfigurationError, LmCouplingError
+from lm_coupling.model import transformers_adapter as tfa
+from lm_coupling.model.architecture import ModelParts
 from lm_coupling.states import JacobianFactors
 
 __all__ = [
@@ -155,7 +155,7 @@ class JacobianEngine:
             attention implementations without forward-mode AD, SDPA are set
             temporarily and restored).
         parts: ``locate_model_parts(model)``.
-        config: the settings (``capture.jacobian_config.JacobianConfig``).
+        config: the settings (``jacobian.config.JacobianConfig``).
         **settings: fields of ``JacobianConfig`` instead of (or replacing
             those of) ``config``, e.g. ``JacobianEngine(model, parts, k_max=10)``.
 
@@ -186,7 +186,7 @@ class JacobianEngine:
         self.k_max = config.k_max
         self.dtype = compute_dtype(parts)
         self.replay: str | None = None
-        """``"cache"`` or ``"sequence"`` (``capture.jacobian_sequence``); None: chosen per model."""
+        """``"cache"`` or ``"sequence"`` (``jacobian.sequence``); None: chosen per model."""
 
     def _chunk(self, x: torch.Tensor, context: int) -> int:
         if self.config.chunk_size is not None:
@@ -457,7 +457,7 @@ class JacobianEngine:
         the d products runs block l on rows ``t_in..t_out`` alone (with the
         frozen prefix), not on the whole prompt. For ``t_in == t_out`` under
         SDPA attention the prefix also reaches the attention uncopied
-        (``capture.frozen_attention``); with more rows, or eager attention, it
+        (``jacobian.frozen_attention``); with more rows, or eager attention, it
         is concatenated per tangent, which then dominates the cost.
 
         Args:

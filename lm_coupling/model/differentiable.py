@@ -32,7 +32,7 @@ __all__ = ["SUBSTITUTES", "differentiable_substitutes", "untransformable_modules
 
 def _bloom_gelu(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """Bloom's tanh GELU, the forward of its ``GeLUFunction`` (Bloom's own function)."""
-    from lm_coupling.capture.transformers_adapter import bloom_gelu_forward
+    from lm_coupling.model.transformers_adapter import bloom_gelu_forward
 
     return bloom_gelu_forward()
 

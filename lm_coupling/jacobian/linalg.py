@@ -149,7 +149,7 @@ def chunk_size_for(d: int, context: int, device: torch.device, dtype: torch.dtyp
     Each tangent carries the block's activations at one token per document
     (about ``32 d`` values with the MLP's) and, where the attention
     concatenates the frozen prefix's keys and values (see
-    ``capture.frozen_attention``), a few ``[context, d]`` copies of them; the
+    ``jacobian.frozen_attention``), a few ``[context, d]`` copies of them; the
     budget (1 GiB on CPU, 4 GiB on GPU) is divided by
     ``(8 * context + 32) * d * itemsize``. Pass ``context`` summed over the
     documents of a batch, or 0 where the prefix is not copied.

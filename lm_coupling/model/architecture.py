@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from lm_coupling.capture.block_calls import (
+from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.model.block_calls import (
     StreamReadout,
     call_sites,
     calls_of,
     residual_streams,
     stream_sites,
 )
-from lm_coupling.capture.transformers_adapter import module_with_child_replaced
-from lm_coupling.errors import UnsupportedModelError
+from lm_coupling.model.transformers_adapter import module_with_child_replaced
 
 __all__ = [
     "ModelParts",
@@ -75,7 +75,7 @@ _OVERRIDES: dict[str, dict[str, str | tuple[str, ...] | float | None]] = {
         "final_norm": ("model.decoder.final_layer_norm", "model.decoder.project_out"),
     },
     # HRM (looped depth): the last call is the high-level stack's last layer, whose
-    # output the stack's own final norm reads out (capture/block_calls.py).
+    # output the stack's own final norm reads out (model/block_calls.py).
     "hrm_text": {"final_norm": ("model.H_module.final_norm",)},
 }
 
@@ -171,7 +171,7 @@ class ModelParts:
         model_type: ``config.model_type``.
         blocks: the L decoder blocks, in order; for a model whose blocks run more
             than once per forward pass, one call site per call, in call order
-            (``capture.block_calls.CallSite``; docs/design.md); blocks the
+            (``model.block_calls.CallSite``; docs/design.md); blocks the
             forward pass never calls on text (Mllama's cross-attention layers)
             are left out.
         final_norm: the final norm N (or a composition of modules applied
@@ -406,7 +406,7 @@ def _unsupported(model: nn.Module, model_type: str, what: str, looked: str, foun
         f"cannot use {type(model).__name__} (model_type={model_type!r}) as a causal LM: "
         f"no {what}. Looked for {looked}; found {found}. lm-coupling needs a decoder-only "
         "causal LM (blocks, final norm, unembedding). If this model is one, tell lm-coupling "
-        "where its parts are: lm_coupling.capture.architecture.register_override("
+        "where its parts are: lm_coupling.model.architecture.register_override("
         f"{model_type!r}, blocks='model.layers', final_norm='model.norm', unembed='lm_head')"
         " with the attribute paths of your model."
     )

@@ -9,7 +9,7 @@ trajectory follows the calls in order, x^0 the input of the first call and
 x^l the output of call l, and the block Jacobian of call l is
 ``J^l = d out_l / d in_l`` at the last token with the prefix held fixed, taken
 at that call's own recorded input (the sequence replay,
-``capture.jacobian_sequence``); coupling couples calls.
+``jacobian.sequence``); coupling couples calls.
 
 The same holds for a located layer list whose layers run more than once
 (Dory loops its recurrent section over layers of its one list,
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lm_coupling.capture.transformers_adapter import forward_hooks
+from lm_coupling.model.transformers_adapter import forward_hooks
 
 __all__ = [
     "AltUpCollapse",

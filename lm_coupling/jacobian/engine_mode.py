@@ -3,9 +3,9 @@
 ``engine_mode`` switches one model, for its duration, to what the Jacobian
 engine can differentiate while computing the function the benchmark ran:
 eager attention as it is, SDPA through its math backend (as
-``capture.frozen_attention.SPLIT_ATTENTION`` where the model looks its
+``jacobian.frozen_attention.SPLIT_ATTENTION`` where the model looks its
 attention up by name), other implementations to SDPA, exact stand-ins for
-modules ``torch.func`` cannot transform (``capture.differentiable``), eval
+modules ``torch.func`` cannot transform (``model.differentiable``), eval
 mode and no parameter graphs. Everything is restored afterwards; nothing
 outside the model (transformers' global entries, other models) changes.
 """
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from lm_coupling.capture import transformers_adapter as tfa
-from lm_coupling.capture.differentiable import differentiable_substitutes
-from lm_coupling.capture.frozen_attention import STASH, register_split_attention
+from lm_coupling.jacobian.frozen_attention import STASH, register_split_attention
+from lm_coupling.model import transformers_adapter as tfa
+from lm_coupling.model.differentiable import differentiable_substitutes
 
 __all__ = ["FORWARD_AD_ATTENTION", "engine_mode"]
 
@@ -67,11 +67,11 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
     SDPA for the duration; the engine's run-time check (see
     ``JacobianEngine``) then tells whether that changed the function. Where
     the model looks its attention up by name, this model's SDPA runs as
-    ``capture.frozen_attention.SPLIT_ATTENTION`` (transformers' SDPA, taking a
+    ``jacobian.frozen_attention.SPLIT_ATTENTION`` (transformers' SDPA, taking a
     frozen prefix without copying it); transformers' global entries and other
     models are not touched. Modules whose forward ``torch.func`` cannot
     transform get an exact differentiable stand-in on this model's instances
-    (``capture.differentiable``: Bloom's GELU). Mixture-of-experts layers run
+    (``model.differentiable``: Bloom's GELU). Mixture-of-experts layers run
     their experts one by one (``"eager"``; the fused ``grouped_mm`` kernels
     have no forward-mode AD). Dropout is switched off (eval mode);
     ``torch.no_grad`` stops graphs through the parameters (``torch.func``

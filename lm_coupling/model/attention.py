@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from lm_coupling.capture import transformers_adapter as adapter
-from lm_coupling.capture.block_calls import is_unrolled
 from lm_coupling.errors import ConfigurationError, UnsupportedModelError
+from lm_coupling.model import transformers_adapter as adapter
+from lm_coupling.model.block_calls import is_unrolled
 
 __all__ = ["EAGER_FIX", "attention_implementation", "attention_modules", "check_attentions"]
 

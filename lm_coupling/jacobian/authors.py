@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from lm_coupling.capture.architecture import block_output_hidden, work_dtype
 from lm_coupling.errors import LmCouplingError
+from lm_coupling.model.architecture import block_output_hidden, work_dtype
 
 __all__ = ["authors_jacobians", "final_norm_jacobian"]
 

@@ -21,7 +21,7 @@ causality its gradient at source position t is row i of
 That is the reference's own route (it is the same estimator, so the same
 count of backward passes); this module differs from it in what it needs: no
 hooked model wrapper (the model's own blocks, located by
-``capture.architecture``), the embedding output ``x^0`` fitted too (state 0;
+``model.architecture``), the embedding output ``x^0`` fitted too (state 0;
 TransformerLens starts at block 0's output), and the forward pass stopped
 before the unembedding.
 
@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_coupling.capture.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.errors import LmCouplingError
+from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
 
 __all__ = [
     "ESTIMATORS",
@@ -249,7 +249,7 @@ def model_identity(model: nn.Module, parts: ModelParts) -> dict[str, Any]:
     checks: ``config.name_or_path``, and None for the revision (transformers 5
     keeps no commit on a loaded config, so TransformerLens 4.3 records None too).
     """
-    from lm_coupling.capture.transformers_adapter import loaded_from
+    from lm_coupling.model.transformers_adapter import loaded_from
 
     return {
         "model_name": loaded_from(model) or None,

@@ -181,7 +181,7 @@ def split_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     ``sdpa_attention_forward`` (looked up as the global ``"sdpa"`` entry at each
     call); without a stashed prefix it is that function, with the same arguments.
     """
-    from lm_coupling.capture.transformers_adapter import global_attention
+    from lm_coupling.model.transformers_adapter import global_attention
 
     STASH.calls += 1
     sdpa = global_attention("sdpa")
@@ -214,7 +214,7 @@ def register_split_attention() -> str:
     Returns:
         ``SPLIT_ATTENTION``.
     """
-    from lm_coupling.capture.transformers_adapter import register_attention
+    from lm_coupling.model.transformers_adapter import register_attention
 
     register_attention(SPLIT_ATTENTION, split_sdpa)
     return SPLIT_ATTENTION

@@ -24,7 +24,7 @@ ILL_GAP = 1e-3
 """Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
 
 METHODS = ("auto", "dense", "gram", "krylov", "subspace", "randomized")
-"""The routes (``capture.jacobian`` module docstring)."""
+"""The routes (``jacobian.engine`` module docstring)."""
 
 USER_FIELDS = (
     "method",
@@ -60,7 +60,7 @@ def _int(name: str, value, low: int, *, optional: bool = False) -> None:
 
 @dataclass(frozen=True)
 class JacobianConfig:
-    """Every setting of the Jacobian engine (see ``capture.jacobian.JacobianEngine``).
+    """Every setting of the Jacobian engine (see ``jacobian.engine.JacobianEngine``).
 
     Attributes:
         k_max: K, the number of singular triplets kept (``S`` has K + 1 values
@@ -83,7 +83,7 @@ class JacobianConfig:
         oversample: extra columns of the iterated block (None: K + 1, i.e. a
             block of 2(K + 1) columns, which converges fast on flat spectra).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
-            memory budget, ``capture.jacobian_linalg.chunk_size_for``).
+            memory budget, ``jacobian.linalg.chunk_size_for``).
         docs_per_batch: documents per batched pass (None: from free memory).
         keep_bytes: dense Jacobians pass one may keep for pass two (None: 1 GiB
             on CPU, a quarter of free memory on a GPU); beyond it pass two

@@ -3,7 +3,7 @@
 ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` with every other row of
 ``X = x^{l-1}`` held fixed (docs/design.md) is the diagonal block at the last
 position of the whole-sequence Jacobian. The cache replay
-(``capture.jacobian_calls.record_last_token``) gets it by running block l on
+(``jacobian.calls.record_last_token``) gets it by running block l on
 the one token n against a frozen copy of the prefix's keys and values; that
 needs a cache of keys and values only. This module gets it from no cache at
 all: each block's inputs are recorded on the whole prompt (the model's own
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lm_coupling.capture.architecture import ModelParts
-from lm_coupling.capture.jacobian_calls import (
+from lm_coupling.errors import LmCouplingError
+from lm_coupling.jacobian.calls import (
     STATE_ATTRIBUTES,
     BlockCall,
     PromptPass,
@@ -46,7 +46,7 @@ from lm_coupling.capture.jacobian_calls import (
     _StopForward,
     recording_last_token_outputs,
 )
-from lm_coupling.errors import LmCouplingError
+from lm_coupling.model.architecture import ModelParts
 
 __all__ = [
     "CACHE",
@@ -102,12 +102,12 @@ def cache_replay_problem(model: nn.Module) -> str:
     an indexer (sparse attention), or no cache at all rules it out; so does
     a cache replay of a probe prompt that differs from the model's own
     forward pass (:func:`_cache_replay_mismatch`), as do blocks that run more
-    than once per forward pass (``capture.block_calls``: every call is
+    than once per forward pass (``model.block_calls``: every call is
     replayed on its own recorded whole-sequence input).
     """
-    from lm_coupling.capture.architecture import locate_model_parts
-    from lm_coupling.capture.block_calls import is_unrolled
-    from lm_coupling.capture.transformers_adapter import (
+    from lm_coupling.model.architecture import locate_model_parts
+    from lm_coupling.model.block_calls import is_unrolled
+    from lm_coupling.model.transformers_adapter import (
         cache_keeps_state,
         cache_layers,
         layer_keys_values,
@@ -191,13 +191,13 @@ def _cache_replay_mismatch(model: nn.Module) -> str:
     such assumption. A probe of two prompts of different lengths in one
     batch. Tolerance: ``sqrt(eps)`` of the engine's dtype, relative.
     """
-    from lm_coupling.capture.architecture import locate_model_parts
-    from lm_coupling.capture.jacobian_calls import (
+    from lm_coupling.jacobian.calls import (
         compute_dtype,
         engine_mode,
         record_last_token,
         run_prompts,
     )
+    from lm_coupling.model.architecture import locate_model_parts
 
     parts = locate_model_parts(model)
     n = min(PROBE_TOKENS, parts.vocab_size - 1)

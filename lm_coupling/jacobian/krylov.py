@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from lm_coupling.capture.jacobian_linalg import (
+from lm_coupling.jacobian.linalg import (
     PRODUCTS,
     Clock,
     Map,

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lm_coupling.capture.jacobian_calls import BlockCall
-from lm_coupling.capture.jacobian_krylov import block_krylov_svd
-from lm_coupling.capture.jacobian_linalg import (
+from lm_coupling.jacobian.calls import BlockCall
+from lm_coupling.jacobian.krylov import block_krylov_svd
+from lm_coupling.jacobian.linalg import (
     PRODUCTS,
     Clock,
     TopK,

@@ -324,7 +324,7 @@ def forward_hooks(module: nn.Module, pre: bool) -> list[tuple[Callable, bool]]:
 
     Each as ``(hook, with_kwargs)``, so that a dispatcher can run the hooks of a
     module that is not itself called (a call site of a block run several times,
-    ``capture.block_calls``) as torch would.
+    ``model.block_calls``) as torch would.
 
     Relies on: ``torch.nn.Module`` keeps its hooks in the ordered dictionaries
     ``_forward_pre_hooks`` / ``_forward_hooks`` (handle id -> hook) and the ids

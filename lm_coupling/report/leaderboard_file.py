@@ -1,0 +1,47 @@
+"""The leaderboard written after each run: ``<folder>/leaderboard.csv``, rebuilt whole.
+
+The same table as the report's ``leaderboard.csv``
+(`lm_coupling.report.leaderboard.build_leaderboard`), without the statistics
+and figures; it needs pandas only. Every call reads the whole folder: there
+is no index to keep in step (docs/benchmarks.md gives its time on a large
+folder).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lm_coupling.report.leaderboard import (
+    benchmark_scores,
+    build_leaderboard,
+    settings_messages,
+    warn_settings,
+)
+from lm_coupling.report.loading import load_results
+from lm_coupling.report.newest import newest_values
+
+__all__ = ["write_leaderboard"]
+
+
+def write_leaderboard(results_dir: str | Path) -> Path:
+    """Write ``results_dir/leaderboard.csv`` from every run in the folder; returns its path.
+
+    Raises:
+        ReportInputError: the folder does not exist or holds no readable results file.
+    """
+    root = Path(results_dir)
+    loaded = load_results(root)
+    selected, provenance = newest_values(loaded.values, loaded.paths)
+    board, _ = build_leaderboard(
+        selected,
+        loaded.shapes,
+        benchmark_scores(selected),
+        loaded.geometry,
+        loaded.by_results,
+        loaded.runs,
+        loaded.catalogue,
+    )
+    warn_settings(settings_messages(board, provenance, selected))
+    path = root / "leaderboard.csv"
+    board.to_csv(path, index=False)
+    return path
