@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     csv_path = args.out / "family_measures.csv"
     rows = read_rows(csv_path)
     if not args.plot_only:
-        from lm_coupling.demo.run import shared_task_index
+        from lm_coupling.demo.outputs import shared_task_index
 
         models = [parse_model(spec) for spec in args.model]
         if args.family:

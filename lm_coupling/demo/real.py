@@ -110,7 +110,7 @@ def run_real_model(out_dir: Path, limit: int | None, device: str, data_dir: str 
     """Fetch SmolLM2, evaluate it, print its table, draw its report; return its folder."""
     from lm_eval.utils import sanitize_model_name
 
-    from lm_coupling.demo.run import name_output_folder, print_table
+    from lm_coupling.demo.outputs import name_output_folder, print_table
     from lm_coupling.fetch import fetch
     from lm_coupling.harness.evaluate import evaluate
     from lm_coupling.report.build import build_report
@@ -121,7 +121,7 @@ def run_real_model(out_dir: Path, limit: int | None, device: str, data_dir: str 
     real_out = real_output_folder(out_dir)
     model_folder = gguf.parent
     source = real_out / sanitize_model_name(str(model_folder))
-    from lm_coupling.demo.run import shared_task_index
+    from lm_coupling.demo.outputs import shared_task_index
 
     index = shared_task_index()
     for arguments in real_evaluations(gguf, real_out, limit, device, data_dir):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lm_coupling.demo.assets import family_checkpoints
+from lm_coupling.demo.outputs import name_output_folder, print_table, shared_task_index
 
 DEMO_TASKS = "lmc_demo"
 MODEL_VARIABLE = "LMC_DEMO_MODEL"
@@ -220,15 +221,6 @@ def run_demo(args: argparse.Namespace) -> None:
     print(format_result(result))
 
 
-def shared_task_index() -> Any:
-    """One lm-eval task index for all the demo's models (built once: 20-36 s saved per model)."""
-    from lm_eval.tasks import TaskManager
-
-    from lm_coupling.harness.run import TASKS_DIR
-
-    return TaskManager(include_path=[str(TASKS_DIR)])
-
-
 def demo_models(out_dir: Path) -> list[Path]:
     """The bundled model, then the independently trained models bundled beside it."""
     from lm_coupling.demo.independent import independent_model_paths
@@ -249,38 +241,6 @@ def set_threads(threads: int | None) -> None:
     import torch
 
     torch.set_num_threads(threads)
-
-
-def name_output_folder(out_dir: Path, model: Path) -> Path:
-    """Move lm-eval's folder for ``model`` (its whole path, sanitized) to ``out_dir/<name>``.
-
-    lm-eval names a run's folder after ``pretrained=`` with ``/`` replaced by
-    ``__``: for the bundled models, an absolute site-packages path. The files
-    keep their names and content (the results still record the full path).
-    """
-    from lm_eval.utils import sanitize_model_name
-
-    source = out_dir / sanitize_model_name(str(model))
-    target = out_dir / model.name
-    if not source.is_dir() or source == target:
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    for path in source.iterdir():
-        path.replace(target / path.name)
-    source.rmdir()
-    return target
-
-
-def print_table(model: Path, results: dict[str, Any] | None) -> None:
-    """lm-eval's results table of one model: accuracy with the geometry rows beside it."""
-    if results is None:
-        return
-    from lm_eval.utils import make_table
-
-    print(f"\n{model.name}:")
-    print(make_table(results))
-    if "groups" in results:
-        print(make_table(results, "groups"))
 
 
 DEMO_DATA_NOTE = """

@@ -16,8 +16,20 @@ PER_DOCUMENT = (
     "fixation_depth", "prompt_entropy", "prompt_entropy_min_layer", "curvature",
     "curvature_min_layer", "effective_rank",
 )  # fmt: skip
-SAMPLED = ("coupling", "alignment_ratio")
-METRICS = ",".join(PER_DOCUMENT + SAMPLED)
+
+
+def sampled_defaults() -> tuple[str, ...]:
+    """The default metrics measured on the coupling sample, read from the built-in catalogue."""
+    from lm_coupling.plugins.manager import get_registry, new_plugin_manager
+
+    registry = get_registry(new_plugin_manager(False))
+    return tuple(sorted(n for n, s in registry.metrics.items() if s.sampled and not s.opt_in))
+
+
+# The metrics the float64 reference (smollm2_reference.py) recomputes: the per-document ones
+# above and the sampled ones (coupling and its alignment ratio, on the sampled documents).
+REFERENCED = PER_DOCUMENT + sampled_defaults()
+METRICS = ",".join(REFERENCED)
 
 
 def gguf_args(path: Path) -> dict[str, str]:

@@ -25,7 +25,7 @@ from smollm2_reference import (
     lens,
     trajectory,
 )
-from smollm2_runs import PER_DOCUMENT, SAMPLED, TASKS, evaluate_values
+from smollm2_runs import PER_DOCUMENT, REFERENCED, TASKS, evaluate_values
 
 RTOL = 1e-4
 ATOL = 1e-6  # values that are 0 or near it (fixation depth 0, coupling near 0)
@@ -110,7 +110,7 @@ def test_every_value_equals_the_independent_float64_one(geometry_run, references
     worst: dict[str, float] = {}
     failures = []
     for key, ref in references.items():
-        for metric in PER_DOCUMENT + SAMPLED:
+        for metric in REFERENCED:
             if metric not in ref:
                 continue
             got, want = float(rows[key][metric]), ref[metric]
@@ -120,7 +120,7 @@ def test_every_value_equals_the_independent_float64_one(geometry_run, references
     assert not failures, "\n".join(failures)
     sampled = [key for key, ref in references.items() if "coupling" in ref]
     assert len(sampled) >= 2, f"coupling was measured on {sampled}"
-    assert set(worst) == set(PER_DOCUMENT + SAMPLED)
+    assert set(worst) == set(REFERENCED)
     print("worst relative difference per metric:", worst)
 
 
