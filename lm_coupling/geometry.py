@@ -414,7 +414,8 @@ class GeometryRunner:
         if "tokenwise_jacobian" in needs:
             states.tokenwise = [self.position_jacobians(ids) for ids in prompts]
         if "lens_jacobian" in needs:  # the Jacobian lens's fit terms (its estimator's module)
-            from lm_coupling.jacobian.lens_fit import lens_terms, model_identity
+            from lm_coupling.jacobian.lens_fit import model_identity
+            from lm_coupling.jacobian_lens_terms import lens_terms
 
             states.lens_jacobians = lens_terms(self, prompts, self.selection.options)
             states.model_identity = model_identity(self.model, self.parts)

@@ -50,7 +50,7 @@ From the Jacobian engine, on the sampled documents (``lmc_jacobian_request``):
   at the keys ``lmc_position_jacobian_keys`` asks for.
 - ``lens_jacobian``: ``states.lens_jacobians``, one document's term of the
   Jacobian-lens fit ``[L+1, d, d]`` under the estimator the options name
-  (``jacobian.lens_fit.lens_terms``), and ``states.model_identity``.
+  (``jacobian_lens_terms.lens_terms``), and ``states.model_identity``.
 - ``authors_jacobian``: ``states.authors_jacobians``, one document's L block
   Jacobians at n on the coupling authors' route, the last one through the
   final norm (``jacobian.authors``).
