@@ -10,7 +10,15 @@ the model's device unless stated otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    NamedTuple,
+    Protocol,
+    get_args,
+    runtime_checkable,
+)
 
 if TYPE_CHECKING:  # annotations only: importing the records loads no torch
     import numpy as np
@@ -56,19 +64,14 @@ From the Jacobian engine, on the sampled documents (``lmc_jacobian_request``):
   final norm (``jacobian.authors``).
 """
 
-NEEDS: tuple[str, ...] = (
-    "hidden_states",
-    "lens",
-    "attentions",
-    "jacobian",
-    "tokenwise_jacobian",
-    "lens_jacobian",
-    "authors_jacobian",
-)
+NEEDS: tuple[str, ...] = get_args(Need)
 """Every need, in the order of `Need`."""
 
 STREAMED_NEEDS = frozenset({"hidden_states", "lens", "attentions"})
 """Needs served layer by layer from the benchmark's forward pass to a reducer."""
+
+ENGINE_NEEDS = frozenset(NEEDS) - STREAMED_NEEDS
+"""Needs the Jacobian engine serves, on the sampled documents."""
 
 
 class DocumentRef(NamedTuple):

@@ -52,8 +52,9 @@ from lm_coupling.model.differentiable import untransformable_modules
 from lm_coupling.model.transformers_adapter import cache_layers, layer_keeps_state, output_cache
 from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
+from lm_coupling.states import ENGINE_NEEDS
 
-JACOBIAN_NEEDS = frozenset({"jacobian", "tokenwise_jacobian", "lens_jacobian", "authors_jacobian"})
+JACOBIAN_NEEDS = ENGINE_NEEDS
 """Needs served by the Jacobian engine (which replays blocks with the prefix held fixed)."""
 
 PROBE_TOKENS = 8

@@ -13,7 +13,7 @@ from lm_coupling.plugins.builtin import BUILTIN_PLUGINS
 from lm_coupling.plugins.calls import answers, implementers
 from lm_coupling.plugins.markers import PROJECT_NAME
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec
-from lm_coupling.states import NEEDS, STREAMED_NEEDS
+from lm_coupling.states import ENGINE_NEEDS, NEEDS, STREAMED_NEEDS
 
 ENTRY_POINT_GROUP = "lm_coupling"
 DISABLE_AUTOLOAD_ENV = "LM_COUPLING_DISABLE_PLUGIN_AUTOLOAD"
@@ -93,9 +93,7 @@ def check_needs(spec: MetricSpec, plugin_name: str, has_reducer: bool) -> None:
             f"reads {', '.join(streamed)}, which only the benchmark's forward pass serves; "
             "declare it with sampled=False"
         )
-    engine = sorted(
-        set(needs) & {"jacobian", "tokenwise_jacobian", "lens_jacobian", "authors_jacobian"}
-    )
+    engine = sorted(set(needs) & ENGINE_NEEDS)
     if engine and not spec.sampled:
         raise PluginError(
             f"{where} reads {', '.join(engine)} from the Jacobian engine, which runs on a "
