@@ -73,9 +73,22 @@ def trim_heap() -> bool:
 
 
 def peak_mb(device: str) -> float:
-    """Peak memory in MiB: CUDA ``max_memory_allocated`` or the process's peak RSS on CPU."""
+    """Peak memory in MiB: CUDA ``max_memory_allocated`` or the process's peak RSS on CPU.
+
+    On Linux the CPU peak is ``VmHWM`` of ``/proc/self/status``, the window
+    :func:`reset_peak` restarts; ``ru_maxrss`` also keeps the peak an exited
+    thread recorded before the reset, so it can stay above a new window's
+    peak. Elsewhere, ``ru_maxrss``.
+    """
     if is_cuda(device):
         return torch.cuda.max_memory_allocated() / 2**20
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
