@@ -60,10 +60,11 @@ class RunSpec:
 
 
 def tokenizer_texts(seed: int = 0) -> list[str]:
-    """The demo training corpus plus seeded pseudo-words: enough for an 8k BPE vocabulary."""
-    from lm_coupling.demo.corpus import build_corpus, make_demo_data
+    """The bundled demo items plus seeded pseudo-words: enough for an 8k BPE vocabulary."""
+    from lm_coupling.demo.assets import bundled_tasks_data_path
 
-    docs = build_corpus(make_demo_data(seed))
+    items = sorted(bundled_tasks_data_path().rglob("*.jsonl"))
+    docs = [path.read_text(encoding="utf-8") for path in items]
     rng = random.Random(seed)
     onsets = "b c d f g h j k l m n p r s t v w z br cr dr fl gr pl st tr".split()
     nuclei = "a e i o u ai ea ou io".split()

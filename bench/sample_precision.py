@@ -1,9 +1,9 @@
 """Precision of a task's coupling mean against ``coupling_docs``, on the bundled model.
 
-Measures ``coupling`` on every document of two tasks built from the demo
-world the bundled model was trained on (all 96 ARC-Easy-format items, and the
-first ``--gsm8k`` GSM8K-format items, none by default: slow on a shared
-CPU), then, for each sample size n, gives the standard error of the task's
+Measures ``coupling`` on every document of two tasks from the bundled items
+(all 50 ARC-Easy-format items of every split, and the first ``--gsm8k`` of
+the 30 GSM8K-format test items, none by default: slow on a shared CPU),
+then, for each sample size n, gives the standard error of the task's
 coupling mean over a sample of n documents:
 
 * ``se_formula``: ``s / sqrt(n) * sqrt((N - n) / (N - 1))`` (simple random
@@ -12,6 +12,10 @@ coupling mean over a sample of n documents:
 * ``se_drawn``: the standard deviation of the sample mean over ``--seeds``
   samples drawn the way a run draws them (`lm_coupling.harness.sample`:
   seeded, stratified by the gold answer), around the all-document mean.
+
+The figure in docs/metrics.md was measured on all 96 ARC-Easy-format items
+of the demo world, which the deleted generator of commit 5139ea0 wrote
+(``lm_coupling/demo/assets/PROVENANCE.md``).
 
 Writes the figure ``docs/sample_precision.png`` (or ``--figure``), its table
 beside it (``.csv``) and prints the table.
@@ -24,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import shutil
 import statistics
@@ -37,22 +40,26 @@ SIZES = (2, 5, 10, 15, 25, 40, 50, 75, 100, 150, 200)
 
 
 def write_items(folder: Path, n_gsm8k: int) -> None:
-    """The demo world's ARC-Easy items (all) and GSM8K items (the first ``n_gsm8k``)."""
-    from lm_coupling.demo.assets import bundled_tasks_data_path
-    from lm_coupling.demo.items import all_rows
-    from lm_coupling.demo.world import make_world
+    """The bundled ARC-Easy items (every split, as the test split) and GSM8K's first ``n_gsm8k``.
 
-    rows = all_rows(make_world(0), 0)
+    The few-shot splits stay as they are, so some items are also few-shot examples.
+    """
+    from lm_coupling.demo.assets import bundled_tasks_data_path
+
     bundled = bundled_tasks_data_path()
-    chosen = {"arc_easy": rows["arc_easy"], "gsm8k": rows["gsm8k"][:n_gsm8k]}
-    for benchmark, test_rows in ((b, r) for b, r in chosen.items() if r):
+    for benchmark, count in (("arc_easy", None), ("gsm8k", n_gsm8k)):
+        if count == 0:
+            continue
         target = folder / benchmark
         target.mkdir(parents=True)
-        for path in (bundled / benchmark).glob("*.jsonl"):
+        rows = []
+        for path in sorted((bundled / benchmark).glob("*.jsonl")):
+            rows += path.read_text(encoding="utf-8").splitlines() if benchmark == "arc_easy" else []
             if path.stem != "test":
                 shutil.copy(path, target / path.name)
-        text = "".join(json.dumps(row) + "\n" for row in test_rows)
-        (target / "test.jsonl").write_text(text, encoding="utf-8")
+        if benchmark == "gsm8k":
+            rows = (bundled / benchmark / "test.jsonl").read_text(encoding="utf-8").splitlines()
+        (target / "test.jsonl").write_text("\n".join(rows[:count]) + "\n", encoding="utf-8")
 
 
 def coupling_values(data_dir: Path, out: Path, tasks: list[str]) -> dict[str, dict]:

@@ -112,18 +112,27 @@ def tiny_model(tokenizer):
 
 @pytest.fixture(scope="session")
 def trained_family(tmp_path_factory):
-    """A folder holding ``fam/``: a reduced family trained 2 steps (checkpoints step0, step2).
+    """A folder holding ``fam/``: two checkpoints of one run and its held-out tasks.
 
-    Trained once per test run (`shared_value`), read by the family demo and the sweep;
-    tests write their outputs beside ``fam/`` under names of their own.
+    ``fam/tiny/step1200`` is the bundled trained model, ``fam/tiny/step0`` its
+    architecture and tokenizer at a seeded initialisation, ``fam/tasks_data`` the
+    bundled items. Made once per test run (`shared_value`), read by the family demo
+    and the sweep; tests write their outputs beside ``fam/`` under names of their own.
     """
-    from lm_coupling.demo.train import train_family
+    import shutil
 
-    def train(root):
-        train_family(
-            root / "fam", sizes=("tiny",), steps=2, reduced=True, batch_size=2, seq_len=32,
-            n_checkpoints=2,
-        )  # fmt: skip
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
+
+    def make(root):
+        run = root / "fam" / "tiny"
+        shutil.copytree(bundled_model_path(), run / "step1200")
+        shutil.copytree(bundled_model_path(), run / "step0")
+        torch.manual_seed(0)
+        config = AutoConfig.from_pretrained(bundled_model_path(), local_files_only=True)
+        AutoModelForCausalLM.from_config(config).save_pretrained(run / "step0")
+        shutil.copytree(bundled_tasks_data_path(), root / "fam" / "tasks_data")
         return root
 
-    return shared_value(tmp_path_factory, "trained_family", train)
+    return shared_value(tmp_path_factory, "trained_family", make)

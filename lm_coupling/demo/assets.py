@@ -1,10 +1,10 @@
 """Paths of the trained demo model and its tasks bundled with the package.
 
-The bundled model is the smallest size of the demo family
-(``lm_coupling.demo.train``), trained here on the generated corpus; the tasks
-are its held-out evaluation items, laid out as the offline task YAMLs read them
-(``<benchmark>/<split>.jsonl``). Rebuild both with ``bench/train_family.py
---bundle``.
+The bundled model is the smallest size of the demo family, trained on a
+generated corpus; the tasks are its held-out evaluation items, laid out as the
+offline task YAMLs read them (``<benchmark>/<split>.jsonl``); ``models/`` holds
+four more models trained with the same recipe but their own seeds and sizes.
+``assets/PROVENANCE.md`` names the commit whose code trained them.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_DIRNAME = "tiny-gpt2"
 TASKS_DIRNAME = "tasks_data"
+MODELS_DIRNAME = "models"
 
 
 def _existing(path: Path, what: str) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(
-            f"the bundled {what} is missing: expected a folder at {path}; reinstall "
-            "lm-coupling, or rebuild it with `python bench/train_family.py --bundle`"
+            f"the bundled {what} is missing: expected a folder at {path}; reinstall lm-coupling"
         )
     return path
 
@@ -43,6 +43,11 @@ def bundled_tasks_data_path() -> Path:
         FileNotFoundError: the folder is missing from the installation.
     """
     return _existing(ASSETS_DIR / TASKS_DIRNAME, "demo tasks")
+
+
+def independent_model_paths(assets_dir: Path = ASSETS_DIR) -> list[Path]:
+    """The models trained beside the bundled one (``assets/models/<name>``), by name."""
+    return sorted(p.parent for p in (Path(assets_dir) / MODELS_DIRNAME).glob("*/config.json"))
 
 
 def family_checkpoints(family_dir: Path) -> list[Path]:

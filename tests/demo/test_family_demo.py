@@ -32,15 +32,15 @@ def family_report(trained_family, tmp_path_factory):
 def test_every_checkpoint_is_a_leaderboard_row_with_its_step(family_report):
     report, _ = family_report
     board = pd.read_csv(report / "leaderboard.csv")
-    assert sorted(board["step"]) == [0, 2]
-    assert set(board["revision"]) == {"step0", "step2"}
+    assert sorted(board["step"]) == [0, 1200]
+    assert set(board["revision"]) == {"step0", "step1200"}
     assert board["model"].str.endswith("fam/tiny").all()
     # lmc_demo is 2-shot (1-shot MMLU, GSM8K): of the Open LLM v1 columns only the
     # 0-shot TruthfulQA is in its setting, so no average; the others are score: columns.
     assert board["average"].isna().all() and (board["n_benchmarks"] == 1).all()
     for column in ("truthfulqa", "score:lmc_arc_challenge_offline:acc_norm", *GEOMETRY):
         assert board[column].map(math.isfinite).all(), column
-    # Two optimiser steps move the weights, and with them the hidden-state geometry.
+    # Training moved the weights, and with them the hidden-state geometry.
     first, last = board.sort_values("step")[list(GEOMETRY)].to_numpy()
     assert (first != last).any()
 
@@ -58,9 +58,9 @@ def test_checkpoints_of_one_run_are_one_model_with_a_series_of_their_own(family_
     report, _ = family_report
     summary = (report / "summary.md").read_text()
     assert "2 model rows, n = 1 independent model (" in summary
-    assert "the statistics take step2" in summary  # the last checkpoint, named
+    assert "the statistics take step1200" in summary  # the last checkpoint, named
     corr = pd.read_csv(report / "correlations.csv")
     assert (corr["n"] <= 1).all() and corr["p_hc3"].isna().all()
     series = pd.read_csv(report / "checkpoints.csv")
-    assert sorted(series["step"].unique()) == [0, 2]
-    assert set(series.loc[series["across_models"], "revision"]) == {"step2"}
+    assert sorted(series["step"].unique()) == [0, 1200]
+    assert set(series.loc[series["across_models"], "revision"]) == {"step1200"}
