@@ -11,11 +11,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lm_coupling.catalogue import Catalogue
+from lm_coupling.plugins.specs import DEFAULT_SAMPLE_OPTION as JACOBIAN_SAMPLE
 from lm_coupling.report import figures as fig
 from lm_coupling.report.benchmarks import benchmark_of
 from lm_coupling.report.checkpoints import independent_rows, series_notes, series_table
 from lm_coupling.report.controls import controls_table
-from lm_coupling.report.coupling_grid import coupling_grid
 from lm_coupling.report.ill_defined import mark_ill_defined
 from lm_coupling.report.leaderboard import (
     benchmark_scores,
@@ -30,15 +30,12 @@ from lm_coupling.report.leaderboard import (
     warn_settings,
 )
 from lm_coupling.report.loading import IDENTITY, ReportInputError, load_results
-from lm_coupling.report.newest import OTHER_SETTING, newest_values
-from lm_coupling.report.overlay import profiles_overlay
+from lm_coupling.report.newest import newest_values
 from lm_coupling.report.row_settings import setting_notes
 from lm_coupling.report.stats import MIN_MODELS, correlations, resolve_primary
 from lm_coupling.report.summary import write_summary
 from lm_coupling.report.tasksets import TaskSets
-from lm_coupling.report.timings import coupling_docs_of, timings_markdown, timings_table
-from lm_coupling.report.tokenwise import tokenwise_figure, with_tokenwise
-from lm_coupling.report.within_model import within_model
+from lm_coupling.report.timings import sample_sizes, timings_markdown, timings_table
 
 # Geometry metrics drawn over training when revisions name steps (the primary first).
 EMERGENCE_METRICS = 3
@@ -55,7 +52,6 @@ class ReportResult:
     score_sources: pd.DataFrame
     correlations: pd.DataFrame | None = None
     controls: pd.DataFrame | None = None
-    within_model: pd.DataFrame | None = None
     timings: pd.DataFrame | None = None
     checkpoints: pd.DataFrame | None = None
     n_independent: int = 0
@@ -129,53 +125,25 @@ def _n_layers(geo: dict[str, Any], catalogue: Catalogue) -> int:
     return 1
 
 
-PER_MODEL_CHOICES = ("auto", "all", "none")
-"""``--per-model-figures``: auto draws them for at most `PER_MODEL_AUTO` model rows."""
+def heatmap_source(catalogue: Catalogue) -> tuple[str | None, str | None]:
+    """The metric whose L x L matrix each model's heatmap draws, and that matrix's name.
 
-PER_MODEL_AUTO = 12
-"""Model rows up to which ``auto`` draws every per-model figure (about 0.3 s CPU each)."""
-
-
-def check_per_model(choice: str) -> str:
-    """``choice`` if it is one of `PER_MODEL_CHOICES`.
-
-    Raises:
-        ReportInputError: any other value.
+    The installed plugins' declared primary metric (`Catalogue.primary_metric`;
+    a recorded catalogue does not record it) and the first matrix the runs'
+    ``catalogue`` says it stores; ``(None, None)`` when it stores none. Its K and
+    the spectral gap's verdict are read from its section of the geometry file.
     """
-    if choice not in PER_MODEL_CHOICES:
-        raise ReportInputError(
-            f"per-model figures {choice!r}: give one of {', '.join(PER_MODEL_CHOICES)}"
-        )
-    return choice
-
-
-def draws_per_model(choice: str, n_rows: int) -> bool:
-    """Whether the per-model figures are drawn for a report of ``n_rows`` model rows."""
-    return choice == "all" or (choice == "auto" and n_rows <= PER_MODEL_AUTO)
-
-
-def per_model_note(choice: str, n_rows: int) -> str:
-    """The summary's note when the per-model figures were not drawn ("" when they were)."""
-    if draws_per_model(choice, n_rows):
-        return ""
-    why = (
-        f"{n_rows} model rows, more than {PER_MODEL_AUTO}"
-        if choice == "auto"
-        else "--per-model-figures none"
-    )
-    return (
-        f"Per-model figures (profiles_<model>.png, coupling_<model>.png) not drawn ({why}): "
-        "profiles_overlay.png draws every model's profiles and geometry_long.csv holds "
-        "them; coupling_matrices.png draws every model's coupling matrix on one colour "
-        "scale (the matrices are in the geometry files). `--per-model-figures all` "
-        "draws them (about 0.3 s of CPU each)."
-    )
+    metric = Catalogue.installed().primary_metric()
+    entry = catalogue.metrics.get(metric) if metric is not None else None
+    stored = [name for name in (entry.profiles if entry else ()) if name in catalogue.matrices()]
+    return (metric, stored[0]) if stored else (None, None)
 
 
 def _per_model_figures(
     geometry: list[dict[str, Any]], out_dir: Path, catalogue: Catalogue, formats
 ) -> list[Path]:
     task = _figure_task(geometry)
+    heatmap_metric, heatmap_matrix = heatmap_source(catalogue)
     paths = []
     for geo in [g for g in geometry if str(g.get("task")) == task]:
         identity = tuple(geo["identity"])
@@ -186,46 +154,15 @@ def _per_model_figures(
         figure = fig.profiles_figure(profiles, _n_layers(geo, catalogue), title, catalogue)
         if figure is not None:
             paths += _save(figure, out_dir, f"profiles_{slug}", formats)
-        matrix = ((geo.get("matrices") or {}).get("coupling") or {}).get("mean")
+        matrix = ((geo.get("matrices") or {}).get(heatmap_matrix) or {}).get("mean")
         if matrix:
-            k = (geo.get("coupling") or {}).get("k")
-            heatmap = fig.coupling_figure(matrix, k, title)
-            gap = geo.get("coupling") or {}  # the spectral gap's verdict, per block
-            mark_ill_defined(heatmap.axes[0], gap.get("ill_defined"), gap.get("spectral_gap"))
+            section = geo.get(heatmap_metric) or {}  # its K and the spectral gap's verdict
+            heatmap = fig.coupling_figure(matrix, section.get("k"), title)
+            mark_ill_defined(
+                heatmap.axes[0], section.get("ill_defined"), section.get("spectral_gap")
+            )
             paths += _save(heatmap, out_dir, f"coupling_{slug}", formats)
     return paths
-
-
-def _coupling_grid_figure(geometry: list[dict[str, Any]], out_dir: Path, formats) -> list[Path]:
-    """Every model's coupling matrix on one figure (when the per-model figures are not drawn)."""
-    task = _figure_task(geometry)
-    entries = []
-    for geo in [g for g in geometry if str(g.get("task")) == task]:
-        matrix = ((geo.get("matrices") or {}).get("coupling") or {}).get("mean")
-        if matrix:
-            model, revision, _ = tuple(geo["identity"])
-            label = fig.short_name(str(model)) + ("" if revision == "main" else f"@{revision}")
-            entries.append(dict(label=label, matrix=matrix, k=(geo.get("coupling") or {}).get("k")))
-    figure = coupling_grid(entries, str(task)) if entries else None
-    return _save(figure, out_dir, "coupling_matrices", formats) if figure is not None else []
-
-
-def _overlay_figure(
-    geometry: list[dict[str, Any]], out_dir: Path, catalogue: Catalogue, formats
-) -> list[Path]:
-    """Every model's profiles on one axis per quantity, for the figure task."""
-    task = _figure_task(geometry)
-    entries = [
-        dict(
-            identity=tuple(g["identity"]),
-            n_layers=_n_layers(g, catalogue),
-            profiles=g.get("profiles") or {},
-        )
-        for g in geometry
-        if str(g.get("task")) == task and g.get("profiles")
-    ]
-    figure = profiles_overlay(entries, str(task), catalogue) if len(entries) >= 2 else None
-    return _save(figure, out_dir, "profiles_overlay", formats) if figure is not None else []
 
 
 def emergence_columns(board: pd.DataFrame, primary: str | None, catalogue: Catalogue) -> list[str]:
@@ -275,7 +212,6 @@ def _figures(
     out_dir: Path,
     catalogue,
     formats,
-    per_model: bool = True,
 ) -> list[Path]:
     """Every figure; ``models`` (one row per independent model) feeds the fig1a panels."""
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
@@ -291,14 +227,7 @@ def _figures(
             )
             name = f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}"
             paths += _save(ax, out_dir, name, formats)
-    if per_model:
-        paths += _per_model_figures(geometry, out_dir, catalogue, formats)
-    else:
-        paths += _coupling_grid_figure(geometry, out_dir, formats)
-    paths += _overlay_figure(geometry, out_dir, catalogue, formats)
-    for identity, geo in with_tokenwise(geometry).items():
-        axes = tokenwise_figure(geo, f"{identity[0]} {identity[1]} ({geo.get('task')})")
-        paths += _save(axes, out_dir, f"tokenwise_{_slug(*identity)}", formats)
+    paths += _per_model_figures(geometry, out_dir, catalogue, formats)
     steps = board.dropna(subset=["step"]).groupby("model")["step"].nunique()
     if len(steps) and steps.max() >= 2 and target is not None:
         shown = emergence_columns(board, primary, catalogue)
@@ -361,7 +290,6 @@ def build_report(
     seed: int = 0,
     figure_formats: str | tuple[str, ...] = ("png",),
     checkpoint: str = "last",
-    per_model_figures: str = "auto",
 ) -> ReportResult:
     """Read a results folder and write the report (see docs/report.md).
 
@@ -378,9 +306,6 @@ def build_report(
         checkpoint: the row a checkpoint series contributes to the across-model
             statistics: ``"last"`` (default), ``"first"`` or a revision name
             (`lm_coupling.report.checkpoints`).
-        per_model_figures: ``"auto"`` (default: each model's profiles and
-            coupling figures when the report has at most `PER_MODEL_AUTO`
-            model rows), ``"all"`` or ``"none"``.
 
     Returns:
         The tables and paths written.
@@ -390,7 +315,6 @@ def build_report(
             CSV, or a ``checkpoint`` revision that some series lacks.
     """
     formats = check_figure_formats(figure_formats)
-    check_per_model(per_model_figures)
     if primary is None:
         primary = Catalogue.installed().primary_metric()
     loaded = load_results(results_dir)
@@ -443,16 +367,10 @@ def build_report(
             models, metrics, targets, primary, seed, result.primary_target, sets.used
         )
         result.controls = controls_table(models, metrics, result.primary_target, seed)
-    note = per_model_note(per_model_figures, len(board))
-    if note:
-        result.notes.append(note)
     if result.primary_target is not None and scatter_note(independence.n_models):
         result.notes.append(scatter_note(independence.n_models))
     if independence.series:
         result.checkpoints = series_table(board, independence, [*targets, *metrics])
-    used = provenance[provenance["status"] != OTHER_SETTING]
-    wm = within_model(loaded.runs, set(zip(used["file"], used["task"], strict=True)))
-    result.within_model = wm if len(wm) else None
     timed = timings_table(loaded.geometry)
     result.timings = timed if len(timed) else None
     tables = {
@@ -462,7 +380,6 @@ def build_report(
         "score_sources": sources,
         "correlations": result.correlations,
         "controls": result.controls,
-        "within_model": result.within_model,
         "timings": result.timings,
         "checkpoints": result.checkpoints,
     }
@@ -480,7 +397,6 @@ def build_report(
         out,
         loaded.catalogue,
         formats,
-        draws_per_model(per_model_figures, len(board)),
     )
     result.summary = write_summary(
         out,
@@ -488,7 +404,7 @@ def build_report(
         result.figures,
         result.notes,
         result.primary_target,
-        timings_markdown(timed, coupling_docs_of(loaded.geometry)),
+        timings_markdown(timed, sample_sizes(loaded.geometry, JACOBIAN_SAMPLE), JACOBIAN_SAMPLE),
         independent=independence.n_models,
         checkpoints=series_notes(board, independence),
     )

@@ -21,7 +21,7 @@ and metric, computed by this rule:
 ``<metric>__tasks`` in ``leaderboard.csv`` lists the units each model's value
 used, ``<metric>__n`` the documents the value rests on (for a sampled metric
 such as coupling: the documents it was measured on, from the geometry file's
-``n_measured`` or ``coupling.n_sampled``, not the task size).
+``n_measured`` or its section's ``n_sampled``, not the task size).
 """
 
 from __future__ import annotations
@@ -77,16 +77,16 @@ def documents_measured(
     """Documents a metric was measured on in one task (see the module docstring).
 
     A sampled metric (the catalogue's ``sampled``) of a geometry file without
-    ``n_measured`` counts the coupling sample (``coupling.n_sampled``).
+    ``n_measured`` counts its sample (``n_sampled`` of its section, named like it).
     """
     if geo is not None:
         measured = geo.get("n_measured") or {}
         if isinstance(measured, dict) and measured.get(base_metric) is not None:
             return float(measured[base_metric])
-        coupling = geo.get("coupling") or {}
+        section = geo.get(base_metric)
         sampled = catalogue is not None and base_metric in catalogue.sampled_metrics()
-        if sampled and coupling.get("n_sampled") is not None:
-            return float(coupling["n_sampled"])
+        if sampled and isinstance(section, dict) and section.get("n_sampled") is not None:
+            return float(section["n_sampled"])
     return float(fallback)
 
 

@@ -19,7 +19,9 @@ The summary gives, per model, the seconds per document of each group (the
 mean over tasks, weighted by their documents) and what the Jacobian work
 (``jacobian`` when recorded, else ``jacobian_products`` +
 ``factorisation``; paid once per sampled document) costs per task at the
-run's ``coupling_docs``, so a user can decide whether to lower it.
+run's sample size (the option the caller names: the Jacobian engine's
+shared sample, `lm_coupling.plugins.specs.DEFAULT_SAMPLE_OPTION`), so a user
+can decide whether to lower it.
 """
 
 from __future__ import annotations
@@ -89,11 +91,11 @@ def _per_model(table: pd.DataFrame) -> pd.DataFrame:
     return wide[order + sorted(c for c in wide.columns if c not in GROUPS)]
 
 
-def coupling_docs_of(geometry: list[dict[str, Any]]) -> dict[tuple, float]:
-    """The ``coupling_docs`` option of each identity's runs (the largest, when they differ)."""
+def sample_sizes(geometry: list[dict[str, Any]], option: str) -> dict[tuple, float]:
+    """The sample-size ``option`` of each identity's runs (the largest, when they differ)."""
     found: dict[tuple, float] = {}
     for geo in geometry:
-        value = _number((geo.get("options") or {}).get("coupling_docs"))
+        value = _number((geo.get("options") or {}).get(option))
         key = tuple(geo["identity"])
         if math.isfinite(value):
             found[key] = max(found.get(key, value), value)
@@ -110,8 +112,12 @@ def jacobian_seconds(row: pd.Series) -> float:
     return sum(parts) if parts else math.nan
 
 
-def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> str:
-    """The summary section (empty string when no file had timings)."""
+def timings_markdown(table: pd.DataFrame, sizes: dict[tuple, float], option: str) -> str:
+    """The summary section (empty string when no file had timings).
+
+    ``sizes`` are `sample_sizes` of ``option``, the option sizing the sample
+    the Jacobian work is paid on.
+    """
     if table.empty:
         return ""
     wide = _per_model(table)
@@ -119,7 +125,7 @@ def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> 
         "Seconds per document, by metric group (means over the documents measured, "
         "weighted over tasks; every row in `timings.csv`). The Jacobian work (`jacobian`, "
         "else `jacobian_products` + `factorisation`) is paid once per *sampled* document, so "
-        "a task costs about `coupling_docs` times it: lower `coupling_docs` in "
+        f"a task costs about `{option}` times it: lower `{option}` in "
         "`--metric_args` when that column dominates.",
         "",
         "| model | revision | dtype | " + " | ".join(wide.columns) + " | Jacobian work per task |",
@@ -127,10 +133,10 @@ def timings_markdown(table: pd.DataFrame, coupling_docs: dict[tuple, float]) -> 
     ]
     for identity, row in wide.iterrows():
         jac = jacobian_seconds(row)
-        docs = coupling_docs.get(tuple(identity))
+        docs = sizes.get(tuple(identity))
         per_task = ""
         if docs is not None and math.isfinite(jac):
-            per_task = f"{jac * docs:.3g} s at coupling_docs={docs:g}"
+            per_task = f"{jac * docs:.3g} s at {option}={docs:g}"
         cells = ["" if pd.isna(v) else f"{v:.3g}" for v in row]
         lines.append("| " + " | ".join([*map(str, identity), *cells, per_task]) + " |")
     return "\n".join(lines)

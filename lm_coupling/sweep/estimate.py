@@ -4,8 +4,11 @@ Per model, over the tasks of the study (``study.TaskCost``), with ``--limit``
 applied per leaf task:
 
 - documents ``N = sum_task leaves * min(limit, documents / leaves)``;
-- coupled documents ``C = sum_task leaves * min(coupling_docs, documents per leaf)``
-  (``coupling_docs`` of ``--metric_args``, default 25; 0 without coupling);
+- coupled documents ``C = sum_task leaves * min(S, documents per leaf)``, with S
+  the sample size of the selected sampled (Jacobian) metrics, read from
+  ``--metric_args`` or the option's default as their plugin declares it
+  (``coupling_docs``, default 25, for the built-in coupling); 0 when no sampled
+  metric is selected;
 - time ``= startup + sum_task N_task (requests * tokens * f + gen_tokens * g)
   + C * L * j``, with f and g the forward seconds per token and per generated
   token and j one layer's Jacobian seconds from the calibration on the device
@@ -25,14 +28,13 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lm_coupling.errors import ConfigurationError
+from lm_coupling.plugins.specs import DEFAULT_SAMPLE_OPTION
 from lm_coupling.sweep.calibrate import Calibration, Shape
 from lm_coupling.sweep.spec import ModelEntry
 from lm_coupling.sweep.study import Study, TaskCost
-
-DEFAULT_COUPLING_DOCS = 25
-DEFAULT_K = 10
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,11 @@ class RunSettings:
     device: str
     batch: int
     limit: float | None
-    coupling_docs: int | None  # None: all documents
+    coupling_docs: int | None  # the sample size S; None: all documents
     coupled: bool
     k: float
     dtype: str
+    sample_option: str = DEFAULT_SAMPLE_OPTION  # the option S was read from
 
 
 def _last_value(args: Sequence[str], *flags: str) -> str | None:
@@ -64,6 +67,41 @@ def _options(text: str | None) -> dict[str, str]:
     return {k.strip(): v.strip() for k, v in pairs}
 
 
+def sample_settings(metrics: str | None, metric_args: str | None) -> tuple[str, Any, Any, bool]:
+    """The sample the Jacobian work is paid on, from the plugins' declarations.
+
+    The selected sampled metrics (`MetricSpec.sampled`; with none selected,
+    every installed one, to show the size a run with them would take), the
+    option sizing the first one's sample, its value (None: all documents) and
+    the first K (`MetricSpec.k_option`) among them, parsed as the run parses
+    them (presets expanded, defaults filled in).
+
+    Returns:
+        ``(sample option, sample size, K, whether a sampled metric is selected)``.
+
+    Raises:
+        ConfigurationError: ``--metrics`` or ``--metric_args`` the run would refuse.
+    """
+    from lm_coupling.plugins.manager import get_registry
+    from lm_coupling.selection import make_selection, parse_metric_args
+
+    registry = get_registry()
+    try:
+        chosen = make_selection(metrics or "", metric_args) if metrics else None
+        selected = [s for s in (chosen.specs.values() if chosen else ()) if s.sampled]
+        specs = selected or [s for s in registry.metrics.values() if s.sampled]
+        options = parse_metric_args(None, {s.name: s for s in specs}, registry)
+        options.update(chosen.options if chosen else {})
+    except ConfigurationError as exc:
+        raise ConfigurationError(
+            f"--metric_args: cannot plan with {metric_args} ({exc}); give the options as "
+            "the run takes them (`lm-coupling metrics` lists them)"
+        ) from None
+    option = specs[0].sample_option if specs else DEFAULT_SAMPLE_OPTION
+    k_option = next((s.k_option for s in specs if s.k_option), None)
+    return option, options.get(option), options.get(k_option, 0), bool(selected)
+
+
 def read_settings(lm_eval_args: Sequence[str], metrics: str | None, model_args: str | None):
     """The plan's settings from the model runs' arguments (``--device``, ``--limit``, ...).
 
@@ -71,8 +109,8 @@ def read_settings(lm_eval_args: Sequence[str], metrics: str | None, model_args: 
     finds a larger batch); a CPU run is calibrated in float32 whatever ``dtype=``.
 
     Raises:
-        ConfigurationError: ``coupling_docs`` or ``k`` that is not a number, or a
-            device this machine does not have (`check_device`).
+        ConfigurationError: options the run would refuse (`sample_settings`), or
+            a device this machine does not have (`check_device`).
     """
     import torch
 
@@ -83,29 +121,11 @@ def read_settings(lm_eval_args: Sequence[str], metrics: str | None, model_args: 
     batch = int(batch_text) if batch_text.isdigit() else 1
     limit_text = _last_value(lm_eval_args, "--limit", "-L")
     limit = float(limit_text) if limit_text else None
-    options = _options(_last_value(lm_eval_args, "--metric_args"))
-    if "preset" in options:
-        from lm_coupling.presets import PRESETS
-
-        preset = PRESETS.get(options["preset"])  # an unknown one is refused by the run's check
-        options = {**(preset.values if preset else {}), **options}
-    docs_text = options.get("coupling_docs", str(DEFAULT_COUPLING_DOCS))
-    k_text = options.get("k", str(DEFAULT_K))
-    try:
-        coupling_docs = None if docs_text == "all" else int(docs_text)
-        k = float(k_text) if "." in k_text else int(k_text)
-    except ValueError as exc:
-        raise ConfigurationError(
-            f"--metric_args: cannot plan with coupling_docs={docs_text}, k={k_text} ({exc}); "
-            "give coupling_docs as a number or all, k as an integer or a fraction of d_model"
-        ) from exc
-    names = {m.strip() for m in (metrics or "").split(",")}
+    option, size, k, coupled = sample_settings(metrics, _last_value(lm_eval_args, "--metric_args"))
     dtype = _options(model_args).get("dtype", "float32")
     if dtype in ("auto", "float16", "bfloat16") and device == "cpu":
         dtype = "float32"
-    return RunSettings(
-        device, batch, limit, coupling_docs, bool(names & {"coupling", "all"}), k, dtype
-    )
+    return RunSettings(device, batch, limit, size, coupled, k, dtype, option)
 
 
 def check_device(device: str) -> None:
@@ -224,9 +244,10 @@ def format_plan(
         f"lm-coupling sweep --plan: study {study.name} ({study.path})",
         f"  tasks {','.join(tasks) if tasks else study.tasks}; device {settings.device}, "
         f"batch {settings.batch}, "
-        f"limit {settings.limit if settings.limit is not None else 'none'}, coupling_docs "
+        f"limit {settings.limit if settings.limit is not None else 'none'}, "
+        f"{settings.sample_option} "
         f"{settings.coupling_docs if settings.coupling_docs is not None else 'all'}"
-        + ("" if settings.coupled else " (no coupling metric selected: none coupled)"),
+        + ("" if settings.coupled else " (no sampled metric selected: none coupled)"),
         f"  calibration on {settings.device}: startup of a model's process {startup:.1f} s "
         "(a whole one-document run of a tiny model, timed in a fresh process)",
     ]

@@ -7,7 +7,7 @@ triangle inequality bounds to [0, 1], as a profile over blocks with
 ``bounds=(0, 1)``. Two real runs (`lm_coupling.evaluate`, models of 3 and 5
 blocks) record it in ``config.lm_coupling.catalogue``; the report numbers it
 1..L in ``geometry_long.csv``, draws it over blocks 1..L on a fixed [0, 1]
-axis in each model's profile figure and in the overlay. The same results
+axis in each model's profile figure. The same results
 files without their catalogue (the previous release's format) are read with
 the installed plugins' catalogue, and the report says so.
 """
@@ -33,7 +33,6 @@ from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, ProfileSpec
 from lm_coupling.report import build_report
 from lm_coupling.report.figures import catalogue_or_installed, profiles_figure
 from lm_coupling.report.loading import CatalogueWarning, load_results
-from lm_coupling.report.overlay import profiles_overlay
 
 pytestmark = pytest.mark.slow
 
@@ -208,27 +207,9 @@ def test_profile_figure_draws_it_over_blocks_on_a_unit_axis(report, runs):
         norm = _panel(figure, "norm")
         assert norm.get_lines()[0].get_xdata().tolist() == list(range(0, n_layers + 1))
     pngs = sorted(n for n in names if n.startswith("profiles_") and n.endswith(".png"))
-    assert "profiles_overlay.png" in pngs and len(pngs) == 3
+    assert len(pngs) == 2  # one per model
     for name in pngs:
         assert imread(report.out_dir / "figures" / name).shape[0] > 100
-
-
-def test_overlay_draws_it_at_blocks_over_l_on_a_unit_axis(runs):
-    loaded = load_results(runs)
-    entries = [
-        dict(identity=g["identity"], n_layers=g["model"]["n_layers"], profiles=g["profiles"])
-        for g in loaded.geometry
-    ]
-    figure = profiles_overlay(entries, "lmc_arc_easy_offline", loaded.catalogue)
-    assert layout_problems(figure) == []
-    ax = _panel(figure, "relative step")
-    lines = ax.get_lines()
-    assert len(lines) == 2
-    for line in lines:
-        x = line.get_xdata()
-        np.testing.assert_allclose(x, np.arange(1, len(x) + 1) / len(x))  # blocks 1..L, l / L
-    low, high = ax.get_ylim()
-    assert low <= 0 and high >= 1 and high < 1.1
 
 
 def _strip_catalogue(folder, dest):

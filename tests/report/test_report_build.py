@@ -21,7 +21,6 @@ from lm_coupling.report.controls import CONTROL_COLUMNS
 from lm_coupling.report.figures import DPI, FIGSIZE
 from lm_coupling.report.loading import CatalogueWarning, k_setting_name
 from lm_coupling.report.stats import CORRELATION_COLUMNS, N_BOOT
-from lm_coupling.report.within_model import WITHIN_COLUMNS
 
 # The leaderboard's geometry columns: make_results' metrics, named after K=4 where they have one.
 GEOMETRY_COLS = [*(k_setting_name(m, {"k": 4}) for m in GEOMETRY), BOUNDARY_COLUMN]
@@ -76,7 +75,6 @@ def test_csv_schemas(report):
     ]
     assert list(pd.read_csv(out / "correlations.csv").columns) == CORRELATION_COLUMNS
     assert list(pd.read_csv(out / "controls.csv").columns) == CONTROL_COLUMNS
-    assert list(pd.read_csv(out / "within_model.csv").columns) == WITHIN_COLUMNS
     board = pd.read_csv(out / "leaderboard.csv")
     assert len(board) == 9 and board["step"].dropna().tolist() == [2000, 1000, 3000]
     # Two of the six benchmarks: no average (a mean over a different subset compares nothing).
@@ -203,7 +201,7 @@ def _png_size(path):
 
 def test_figures_are_valid_images(report):
     names = {p.name for p in report.figures}
-    for stem in ("fig1a_coupling_k4_vs_arc", "emergence", "profiles_overlay"):
+    for stem in ("fig1a_coupling_k4_vs_arc", "emergence"):
         assert {f"{stem}.png", f"{stem}.svg"} <= names
     assert any(n.startswith("profiles_") for n in names)
     assert any(n.startswith("coupling_") for n in names)
@@ -223,18 +221,6 @@ def test_summary_numbers_come_from_csv(report):
     corr = pd.read_csv(report.out_dir / "correlations.csv")
     row = corr[corr["primary"]].iloc[0]
     assert f"R^2 = {row['r2']:.3f}" in report.summary.read_text()
-
-
-def test_within_model_logistic_regression(report):
-    table = pd.read_csv(report.out_dir / "within_model.csv").fillna({"reason": ""})
-    fitted = table[table["reason"] == ""]
-    assert len(fitted) and (fitted["n"] == 24).all()
-    assert set(fitted["score_type"]) == {"binary"} and set(fitted["estimator"]) == {"Logit-MLE"}
-    assert np.allclose(np.exp(fitted["coef_per_sd"]), fitted["odds_ratio_per_sd"])
-    for _, rows in fitted.groupby(["model", "revision"]):
-        np.testing.assert_allclose(
-            rows["p_holm"], multipletests(rows["p"], method="holm")[1], rtol=1e-9
-        )
 
 
 def test_newest_run_wins_and_provenance(real_runs, tmp_path):
@@ -322,7 +308,6 @@ def test_cli_runner(real_runs, tmp_path, capsys):
     args = parser.parse_args([str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     assert run_report(args) == 0
     assert "3 model row(s)" in capsys.readouterr().out
-    assert not (tmp_path / "out" / "within_model.csv").exists()
 
 
 def _retask(folder, old, new):
@@ -385,20 +370,11 @@ def test_results_of_the_previous_release_read_with_the_installed_catalogue(real_
     assert sorted(p.name for p in old.figures) == sorted(p.name for p in new.figures)
 
 
-def test_per_model_figures_on_request_and_the_grid_instead(real_runs, tmp_path):
+def test_every_model_gets_its_profile_and_coupling_figures(real_runs, tmp_path):
     make_results_dir(tmp_path / "runs", real_runs, n_models=3, samples=False)
-    result = build_report(tmp_path / "runs", per_model_figures="none")
-    names = {p.name for p in result.figures}
-    assert "coupling_matrices.png" in names and "profiles_overlay.png" in names
-    assert not [n for n in names if n.startswith("coupling_models")]
-    assert not [n for n in names if n.startswith("profiles_") and n != "profiles_overlay.png"]
-    assert _png_size(result.out_dir / "figures" / "coupling_matrices.png")[0] > 300
-    assert "--per-model-figures all" in result.summary.read_text()
-    default = build_report(tmp_path / "runs", out_dir=tmp_path / "default")  # 3 rows: all drawn
-    assert len([p for p in default.figures if p.name.startswith("coupling_models")]) == 3
-    assert "coupling_matrices.png" not in {p.name for p in default.figures}
-    with pytest.raises(ReportInputError, match="per-model figures 'some'"):
-        build_report(tmp_path / "runs", per_model_figures="some")
+    names = {p.name for p in build_report(tmp_path / "runs").figures}
+    assert len([n for n in names if n.startswith("coupling_models")]) == 3
+    assert len([n for n in names if n.startswith("profiles_models")]) == 3
 
 
 @pytest.mark.parametrize("n_models", [1, 2])

@@ -21,7 +21,6 @@ from lm_coupling.report.stats import (
     correlations,
     holm,
 )
-from lm_coupling.report.within_model import fit_ols, is_binary
 
 
 def _board(n=8, seed=0):
@@ -127,19 +126,6 @@ def test_k_setting_names():
     assert k_setting_name("lss", {"k": 10}) == "lss"
 
 
-def test_within_model_continuous_score_uses_ols_not_logit():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=40)
-    mc2 = np.clip(0.5 + 0.1 * x + rng.normal(0, 0.05, 40), 0, 1)
-    assert not is_binary(mc2) and is_binary(np.array([0.0, 1.0, 1.0]))
-    fit = fit_ols(x, mc2)
-    z = (x - x.mean()) / x.std()
-    ref = sm.OLS(mc2, sm.add_constant(z)).fit(cov_type="HC3")
-    assert fit["estimator"] == "OLS-HC3"
-    assert fit["coef_per_sd"] == pytest.approx(ref.params[1], rel=1e-9)
-    assert fit["p"] == pytest.approx(ref.pvalues[1], rel=1e-9)
-
-
 def test_holm_matches_hand_computation():
     p = pd.Series([0.01, 0.04, np.nan, 0.03])
     # sorted 0.01, 0.03, 0.04 -> 3*0.01, max(0.03, 2*0.03), max(0.06, 1*0.04)
@@ -181,22 +167,3 @@ def test_benchmark_of_offline_names():
     assert benchmark_of("lmc_arc_challenge_offline").column == "arc"
     assert benchmark_of("truthfulqa_mc2").metric == "acc"
     assert benchmark_of("arc_easy") is None
-
-
-def test_holm_matches_statsmodels_with_ties_and_nan():
-    from statsmodels.stats.multitest import multipletests
-
-    from lm_coupling.report.stats import holm_adjust
-
-    rng = np.random.default_rng(5)
-    for m in (1, 2, 3, 7, 25):
-        for _ in range(50):
-            p = rng.random(m) ** 3
-            p[rng.integers(m)] = p[0]  # a tie
-            np.testing.assert_allclose(
-                holm_adjust(p), multipletests(p, method="holm")[1], rtol=0, atol=1e-15
-            )
-    series = pd.Series([0.01, np.nan, 0.04, 0.03])
-    out = holm(series)
-    assert math.isnan(out[1])
-    np.testing.assert_allclose(out[[0, 2, 3]], multipletests([0.01, 0.04, 0.03], method="holm")[1])
