@@ -43,7 +43,6 @@ LONGEST_FILES = (
     "demo/test_bundled_demo.py",
     "bench/test_bench_gpu.py",
     "harness/test_harness_data_parallel.py",
-    "demo/test_family_demo.py",
 )
 
 
@@ -116,8 +115,8 @@ def trained_family(tmp_path_factory):
 
     ``fam/tiny/step1200`` is the bundled trained model, ``fam/tiny/step0`` its
     architecture and tokenizer at a seeded initialisation, ``fam/tasks_data`` the
-    bundled items. Made once per test run (`shared_value`), read by the family demo
-    and the sweep; tests write their outputs beside ``fam/`` under names of their own.
+    bundled items. Made once per test run (`shared_value`), read by the sweep;
+    tests write their outputs beside ``fam/`` under names of their own.
     """
     import shutil
 

@@ -48,11 +48,3 @@ def bundled_tasks_data_path() -> Path:
 def independent_model_paths(assets_dir: Path = ASSETS_DIR) -> list[Path]:
     """The models trained beside the bundled one (``assets/models/<name>``), by name."""
     return sorted(p.parent for p in (Path(assets_dir) / MODELS_DIRNAME).glob("*/config.json"))
-
-
-def family_checkpoints(family_dir: Path) -> list[Path]:
-    """Checkpoint folders ``<family>/<size>/step<N>``, by size then step."""
-    from lm_coupling.report.benchmarks import parse_step
-
-    found = [p.parent for p in family_dir.glob("*/step*/config.json")]
-    return sorted(found, key=lambda p: (p.parent.name, parse_step(p.name) or 0))

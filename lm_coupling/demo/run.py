@@ -28,7 +28,6 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from lm_coupling.demo.assets import family_checkpoints
 from lm_coupling.demo.outputs import name_output_folder, print_table, shared_task_index
 
 DEMO_TASKS = "lmc_demo"
@@ -38,32 +37,15 @@ DATA_VARIABLE = "LM_COUPLING_DATA_DIR"  # read by the offline task YAMLs
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the demo's options."""
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="results folder (default: results, or DIR/results with --family DIR, so that "
-        "the family's report holds its checkpoints only)",
-    )
-    parser.add_argument(
-        "--model", default=None, help="model folder (default: the bundled trained model)"
-    )
+    parser.add_argument("--out", default="results", help="results folder (default: results)")
     parser.add_argument("--limit", type=int, default=None, help="documents per task (default: all)")
     parser.add_argument(
         "--threads",
         type=positive_int,
         default=None,
-        help="torch threads (default: 1 for the bundled models, which are tiny; torch's "
-        "default with --model or --family)",
+        help="torch threads for the bundled models (default: 1, they are tiny)",
     )
     parser.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-    parser.add_argument(
-        "--family",
-        default=None,
-        metavar="DIR",
-        help="evaluate every checkpoint DIR/<size>/step<N> of a trained model family "
-        "(held-out items in DIR/tasks_data if present) and report geometry and accuracy "
-        "against training step",
-    )
     parser.add_argument(
         "--no-real",
         action="store_true",
@@ -155,11 +137,9 @@ def demo_tasks_data() -> Path | None:
         return None
 
 
-def demo_evaluation(
-    model: Path, out_dir: Path, limit: int | None, device: str, data: Path | None = None
-) -> dict[str, Any]:
+def demo_evaluation(model: Path, out_dir: Path, limit: int | None, device: str) -> dict[str, Any]:
     """The `lm_coupling.evaluate` arguments of the demo (``lm_eval run ... --metrics all``)."""
-    data = data if data is not None else demo_tasks_data()
+    data = demo_tasks_data()
     return {
         "model": "hf",
         "model_args": f"pretrained={model},dtype=float32",
@@ -190,25 +170,21 @@ def run_demo(args: argparse.Namespace) -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     real_data = data_dir_from_environment()  # converted real items, for the real model only
     os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the tiny models read their bundled items
-    out_dir = Path(args.out or (Path(args.family) / "results" if args.family else "results"))
-    if args.family:
-        run_family(Path(args.family), out_dir, args)
-    else:
-        if not args.model and not getattr(args, "no_real", False):
-            run_real_model(out_dir, args.limit, args.device, real_data)
-        models = [Path(args.model)] if args.model else demo_models(out_dir)
-        set_threads(args.threads if args.threads or args.model else 1)
-        index = shared_task_index() if len(models) > 1 else None
-        results = None
-        for model in models:
-            arguments = demo_evaluation(model, out_dir, args.limit, args.device)
-            with final_paths(out_dir / sanitize_model_name(str(model)), out_dir / model.name):
-                results = evaluate(**arguments, task_manager=index)
-            name_output_folder(out_dir, model)
-            print_table(model, results)
+    out_dir = Path(args.out)
+    if not getattr(args, "no_real", False):
+        run_real_model(out_dir, args.limit, args.device, real_data)
+    models = demo_models(out_dir)
+    set_threads(args.threads or 1)
+    index = shared_task_index()
+    results = None
+    for model in models:
+        arguments = demo_evaluation(model, out_dir, args.limit, args.device)
+        with final_paths(out_dir / sanitize_model_name(str(model)), out_dir / model.name):
+            results = evaluate(**arguments, task_manager=index)
+        name_output_folder(out_dir, model)
+        print_table(model, results)
     result = build_report(out_dir)
-    if not args.family and not args.model:
-        describe_demo_data(result.summary, models, results)
+    describe_demo_data(result.summary, models, results)
     print(format_result(result))
 
 
@@ -274,27 +250,3 @@ def describe_demo_data(
     )
     with open(summary, "a", encoding="utf-8") as handle:
         handle.write(note)
-
-
-def run_family(family_dir: Path, out_dir: Path, args: argparse.Namespace) -> None:
-    """Evaluate every checkpoint of a trained family with ``--metrics all``.
-
-    Raises:
-        LmCouplingError: ``family_dir`` holds no ``<size>/step<N>/config.json``.
-    """
-    from lm_coupling.errors import LmCouplingError
-    from lm_coupling.harness.evaluate import evaluate
-
-    if not family_checkpoints(family_dir):
-        raise LmCouplingError(
-            f"--family {family_dir}: no checkpoint folders <size>/step<N>/config.json in it; "
-            "give the folder of a trained family (git history keeps the demo family's "
-            "training code: lm_coupling/demo/assets/PROVENANCE.md)"
-        )
-    data = family_dir / "tasks_data"
-    for checkpoint in family_checkpoints(family_dir):
-        evaluate(
-            **demo_evaluation(
-                checkpoint, out_dir, args.limit, args.device, data if data.is_dir() else None
-            )
-        )

@@ -11,7 +11,7 @@ for built-in and third-party metrics; a function given no catalogue uses the
 installed plugins'.
 
 Layer numbering is the same everywhere: blocks are 1..L (heatmap rows and
-columns, graph nodes, every profile declared over blocks), and a profile over
+columns, every profile declared over blocks), and a profile over
 states runs over l = 0..L, where state l is the output of block l and 0 the
 embeddings. Layer axes carry integer ticks only.
 
@@ -452,10 +452,9 @@ def profiles_figure(
 
 
 def coupling_figure(matrix: Sequence[Sequence[float]], k: int | None, title: str) -> Figure:
-    """One model's coupling heatmap and graph, with ``title`` (model and task) above."""
-    axes = new_axes(2, figsize=(9.0, 4.4))
+    """One model's coupling heatmap, with ``title`` (model and task) above."""
+    axes = new_axes(1, figsize=(5.5, 4.4))
     coupling_heatmap(matrix, ax=axes[0], title=f"coupling c_K(l, l'), K = {k} (directed)")
-    coupling_graph(matrix, ax=axes[1])
     axes[0].figure.suptitle(title, fontsize=9)
     return axes[0].figure
 
@@ -489,51 +488,6 @@ def coupling_heatmap(
     ax.set_xlabel("block l'")
     ax.set_ylabel("block l")
     ax.set_title(title, fontsize=9)
-    return ax
-
-
-def coupling_graph(
-    matrix: Sequence[Sequence[float]], ax: Axes | None = None, quantile: float = 0.5
-) -> Axes:
-    """Blocks 1..L on a circle, joined where coupling is above the ``quantile`` of off-diagonals.
-
-    Edge width and opacity grow with the symmetric coupling
-    ``(c(l, l') + c(l', l)) / 2``: the graph is undirected, and its title says
-    so (a pair with one strong direction and one weak one draws as average;
-    the heatmap beside it shows both directions).
-    """
-    ax = ax if ax is not None else new_axes()[0]
-    data = np.asarray(matrix, dtype=float)
-    sym = (data + data.T) / 2
-    n = len(sym)
-    angle = np.pi / 2 - 2 * np.pi * np.arange(n) / max(n, 1)
-    xy = np.column_stack([np.cos(angle), np.sin(angle)])
-    off = sym[~np.eye(n, dtype=bool)]
-    off = off[np.isfinite(off)]
-    if len(off):
-        low, high = np.quantile(off, quantile), off.max()
-        for i in range(n):
-            for j in range(i + 1, n):
-                if np.isfinite(sym[i, j]) and sym[i, j] >= low:
-                    w = (sym[i, j] - low) / (high - low) if high > low else 1.0
-                    ax.plot(
-                        *xy[[i, j]].T,
-                        color="tab:purple",
-                        linewidth=0.5 + 3 * w,
-                        alpha=0.3 + 0.7 * w,
-                    )
-    ax.scatter(*xy.T, s=160, color="white", edgecolors="black", zorder=3)
-    for i, (x, y) in enumerate(xy):
-        ax.annotate(str(i + 1), (x, y), ha="center", va="center", fontsize=7, zorder=4)
-    ax.set_xlim(-1.25, 1.25)
-    ax.set_ylim(-1.25, 1.25)
-    ax.set_aspect("equal")
-    ax.set_axis_off()
-    ax.set_title(
-        f"blocks 1..{n}, undirected: edges where (c(l, l') + c(l', l)) / 2\n"
-        "is above its median; width grows with it",
-        fontsize=8,
-    )
     return ax
 
 

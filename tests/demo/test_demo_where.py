@@ -64,15 +64,3 @@ def test_demo_threads_must_be_a_whole_number_of_at_least_one(value, capsys):
     assert caught.value.code == 2
     assert "give a whole number of threads, 1 or more" in capsys.readouterr().err
     assert build_parser().parse_args(["demo", "--threads", "3"]).threads == 3
-
-
-def test_family_without_checkpoints_is_refused_before_any_model_loads(tmp_path, capsys):
-    from lm_coupling.cli import main
-
-    with pytest.raises(SystemExit) as caught:
-        main(["demo", "--family", str(tmp_path), "--no-real"])
-    assert caught.value.code == 2
-    err = capsys.readouterr().err
-    assert f"--family {tmp_path}: no checkpoint folders <size>/step<N>/config.json" in err
-    assert "PROVENANCE.md" in err
-    assert not (tmp_path / "results").exists()

@@ -1,7 +1,8 @@
-"""`lm-coupling sweep` over a trained family's checkpoints through the real lm_eval.
+"""`lm-coupling sweep` over two checkpoints of one training run through the real lm_eval.
 
 Interrupted after the first model and rerun, it ends with the same report as
-an uninterrupted sweep; a deliberately broken model is recorded and skipped.
+an uninterrupted sweep; a deliberately broken model is recorded and skipped;
+the report treats the checkpoints as one model's series.
 """
 
 from __future__ import annotations
@@ -74,3 +75,17 @@ def test_interrupted_and_resumed_sweep_equals_an_uninterrupted_one(family):
     pd.testing.assert_frame_equal(
         board.reset_index(drop=True), leaderboard(whole).reset_index(drop=True)
     )
+    # Training moved the weights, and with them the hidden-state geometry.
+    first, last = board[["coupling_k10", "lss"]].to_numpy()
+    assert (first != last).any()
+    # Two checkpoints of one run are n = 1 model, with a series of their own and no
+    # p-value (issue 27, item 7): checkpoints.csv and emergence.png, the last step taken.
+    report = whole / "report"
+    summary = (report / "summary.md").read_text()
+    assert "2 model rows, n = 1 independent model (" in summary
+    assert "the statistics take step1200" in summary
+    assert (pd.read_csv(report / "correlations.csv")["n"] <= 1).all()
+    series = pd.read_csv(report / "checkpoints.csv")
+    assert sorted(series["step"].unique()) == [0, 1200]
+    assert set(series.loc[series["across_models"], "revision"]) == {"step1200"}
+    assert (report / "figures" / "emergence.png").stat().st_size > 1000
