@@ -72,6 +72,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+def bundle() -> tuple[Path, Path]:
+    """The bundled model and task data folders.
+
+    Raises:
+        DataUnavailableError: a bundled folder is missing from the installation.
+    """
+    from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
+    from lm_coupling.errors import DataUnavailableError
+
+    try:
+        return bundled_model_path(), bundled_tasks_data_path()
+    except FileNotFoundError as exc:
+        raise DataUnavailableError(str(exc)) from None
+
+
 def where_lines() -> list[str]:
     """The bundled model and task data folders, as ``export NAME=PATH`` shell lines.
 
@@ -81,65 +96,20 @@ def where_lines() -> list[str]:
     Raises:
         DataUnavailableError: a bundled folder is missing from the installation.
     """
-    from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
-    from lm_coupling.errors import DataUnavailableError
-
-    try:
-        model, data = bundled_model_path(), bundled_tasks_data_path()
-    except FileNotFoundError as exc:
-        raise DataUnavailableError(str(exc)) from None
+    model, data = bundle()
     return [
         f"export {MODEL_VARIABLE}={shlex.quote(str(model))}",
         f"export {DATA_VARIABLE}={shlex.quote(str(data))}",
     ]
 
 
-def demo_model_path(out_dir: Path) -> Path:
-    """The bundled trained model, or (warned) a tiny random GPT-2 saved under ``out_dir``."""
-    import warnings
-
-    from lm_coupling.demo.assets import bundled_model_path
-
-    try:
-        path = bundled_model_path()
-    except FileNotFoundError as exc:  # a checkout without the trained bundle
-        warnings.warn(
-            f"lm-coupling demo: {exc}. The demo runs on a randomly initialised tiny GPT-2 "
-            "instead: its accuracy is chance and its geometry describes random weights",
-            UserWarning,
-            stacklevel=2,
-        )
-    else:
-        return path
-    from lm_coupling.demo.tiny import save_tiny_model
-
-    path = out_dir / ".demo-model" / "tiny-gpt2-random"
-    if not (path / "config.json").exists():
-        save_tiny_model(path, "gpt2", init_std=0.2)
-    return path
-
-
-def demo_tasks_data() -> Path | None:
-    """The bundled evaluation items (None, warned: the hand-written samples)."""
-    import warnings
-
-    from lm_coupling.demo.assets import bundled_tasks_data_path
-
-    try:
-        return bundled_tasks_data_path()
-    except FileNotFoundError as exc:
-        warnings.warn(
-            f"lm-coupling demo: {exc}. The offline tasks read the hand-written sample items "
-            "bundled with the task YAMLs instead",
-            UserWarning,
-            stacklevel=2,
-        )
-        return None
+def demo_tasks_data() -> Path:
+    """The bundled evaluation items (`bundle`)."""
+    return bundle()[1]
 
 
 def demo_evaluation(model: Path, out_dir: Path, limit: int | None, device: str) -> dict[str, Any]:
     """The `lm_coupling.evaluate` arguments of the demo (``lm_eval run ... --metrics all``)."""
-    data = demo_tasks_data()
     return {
         "model": "hf",
         "model_args": f"pretrained={model},dtype=float32",
@@ -150,7 +120,7 @@ def demo_evaluation(model: Path, out_dir: Path, limit: int | None, device: str) 
         "output_path": str(out_dir),
         "limit": limit,
         "log_samples": True,
-        "metadata": {"lmc_data_dir": str(data)} if data is not None else None,
+        "metadata": {"lmc_data_dir": str(demo_tasks_data())},
     }
 
 
@@ -171,9 +141,9 @@ def run_demo(args: argparse.Namespace) -> None:
     real_data = data_dir_from_environment()  # converted real items, for the real model only
     os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the tiny models read their bundled items
     out_dir = Path(args.out)
+    models = demo_models()  # a missing bundle stops the demo before any model loads
     if not getattr(args, "no_real", False):
         run_real_model(out_dir, args.limit, args.device, real_data)
-    models = demo_models(out_dir)
     set_threads(args.threads or 1)
     index = shared_task_index()
     results = None
@@ -188,11 +158,11 @@ def run_demo(args: argparse.Namespace) -> None:
     print(format_result(result))
 
 
-def demo_models(out_dir: Path) -> list[Path]:
+def demo_models() -> list[Path]:
     """The bundled model, then the independently trained models bundled beside it."""
     from lm_coupling.demo.assets import independent_model_paths
 
-    return [demo_model_path(out_dir), *independent_model_paths()]
+    return [bundle()[0], *independent_model_paths()]
 
 
 def set_threads(threads: int | None) -> None:

@@ -9,7 +9,8 @@ task):
 
 1. the setting of the newest run that has the task is the task's setting,
    except that a complete run wins over a ``--limit`` run with the same
-   shots (`lm_coupling.report.limit_preference`);
+   shots (`task_setting`): a smoke test on a few documents never stands in
+   for a complete run;
 2. among the runs in that setting, the newest run wins per (metric, filter),
    so a rerun without ``--metrics`` keeps the geometry of an earlier run of
    the same setting;
@@ -25,7 +26,6 @@ from datetime import datetime
 
 import pandas as pd
 
-from lm_coupling.report.limit_preference import task_setting
 from lm_coupling.report.loading import IDENTITY
 
 PROVENANCE_COLUMNS = [
@@ -39,6 +39,31 @@ PROVENANCE_COLUMNS = [
     "metrics",
 ]
 OTHER_SETTING = "other setting"
+
+
+def task_setting(ordered: pd.DataFrame, task_keys: list[str]) -> pd.DataFrame:
+    """Per task key, the setting its values are taken from (columns ``task_keys + setting``).
+
+    The newest run's setting, except that when the newest run of a task is
+    limited and a complete run with its shots exists, the newest complete
+    run's setting is the task's. A task measured only on ``--limit`` runs
+    keeps them, and the row names it in its ``limited`` column.
+
+    Args:
+        ordered: the values sorted by time, oldest first, with ``shots``,
+            ``limit`` and ``setting`` columns.
+        task_keys: the identity columns and ``task``.
+    """
+    newest = ordered.drop_duplicates(task_keys, keep="last")[
+        [*task_keys, "shots", "limit", "setting"]
+    ]
+    complete = ordered[ordered["limit"].isna()]
+    complete = complete.drop_duplicates([*task_keys, "shots"], keep="last")
+    complete = complete[[*task_keys, "shots", "setting"]].rename(columns={"setting": "_complete"})
+    merged = newest.merge(complete, on=[*task_keys, "shots"], how="left")
+    use_complete = merged["limit"].notna() & merged["_complete"].notna()
+    merged["setting"] = merged["setting"].where(~use_complete, merged["_complete"])
+    return merged[[*task_keys, "setting"]]
 
 
 def newest_values(

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from lm_coupling.demo.run import demo_model_path, demo_tasks_data
+from lm_coupling.demo.assets import bundled_model_path
+from lm_coupling.demo.run import demo_tasks_data
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ def tokenwise_matrix(geometry, name):
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("tokenwise")
     command = [sys.executable, "-m", "lm_coupling", "run", "--model", "hf"]
-    command += ["--model_args", f"pretrained={demo_model_path(out)},dtype=float32"]
+    command += ["--model_args", f"pretrained={bundled_model_path()},dtype=float32"]
     command += ["--tasks", "lmc_hellaswag_offline", "--limit", "2", "--log_samples"]
     command += ["--metrics", ",".join(("coupling", *TOKENWISE)), "--output_path", str(out)]
     args = "preset=iclr2025,k=8,coupling_docs=1,tokenwise_docs=1,tokenwise_positions=3"
