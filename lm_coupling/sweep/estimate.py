@@ -169,13 +169,13 @@ def documents(cost: TaskCost, limit: float | None) -> int:
     return int(cost.leaves * min(limit, per_leaf))
 
 
-def coupled(cost: TaskCost, run_documents: int, coupling_docs: int | None) -> int:
-    """Documents of one task that get the Jacobian metrics: ``coupling_docs`` per leaf."""
-    if coupling_docs is None:
+def coupled(cost: TaskCost, run_documents: int, sample_size: int | None) -> int:
+    """Documents of one task that get the Jacobian metrics: ``sample_size`` per leaf."""
+    if sample_size is None:
         return run_documents
     per_leaf = run_documents / cost.leaves
     smallest = min(per_leaf, cost.smallest_leaf or per_leaf)
-    return int(cost.leaves * min(coupling_docs, smallest))
+    return int(cost.leaves * min(sample_size, smallest))
 
 
 @dataclass(frozen=True)
@@ -385,6 +385,6 @@ def check_limit(plans: Sequence[ModelPlan], max_hours: float | None) -> None:
     if max_hours is not None and total > max_hours:
         raise ConfigurationError(
             f"the sweep's estimate is {total:.3g} device-hours, above --max-hours {max_hours:g}: "
-            "nothing was run; lower --limit or coupling_docs, choose fewer models (--shard, "
+            "nothing was run; lower --limit or the sample size, choose fewer models (--shard, "
             "--max-models), or raise --max-hours"
         )
