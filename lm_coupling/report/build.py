@@ -125,6 +125,47 @@ def _n_layers(geo: dict[str, Any], catalogue: Catalogue) -> int:
     return 1
 
 
+PER_MODEL_CHOICES = ("auto", "all", "none")
+"""``--per-model-figures``: auto draws them for at most `PER_MODEL_AUTO` model rows."""
+
+PER_MODEL_AUTO = 12
+"""Model rows up to which ``auto`` draws every per-model figure (about 0.3 s CPU each)."""
+
+
+def check_per_model(choice: str) -> str:
+    """``choice`` if it is one of `PER_MODEL_CHOICES`.
+
+    Raises:
+        ReportInputError: any other value.
+    """
+    if choice not in PER_MODEL_CHOICES:
+        raise ReportInputError(
+            f"per-model figures {choice!r}: give one of {', '.join(PER_MODEL_CHOICES)}"
+        )
+    return choice
+
+
+def draws_per_model(choice: str, n_rows: int) -> bool:
+    """Whether the per-model figures are drawn for a report of ``n_rows`` model rows."""
+    return choice == "all" or (choice == "auto" and n_rows <= PER_MODEL_AUTO)
+
+
+def per_model_note(choice: str, n_rows: int) -> str:
+    """The summary's note when the per-model figures were not drawn ("" when they were)."""
+    if draws_per_model(choice, n_rows):
+        return ""
+    why = (
+        f"{n_rows} model rows, more than {PER_MODEL_AUTO}"
+        if choice == "auto"
+        else "--per-model-figures none"
+    )
+    return (
+        f"Per-model figures (profiles_<model>.png, coupling_<model>.png) not drawn ({why}): "
+        "geometry_long.csv holds every profile and the geometry files every matrix; "
+        "`--per-model-figures all` draws them (about 0.3 s of CPU each)."
+    )
+
+
 def heatmap_source(catalogue: Catalogue) -> tuple[str | None, str | None]:
     """The metric whose L x L matrix each model's heatmap draws, and that matrix's name.
 
@@ -212,6 +253,7 @@ def _figures(
     out_dir: Path,
     catalogue,
     formats,
+    per_model: bool = True,
 ) -> list[Path]:
     """Every figure; ``models`` (one row per independent model) feeds the fig1a panels."""
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
@@ -227,7 +269,8 @@ def _figures(
             )
             name = f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}"
             paths += _save(ax, out_dir, name, formats)
-    paths += _per_model_figures(geometry, out_dir, catalogue, formats)
+    if per_model:
+        paths += _per_model_figures(geometry, out_dir, catalogue, formats)
     steps = board.dropna(subset=["step"]).groupby("model")["step"].nunique()
     if len(steps) and steps.max() >= 2 and target is not None:
         shown = emergence_columns(board, primary, catalogue)
@@ -290,6 +333,7 @@ def build_report(
     seed: int = 0,
     figure_formats: str | tuple[str, ...] = ("png",),
     checkpoint: str = "last",
+    per_model_figures: str = "auto",
 ) -> ReportResult:
     """Read a results folder and write the report (see docs/report.md).
 
@@ -306,6 +350,9 @@ def build_report(
         checkpoint: the row a checkpoint series contributes to the across-model
             statistics: ``"last"`` (default), ``"first"`` or a revision name
             (`lm_coupling.report.checkpoints`).
+        per_model_figures: ``"auto"`` (default: each model's profiles and
+            coupling figures when the report has at most `PER_MODEL_AUTO`
+            model rows), ``"all"`` or ``"none"``.
 
     Returns:
         The tables and paths written.
@@ -315,6 +362,7 @@ def build_report(
             CSV, or a ``checkpoint`` revision that some series lacks.
     """
     formats = check_figure_formats(figure_formats)
+    check_per_model(per_model_figures)
     if primary is None:
         primary = Catalogue.installed().primary_metric()
     loaded = load_results(results_dir)
@@ -367,6 +415,9 @@ def build_report(
             models, metrics, targets, primary, seed, result.primary_target, sets.used
         )
         result.controls = controls_table(models, metrics, result.primary_target, seed)
+    note = per_model_note(per_model_figures, len(board))
+    if note:
+        result.notes.append(note)
     if result.primary_target is not None and scatter_note(independence.n_models):
         result.notes.append(scatter_note(independence.n_models))
     if independence.series:
@@ -397,6 +448,7 @@ def build_report(
         out,
         loaded.catalogue,
         formats,
+        draws_per_model(per_model_figures, len(board)),
     )
     result.summary = write_summary(
         out,

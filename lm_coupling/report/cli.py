@@ -50,6 +50,13 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
         metavar="LIST",
         help="comma list of figure formats: png, svg, pdf (default: png)",
     )
+    parser.add_argument(
+        "--per-model-figures",
+        default="auto",
+        choices=("auto", "all", "none"),
+        help="each model's profiles and coupling figures: auto (default: drawn when the "
+        "report has at most 12 model rows), all, none",
+    )
     return parser
 
 
@@ -93,6 +100,7 @@ def run_report(args: argparse.Namespace) -> int:
             seed=getattr(args, "seed", 0),
             figure_formats=getattr(args, "figure_formats", "png"),
             checkpoint=getattr(args, "checkpoint", "last"),
+            per_model_figures=getattr(args, "per_model_figures", "auto"),
         )
     for item in caught:
         if any(str(item.message) in note for note in result.notes):

@@ -370,11 +370,16 @@ def test_results_of_the_previous_release_read_with_the_installed_catalogue(real_
     assert sorted(p.name for p in old.figures) == sorted(p.name for p in new.figures)
 
 
-def test_every_model_gets_its_profile_and_coupling_figures(real_runs, tmp_path):
+def test_per_model_figures_on_request(real_runs, tmp_path):
     make_results_dir(tmp_path / "runs", real_runs, n_models=3, samples=False)
-    names = {p.name for p in build_report(tmp_path / "runs").figures}
+    names = {p.name for p in build_report(tmp_path / "runs").figures}  # 3 rows: all drawn
     assert len([n for n in names if n.startswith("coupling_models")]) == 3
     assert len([n for n in names if n.startswith("profiles_models")]) == 3
+    result = build_report(tmp_path / "runs", out_dir=tmp_path / "none", per_model_figures="none")
+    assert not [p for p in result.figures if p.name.startswith(("profiles_", "coupling_"))]
+    assert "--per-model-figures all" in result.summary.read_text()
+    with pytest.raises(ReportInputError, match="per-model figures 'some'"):
+        build_report(tmp_path / "runs", per_model_figures="some")
 
 
 @pytest.mark.parametrize("n_models", [1, 2])
