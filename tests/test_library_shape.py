@@ -24,8 +24,6 @@ ENTRY_POINTS = {
     "__main__.py",
     "harness/cli.py",
     "sweep/command.py",
-    "demo/train.py",
-    "demo/independent.py",
 }
 
 

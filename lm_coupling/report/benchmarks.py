@@ -40,6 +40,8 @@ are never renamed without a new version listed here):
   models, not rows; new ``checkpoints.csv`` (every checkpoint of every
   series, with ``across_models`` marking the row the statistics took;
   `lm_coupling.report.checkpoints`). ``leaderboard.csv`` is unchanged.
+  Since issue 46 no ``within_model.csv`` is written; every other table is
+  as in version 4.
 """
 
 from __future__ import annotations
