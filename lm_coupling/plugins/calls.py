@@ -76,6 +76,15 @@ class PluginCalls:
                 return impl
         return None
 
+    def lenses(self, metrics: Sequence[str]) -> dict[str, str]:
+        """``{plugin name: the lens its metrics among metrics read}`` (`MetricSpec.lens`)."""
+        return {
+            plugin: self.selection.specs[m].lens
+            for plugin, own in self.owners(metrics).items()
+            for m in own
+            if "lens" in self.selection.specs[m].needs
+        }
+
     def each(self, hook: str, **kwargs: Any) -> dict[str, Any]:
         """``{plugin name: answer}`` of every implementation of a run-level hook.
 
@@ -104,7 +113,7 @@ class PluginCalls:
         docs: list[DocumentGeometry],
         reduced: Mapping[str, Any],
         errors: Mapping[str, str],
-        lens_error: str | None,
+        lens_errors: Mapping[str, str],
         options: Mapping[str, Any],
     ) -> None:
         """Fill ``docs`` with each owning plugin's ``lmc_compute_batch`` answer, one at a time.
@@ -115,9 +124,9 @@ class PluginCalls:
         calls = {**dict.fromkeys(self.observers, ()), **self.owners(metrics)}
         for plugin, own in calls.items():
             error = errors.get(plugin)
-            if error is None and lens_error is not None:
-                if any("lens" in self.selection.specs[m].needs for m in own):
-                    error = f"the lens failed: {lens_error}"
+            lens = self.lenses(own).get(plugin)
+            if error is None and lens in lens_errors:
+                error = f"the lens {lens!r} failed: {lens_errors[lens]}"
             impl = self.implementation("lmc_compute_batch", plugin)
             if error is not None:
                 self.fail(plugin, own, states, docs, error)
@@ -126,7 +135,7 @@ class PluginCalls:
                 continue
             mine = reduced.get(plugin)
             result, error = self._answer(impl, own, states, mine, options)
-            answer, failed = self._check(plugin, own, result, states.size, error)
+            answer, failed = self._check(plugin, own, result, states, error)
             if failed and own and states.size > 1:
                 rows = _rows_of(mine, states)
                 if rows is not None:  # retried row by row: a failure is that document's
@@ -150,7 +159,11 @@ class PluginCalls:
         """
         import types
 
-        states = types.SimpleNamespace(size=len(docs), documents=tuple((ref,) for ref in refs))
+        states = types.SimpleNamespace(
+            size=len(docs),
+            documents=tuple((ref,) for ref in refs),
+            n_layers=getattr(parts, "n_layers", None),
+        )
         task = refs[0].task if refs else ""
         for plugin, own in self.owners(metrics).items():
             impl = self.implementation("lmc_complete_task", plugin)
@@ -169,7 +182,7 @@ class PluginCalls:
                 result, error = call(impl, kwargs), None
             except Exception as exc:  # a plugin's failure is its own
                 result, error = None, f"lmc_complete_task raised {exc!r}"
-            answer, failed = self._check(plugin, own, result, len(docs), error)
+            answer, failed = self._check(plugin, own, result, states, error)
             self._keep(plugin, own, answer, failed, states, docs)
 
     def _row_by_row(self, plugin, own, impl, rows, states, docs, options) -> None:
@@ -179,7 +192,7 @@ class PluginCalls:
         groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         for b, (state_b, mine_b) in enumerate(rows):
             result, error = self._answer(impl, own, state_b, mine_b, options)
-            answer_b, failed_b = self._check(plugin, own, result, 1, error)
+            answer_b, failed_b = self._check(plugin, own, result, state_b, error)
             self._keep(plugin, own, answer_b, {}, state_b, docs[b : b + 1])
             for error, names in failed_b.items():
                 groups.setdefault((error, tuple(dict.fromkeys(names))), []).append(b)
@@ -209,9 +222,15 @@ class PluginCalls:
             self.fail(plugin, tuple(dict.fromkeys(names)), states, docs, error)
 
     def _check(
-        self, plugin: str, own: tuple[str, ...], result: Any, size: int, error: str | None
+        self, plugin: str, own: tuple[str, ...], result: Any, states: Any, error: str | None
     ) -> tuple[list[tuple[str, str, Any]], dict[str, list[str]]]:
-        """``(well-formed parts as (kind, name, rows), {error: metrics})`` of one answer."""
+        """``(well-formed parts as (kind, name, rows), {error: metrics})`` of one answer.
+
+        Each part is checked against its declaration: a value is one real
+        number per document, finite or NaN; a profile has the length of its
+        axis (states: L + 1, blocks: L; a matrix is L x L).
+        """
+        size, n_layers = states.size, getattr(states, "n_layers", None)
         if error is not None:
             return [], {error: list(own)}
         if result is None:
@@ -247,7 +266,12 @@ class PluginCalls:
                     )
                     continue
                 wide = kind == "profiles"  # summaries keep float32: never written, half the memory
-                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", None, wide)
+                shape = None
+                if wide and n_layers is not None:
+                    axis = self.selection.specs[declared[name]].profile(name).axis
+                    shape = {"states": (n_layers + 1,), "blocks": (n_layers,)}.get(axis)
+                    shape = shape or (n_layers, n_layers)
+                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", shape, wide)
                 if error is not None:
                     owner = [declared[name]] if kind == "profiles" else list(own)
                     failed.setdefault(error, []).extend(owner)
@@ -391,7 +415,8 @@ def _rows(
 ) -> tuple[Any, str | None]:
     """``(float64 rows on the host, None)``, or ``(None, error)`` for a wrong shape.
 
-    ``per_row=()``: one number per row (``[B]``); None: any per-row shape (``[B, ...]``).
+    ``per_row``: the shape of each row (``()``: one number per row, ``[B]``; a
+    profile's ``(L + 1,)``, ``(L,)`` or ``(L, L)``); None: any per-row shape.
     ``wide=False`` (plugin summaries) keeps float32 (and narrower floats) as float32.
     """
     import numpy as np
@@ -408,13 +433,22 @@ def _rows(
             array = np.asarray(tensor)
             narrow = not wide and array.dtype in (np.float32, np.float16)
             array = array.astype(np.float32 if narrow else np.float64)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"dtype {array.dtype}")
     except (TypeError, ValueError, RuntimeError) as exc:
-        return None, f"{what} is not numeric ({exc!r})"
+        return None, f"{what} is not real numbers ({exc!r})"
     if array.ndim == 0 or array.shape[0] != size:
         found = "a scalar" if array.ndim == 0 else f"{array.shape[0]} rows"
         return None, f"{what} has {found} for {size} documents (shape {tuple(array.shape)})"
     if per_row == () and array.ndim != 1:
         return None, f"{what} must be one number per document, found shape {tuple(array.shape)}"
+    if per_row == () and np.isinf(array).any():
+        return None, f"{what} are infinite (a value is finite, or NaN where undefined)"
+    if per_row is not None and array.shape[1:] != per_row:
+        return None, (
+            f"{what} has shape {tuple(array.shape[1:])} per document where its declared axis "
+            f"gives {per_row}"
+        )
     return array, None
 
 
