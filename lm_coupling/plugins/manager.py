@@ -75,7 +75,8 @@ class PluginManager(pluggy.PluginManager):
     """pluggy's manager, checking each plugin as it registers (entry point or by hand).
 
     A plugin holding short-route metrics (`lm_coupling.plugins.short.metric`)
-    and no hooks is served by a `ShortRoutePlugin` registered under its name.
+    is served by a `ShortRoutePlugin` registered under its name (with the
+    plugin's other hooks, such as ``lmc_lens``).
     """
 
     def __init__(self) -> None:
@@ -87,18 +88,22 @@ class PluginManager(pluggy.PluginManager):
 
         Raises:
             PluginError: the plugin implements a hook that does not exist
-                (``lmc_compute_bach``), or mixes short-route metrics and hooks.
+                (``lmc_compute_bach``), or implements the hooks its short-route
+                metrics are served by.
         """
         shorts = short_metrics(plugin) if hasattr(plugin, "__dict__") else []
         if shorts:
             hooks = [n for n in dir(plugin) if self.parse_hookimpl_opts(plugin, n) is not None]
-            if hooks:
+            clash = sorted(set(hooks) & set(vars(ShortRoutePlugin)))
+            if clash:
                 raise PluginError(
-                    f"plugin {name or plugin!r} holds @metric functions and the hooks "
-                    f"{', '.join(hooks)}; put the short-route metrics in a module of their own"
+                    f"plugin {name or plugin!r} holds @metric functions and implements "
+                    f"{', '.join(clash)}; put the short-route metrics in a module of their own"
                 )
             name = name or self.get_canonical_name(plugin)
             self.served[id(plugin)] = served = ShortRoutePlugin(shorts)
+            for hook in hooks:  # its other hooks (a lens) are served beside the functions
+                setattr(served, hook, getattr(plugin, hook))
             plugin = served
         registered = super().register(plugin, name)
         try:
