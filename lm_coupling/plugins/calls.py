@@ -250,6 +250,8 @@ class PluginCalls:
                 )
                 continue
             column, error = _rows(tensor, size, f"values of {name!r}", per_row=())
+            if isinstance(tensor, Exception):  # a short-route function raised
+                error = f"{name} raised {tensor!r}"
             if error is not None:
                 failed.setdefault(error, []).append(name)
             else:

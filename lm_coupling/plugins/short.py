@@ -119,8 +119,9 @@ class AtN:
         """``{argument: tensor}``, the tensors stacked over layers (dim 1)."""
         import torch
 
-        out = {key: torch.stack(rows, dim=1) for key, rows in self.kept.items() if key != "logits"}
-        out = {key: value for key, value in out.items() if key in self.reads}
+        out = {
+            key: torch.stack(self.kept[key], dim=1) for key in {"states", "attentions"} & self.reads
+        }
         if "logits" in self.reads:
             out["logits"] = self.kept.get("logits")
         out["targets"] = self.batch.target_tokens
@@ -147,13 +148,16 @@ class ShortRoutePlugin:
 
     @hookimpl
     def lmc_compute_batch(self, selected, reduced) -> dict[str, dict[str, Any]] | None:
-        """Call each selected function on the batch; its answer is checked by the caller."""
+        """Call each selected function; its answer (or error) is checked by the caller."""
         if not reduced:
             return None
         values, profiles = {}, {}
         for name in selected:
             one = self.metrics[name]
-            answer = one.function(**{arg: reduced[arg] for arg in one.reads})
+            try:
+                answer = one.function(**{arg: reduced[arg] for arg in one.reads})
+            except Exception as exc:  # one function's failure is its own metric's
+                answer = exc
             if isinstance(answer, tuple):
                 values[name], profiles[name] = answer
             else:
