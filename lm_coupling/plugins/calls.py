@@ -34,7 +34,15 @@ class _Specs(Protocol):
     specs: Mapping[str, MetricSpec]
 
 
-__all__ = ["PluginCalls", "answers", "call", "implementers", "isolated_answers", "plugin_name"]
+__all__ = [
+    "PluginCalls",
+    "answers",
+    "call",
+    "implementers",
+    "isolated_answers",
+    "plugin_name",
+    "warn_failures",
+]
 
 _SHOWN_DOCUMENTS = 5
 """Documents a warning names before it says how many more."""
@@ -51,6 +59,8 @@ class PluginCalls:
     def __init__(self, pm: pluggy.PluginManager, selection: _Specs):
         self.pm, self.selection = pm, selection
         self._warned: set[tuple[str, str]] = set()
+        self.deferred = False
+        """Record failures without warning: the harness warns once per task (`warn_failures`)."""
         declaring = {self._name(i) for i in pm.hook.lmc_declare_metrics.get_hookimpls()}
         self.observers = tuple(
             name
@@ -298,25 +308,51 @@ class PluginCalls:
                     doc.profiles.pop(profile, None)
             if record not in doc.failures:
                 doc.failures.append(dict(record))
-        cause = error.split("(", 1)[0]
-        consequence = (
-            f"its metrics {', '.join(metrics)} are NaN there (the geometry file's failures "
-            "name it); every other metric keeps its value"
-            if metrics
-            else "it declares no metric, so no value changes"
-        )
-        self._warn_once(
-            plugin,
-            cause,
-            f"plugin {plugin!r} failed on {_documents(states.documents, len(docs))}: {error}; "
-            + consequence,
-        )
+        if not self.deferred:
+            where = _documents(states.documents, len(docs))
+            message = f"plugin {plugin!r} failed on {where}: {error}; {_consequence(metrics)}"
+            self._warn_once(plugin, error.split("(", 1)[0], message)
 
     def _warn_once(self, plugin: str, cause: str, message: str) -> None:
         if (plugin, cause) in self._warned:
             return
         self._warned.add((plugin, cause))
         warnings.warn(f"lm-coupling: {message}", GeometryWarning, stacklevel=4)
+
+
+def _consequence(metrics: Sequence[str]) -> str:
+    if not metrics:
+        return "it declares no metric, so no value changes"
+    return (
+        f"its metrics {', '.join(metrics)} are NaN there (the geometry file's failures name it); "
+        "every other metric keeps its value"
+    )
+
+
+def warn_failures(task: str, failures: Sequence[Mapping[str, Any]]) -> None:
+    """One warning per plugin and cause, counting every document of ``task`` it failed on.
+
+    The first documents are named; the warning says where the others are
+    (the geometry file's ``failures``, which lists every one).
+    """
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for failure in failures:
+        if "plugin" in failure and "metrics" in failure:
+            cause = str(failure["error"]).split("(", 1)[0]
+            groups.setdefault((failure["plugin"], cause), []).append(failure)
+    for (plugin, _), group in groups.items():
+        ids = list(dict.fromkeys(f["doc_id"] for f in group))
+        metrics = list(dict.fromkeys(m for f in group for m in f["metrics"]))
+        shown, rest = ", ".join(map(str, ids[:_SHOWN_DOCUMENTS])), len(ids) - _SHOWN_DOCUMENTS
+        if rest > 0:
+            shown += f" and {rest} more, every one in the geometry file's failures"
+        plural = "s" if len(ids) > 1 else ""
+        warnings.warn(
+            f"lm-coupling: plugin {plugin!r} failed on {len(ids)} document{plural} of task "
+            f"{task!r} (document{plural} {shown}): {group[0]['error']}; {_consequence(metrics)}",
+            GeometryWarning,
+            stacklevel=2,
+        )
 
 
 def plugin_name(pm: pluggy.PluginManager, impl: pluggy.HookImpl) -> str:
