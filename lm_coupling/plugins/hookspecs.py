@@ -69,12 +69,12 @@ def lmc_layer_reducer(
 def lmc_lens(
     selected: Sequence[str], options: Mapping[str, Any], model: torch.nn.Module, parts: ModelParts
 ) -> Lens | None:
-    """Supply the lens the lens metrics read (default: the built-in logit lens).
+    """Add a lens beside the built-in logit lens, under the lens's own ``name``.
 
     Called once per run, when the runner is built, if a selected metric needs
-    ``lens``. At most one plugin may answer (two lenses are a
-    ``ConfigurationError`` naming both); answer only when your own option or
-    metric asks for your lens.
+    ``lens``. The metrics that read it name it (``MetricSpec.lens``); the
+    logit lens metrics keep reading the logit lens. Two lenses of one name
+    are a ``ConfigurationError``.
 
     Args:
         selected: every selected metric name.
@@ -98,7 +98,7 @@ def lmc_compute_batch(
     """Compute per-document values for one batch of documents.
 
     Called after each captured batch (the measured rows of lm-eval's forward
-    pass, or of several pooled: ``lmc_layer_reducer``),
+    pass),
     and once per batch of sampled documents for metrics that need Jacobians
     (``states.jacobians`` holds one entry per document, None outside the
     sample). Called for each plugin on its own, with the metric names it owns
