@@ -315,12 +315,16 @@ class GeometryRunner:
             errors, lens_errors = captured.errors, captured.lens_errors
         start = time.perf_counter()
         docs = [DocumentGeometry() for _ in range(states.size)]
-        self.plugins.compute(
+        plugin_seconds = self.plugins.compute(
             metrics, states, docs, reduced, errors, lens_errors, self.selection.options
         )
-        seconds = (time.perf_counter() - start) / max(states.size, 1)
+        for name, spent in getattr(captured, "seconds", {}).items():
+            plugin_seconds[name] = plugin_seconds.get(name, 0.0) + spent
+        size = max(states.size, 1)
+        seconds = (time.perf_counter() - start) / size
         for doc in docs:
             doc.timings["metrics"] = seconds
+            doc.timings.update({f"plugin:{k}": v / size for k, v in plugin_seconds.items()})
             if len(doc.values) < len(metrics):  # a failed plugin's metrics: NaN
                 for name in metrics:
                     doc.values.setdefault(name, math.nan)

@@ -36,6 +36,7 @@ a document equal those of its prompt alone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -71,6 +72,9 @@ class CaptureHandle:
         lens_errors: per lens name, the error (text) of that lens, which leaves
             its ``normed`` and ``logits`` None from that layer on (its readers'
             values are NaN); the other lenses are unaffected.
+        seconds: per reducer name, the wall seconds of its calls (start,
+            ``update``, its lens read, ``finalize``): its plugin's share of the
+            capture (on a GPU, the time to queue its work).
     """
 
     states: GeometryStates | None = None
@@ -78,6 +82,7 @@ class CaptureHandle:
     errors: dict[str, str] = field(default_factory=dict)
     info: BatchInfo | None = None
     lens_errors: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _as_list(values, name: str) -> list[int]:
@@ -188,7 +193,7 @@ class _Run:
         self.handle.info = info = self._info(batch, n_tokens, dtype)
         for name, factory in self.factories.items():
             try:
-                reducer = factory(replace(info, lens=self.lens_of[name]))
+                reducer = self._call(name, factory, replace(info, lens=self.lens_of[name]))
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
                 continue
@@ -272,7 +277,7 @@ class _Run:
                 read = (lambda lens=lens: self._lens(lens, layer, at_n)) if lens else None
                 views[lens] = LayerView(**fields, lens=read)
             try:
-                reducer.update(views[lens])
+                self._call(name, reducer.update, views[lens])
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
                 del self.reducers[name]
@@ -298,13 +303,14 @@ class _Run:
             lens = self.lens_of[name]
             if lens not in read and lens not in self.handle.lens_errors:
                 try:
-                    read[lens] = read_all(self.collector.lenses[lens], self.collector.parts, rows)
+                    lens_object, parts = self.collector.lenses[lens], self.collector.parts
+                    read[lens] = self._call(name, read_all, lens_object, parts, rows)
                 except Exception as exc:  # a plugin's lens fails its readers, not the capture
                     self.handle.lens_errors[lens] = repr(exc)
             if lens not in read:
                 continue
             try:
-                self.reducers[name].update_lens(read[lens])
+                self._call(name, self.reducers[name].update_lens, read[lens])
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
                 del self.reducers[name]
@@ -335,13 +341,22 @@ class _Run:
             index = self.row_index[device] = (batch, self.last.to(device))
         return index
 
+    def _call(self, name: str, method: Callable[..., Any], *args: Any) -> Any:
+        """``method(*args)``, its wall seconds added to reducer ``name``'s (``handle.seconds``)."""
+        start = time.perf_counter()
+        try:
+            return method(*args)
+        finally:
+            seconds = self.handle.seconds
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
     def finish(self) -> None:
         """Finalize every reducer of a complete forward and set the handle's states."""
         parts, info = self.collector.parts, self.handle.info
         self._serve_whole_lens()
         for name, reducer in self.reducers.items():
             try:
-                self.handle.reduced[name] = reducer.finalize()
+                self.handle.reduced[name] = self._call(name, reducer.finalize)
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
         self.handle.states = GeometryStates(

@@ -125,33 +125,46 @@ class PluginCalls:
         errors: Mapping[str, str],
         lens_errors: Mapping[str, str],
         options: Mapping[str, Any],
-    ) -> None:
+    ) -> dict[str, float]:
         """Fill ``docs`` with each owning plugin's ``lmc_compute_batch`` answer, one at a time.
 
         Plugins that declare no metric at all (observers) are called too, with
         ``selected=()``; their failure is reported and changes no value.
+
+        Returns:
+            Per plugin, the wall seconds of its call (and retries) on the batch.
         """
+        import time
+
         calls = {**dict.fromkeys(self.observers, ()), **self.owners(metrics)}
+        seconds: dict[str, float] = {}
         for plugin, own in calls.items():
-            error = errors.get(plugin)
-            lens = self.lenses(own).get(plugin)
-            if error is None and lens in lens_errors:
-                error = f"the lens {lens!r} failed: {lens_errors[lens]}"
-            impl = self.implementation("lmc_compute_batch", plugin)
-            if error is not None:
-                self.fail(plugin, own, states, docs, error)
-                continue
-            if impl is None:
-                continue
-            mine = reduced.get(plugin)
-            result, error = self._answer(impl, own, states, mine, options)
-            answer, failed = self._check(plugin, own, result, states, error)
-            if failed and own and states.size > 1:
-                rows = _rows_of(mine, states)
-                if rows is not None:  # retried row by row: a failure is that document's
-                    self._row_by_row(plugin, own, impl, rows, states, docs, options)
-                    continue
-            self._keep(plugin, own, answer, failed, states, docs)
+            start = time.perf_counter()
+            self._compute_one(plugin, own, states, docs, reduced, errors, lens_errors, options)
+            seconds[plugin] = time.perf_counter() - start
+        return seconds
+
+    def _compute_one(self, plugin, own, states, docs, reduced, errors, lens_errors, options):
+        """One plugin's ``lmc_compute_batch`` on the batch, checked (see `compute`)."""
+        error = errors.get(plugin)
+        lens = self.lenses(own).get(plugin)
+        if error is None and lens in lens_errors:
+            error = f"the lens {lens!r} failed: {lens_errors[lens]}"
+        impl = self.implementation("lmc_compute_batch", plugin)
+        if error is not None:
+            self.fail(plugin, own, states, docs, error)
+            return
+        if impl is None:
+            return
+        mine = reduced.get(plugin)
+        result, error = self._answer(impl, own, states, mine, options)
+        answer, failed = self._check(plugin, own, result, states, error)
+        if failed and own and states.size > 1:
+            rows = _rows_of(mine, states)
+            if rows is not None:  # retried row by row: a failure is that document's
+                self._row_by_row(plugin, own, impl, rows, states, docs, options)
+                return
+        self._keep(plugin, own, answer, failed, states, docs)
 
     def complete_task(
         self,
