@@ -121,8 +121,8 @@ def profiles_overlay(
             handles.setdefault(_name(entry["identity"]), line)
             shown.append(values)
         joined = np.concatenate(shown) if shown else np.empty(0)
-        if spec.bounds == (0.0, 1.0):
-            unit_axis(ax, joined)
+        if spec.bounds is not None:  # any declared interval
+            unit_axis(ax, joined, bounds=spec.bounds)
         elif spans_decades(joined[np.isfinite(joined) & (joined > 0)]):
             ax.set_yscale("log")
         ax.set_xlim(-0.03, 1.03)
