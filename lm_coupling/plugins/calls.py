@@ -251,7 +251,8 @@ class PluginCalls:
 
         Each part is checked against its declaration: a value is one real
         number per document, finite or NaN; a profile has the length of its
-        axis (states: L + 1, blocks: L; a matrix is L x L).
+        axis (states: L + 1, blocks: L: its first dimension), a matrix at
+        least two dimensions.
         """
         size, n_layers = states.size, getattr(states, "n_layers", None)
         if error is not None:
@@ -294,8 +295,7 @@ class PluginCalls:
                 shape = None
                 if wide and n_layers is not None:
                     axis = self.selection.specs[declared[name]].profile(name).axis
-                    shape = {"states": (n_layers + 1,), "blocks": (n_layers,)}.get(axis)
-                    shape = shape or (n_layers, n_layers)
+                    shape = {"states": (n_layers + 1,), "blocks": (n_layers,)}.get(axis, ("2-D",))
                 rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", shape, wide)
                 if error is not None:
                     owner = [declared[name]] if kind == "profiles" else list(own)
@@ -467,7 +467,8 @@ def _rows(
     """``(float64 rows on the host, None)``, or ``(None, error)`` for a wrong shape.
 
     ``per_row``: the shape of each row (``()``: one number per row, ``[B]``; a
-    profile's ``(L + 1,)``, ``(L,)`` or ``(L, L)``); None: any per-row shape.
+    profile's length ``(L + 1,)`` or ``(L,)``, its first dimension; ``("2-D",)``:
+    a matrix, two dimensions or more); None: any per-row shape.
     ``wide=False`` (plugin summaries) keeps float32 (and narrower floats) as float32.
     """
     import numpy as np
@@ -495,11 +496,14 @@ def _rows(
         return None, f"{what} must be one number per document, found shape {tuple(array.shape)}"
     if per_row == () and np.isinf(array).any():
         return None, f"{what} are infinite (a value is finite, or NaN where undefined)"
-    if per_row is not None and array.shape[1:] != per_row:
-        return None, (
-            f"{what} has shape {tuple(array.shape[1:])} per document where its declared axis "
-            f"gives {per_row}"
-        )
+    found = array.shape[1:]
+    if per_row == ("2-D",):
+        bad = len(found) < 2
+    else:
+        bad = per_row is not None and per_row != () and found[:1] != per_row
+    if bad:
+        needs = "two dimensions (a matrix)" if per_row == ("2-D",) else f"{per_row[0]} entries"
+        return None, f"{what} has shape {found} per document where its declared axis needs {needs}"
     return array, None
 
 

@@ -228,7 +228,7 @@ def test_a_short_profile_is_refused_on_every_document(runs):
     failures = [f for f in run["geometry"]["failures"] if f.get("plugin") == "lmc_probe"]
     assert sorted(f["doc_id"] for f in failures) == list(range(LIMIT))
     assert all(f["metrics"] == ["short_profile"] for f in failures)
-    assert all("declared axis gives" in f["error"] for f in failures)
+    assert all("declared axis needs 5 entries" in f["error"] for f in failures)
     assert "short_profile" not in run["geometry"]["profiles"]
     for row in run["samples"].values():  # the probe's other metrics keep their values
         assert math.isfinite(row["no_norm_entropy"])
