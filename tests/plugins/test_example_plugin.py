@@ -350,7 +350,7 @@ def test_profiles_are_in_the_geometry_file_and_geometry_long(runs, expected):
 def test_the_faulty_plugin_fails_alone_and_is_named(runs, expected):
     run = runs["geometry"]
     samples = run["samples"]
-    assert {d for d, row in samples.items() if "faulty" in row} == {0, 3, 4}
+    assert {d for d, row in samples.items() if "faulty" in row} == {0, 4}  # 3: a long profile
     for row in samples.values():  # built-ins and the example keep their values
         assert all(math.isfinite(row[name]) for name in ("lss", "anisotropy", "attention_entropy"))
     failures = [f for f in run["geometry"]["failures"] if f.get("plugin") == "lmc_faulty"]
@@ -358,17 +358,18 @@ def test_the_faulty_plugin_fails_alone_and_is_named(runs, expected):
     assert set(by_doc) == {1, 2, 3}
     assert "deliberate failure" in by_doc[1]["error"] and by_doc[1]["metrics"] == ["faulty"]
     assert "2 rows for 1 documents" in by_doc[2]["error"]
-    assert "profile 'faulty'" in by_doc[3]["error"]
+    assert "profile 'faulty' has shape" in by_doc[3]["error"]
+    assert "declared axis needs" in by_doc[3]["error"]
     assert not [f for f in run["geometry"]["failures"] if f.get("plugin") != "lmc_faulty"]
-    # The malformed profile is left out of the summary (and reported), not dropped silently.
+    # The malformed profile is refused against its declared axis (and reported).
     assert run["geometry"]["profiles"]["faulty"]["n"] == [2] * (expected[0]["n_layers"] + 1)
     stderr = run["stderr"]
     assert "plugin 'lmc_faulty' failed on task 'lmc_arc_easy_offline' document 1" in stderr
     assert "deliberate failure of the faulty plugin" in stderr
     assert "plugin 'lmc_faulty' failed on task 'lmc_arc_easy_offline' document 2" in stderr
-    assert "plugin 'lmc_faulty': profile 'faulty'" in stderr
+    assert "document 3" in stderr and "declared axis needs" in stderr
     n_measured = run["results"]["config"]["lm_coupling"]["n_measured"][TASK]
-    assert n_measured["faulty"] == 3 and n_measured["lss"] == LIMIT
+    assert n_measured["faulty"] == 2 and n_measured["lss"] == LIMIT
 
 
 @pytest.mark.slow
