@@ -84,7 +84,7 @@ def lmc_compute_batch(selected, states):
 '''
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def faulty_site(tmp_path_factory) -> Path:
     """A folder holding the faulty plugin (a one-module distribution)."""
     site = tmp_path_factory.mktemp("faulty")

@@ -183,7 +183,7 @@ def reference(runs):
         finally:
             hook.remove()
         states = torch.stack([*hidden[: len(blocks)], kept["x"]])[:, 0, -1].double()
-        out[doc_id] = {"states": states, "unembed": model.lm_head.weight.double()}
+        out[doc_id] = {"states": states, "unembed": model.lm_head.weight.detach().double()}
     return out
 
 
