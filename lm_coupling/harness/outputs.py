@@ -13,7 +13,8 @@ import numpy as np
 import lm_coupling
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.files import geometry_file_name, output_root
-from lm_coupling.harness.session import GeometrySession, TaskRecords
+from lm_coupling.harness.session import GeometrySession
+from lm_coupling.harness.task_records import TaskRecords
 from lm_coupling.model_source import filed_dtype, filed_name
 from lm_coupling.plugins.calls import isolated_answers
 
@@ -72,7 +73,7 @@ def geometry_document(
         },
         "failures": failures,
     }
-    sample = session.sample_record(task_name)
+    sample = session.plans.sample_record(task_name)
     if sample is not None:
         document["sample"] = sample
     timings = records.timings.summary()
@@ -210,7 +211,7 @@ def geometry_documents(
     """Per task with measured documents, its geometry document (the file's content)."""
     return {
         task_name: geometry_document(task_name, records, session, results, output_dir, run_id)
-        for task_name, records in sorted(session.records.items())
+        for task_name, records in sorted(session.records.tasks.items())
         if records.n_documents
     }
 
