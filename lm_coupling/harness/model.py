@@ -78,6 +78,7 @@ class CouplingHFLM(HFLMWithHooks):
             raise RuntimeError("this CouplingHFLM already measures a run; build one per run")
         selection = run.selection
         runner = GeometryRunner(self.model, selection)
+        runner.plugins.deferred = True  # warned once per task, every document counted (outputs)
         preflight.check_model(self.model, runner.parts, runner.selection)
         prefix = run.evaluator.use_cache
         session = GeometrySession(

@@ -197,6 +197,7 @@ class RunRecords:
             failed = {name for failure in own.failures for name in failure.get("metrics", ())}
             undefined = [name for name in own.values if name not in values and name not in failed]
         specs = self.plans.selection.specs
+        undefined = [n for n in undefined if not (n in specs and specs[n].nan_expected)]
         targeted = [n for n in undefined if n in specs and specs[n].reads_target]
         if targeted and plan.target_problem is not None:
             undefined = [name for name in undefined if name not in targeted]
