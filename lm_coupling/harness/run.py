@@ -374,7 +374,9 @@ def _print_account(record: RunRecord, selection: Selection, stream: TextIO | Non
         task: (record.files.get(task, Path("(not written)")), document)
         for task, document in record.geometry.items()
     }
-    for line in summary_lines(leaf_tasks(record.results), files, sampled, selection.metrics):
+    expected = [m for m in selection.metrics if selection.specs[m].nan_expected]
+    tasks = leaf_tasks(record.results)
+    for line in summary_lines(tasks, files, sampled, selection.metrics, expected):
         level = "ERROR: " if line.error else ""
         print(f"lm-coupling: {level}{line.text}", file=stream)
 

@@ -16,7 +16,10 @@ one with every metric, one with the logit-lens metrics alone.
   metric is computed;
 - a metric NaN on every document keeps its row, with the reason; one whose
   spec declares NaN an expected answer is counted as such, not warned;
-- the short route's metric equals an independent computation.
+- the short route's metric equals an independent computation;
+- the report draws a profile on its declared bounds (any interval), labels
+  scatter axes with the declared label, keeps the all-NaN metric's column in
+  the leaderboard and gives each plugin's share of the capture time.
 """
 
 from __future__ import annotations
@@ -146,6 +149,7 @@ def _run(example_site: Path, probe_site: Path, out: Path, metrics, hand: bool) -
     (geometry,) = out.rglob(f"geometry_{TASK}_*.json")
     rows = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines()]
     return {
+        "folder": out,
         "stdout": done.stdout,
         "stderr": done.stderr,
         "results": json.loads(results.read_text(encoding="utf-8")),
@@ -251,5 +255,33 @@ def test_an_all_nan_metric_keeps_its_row_and_an_expected_nan_is_no_failure(runs)
         assert name in run["stdout"], name  # lm-eval's table
     reasons = run["results"]["config"]["lm_coupling"]["undefined"][TASK]
     assert "undefined" in reasons["always_nan"] and "expected" in reasons["never_crossed"]
-    assert "never_crossed" not in run["stderr"]  # expected NaN: never warned
-    assert "undefined geometry (NaN) for always_nan" in run["stderr"]
+    stderr = run["stderr"]
+    assert "NaN) for never_crossed" not in stderr  # an expected NaN: never warned
+    assert "NaN on every document, an expected answer: never_crossed" in stderr
+    assert "undefined geometry (NaN) for always_nan" in stderr
+    assert "computed on 0 documents: always_nan, short_profile" in stderr
+
+
+@pytest.mark.slow
+def test_the_report_reads_the_declarations_and_each_plugin_s_time(runs, tmp_path):
+    import pandas as pd
+
+    from lm_coupling.catalogue import recorded_catalogue
+    from lm_coupling.report.build import build_report
+    from lm_coupling.report.figures import layer_profile, metric_vs_score
+
+    run = runs["every"]
+    catalogue = recorded_catalogue(run["results"]["config"])
+    profile = run["geometry"]["profiles"]["cosine_to_last"]["mean"]
+    ax = layer_profile(profile, "cosine_to_last", catalogue=catalogue)
+    assert ax.get_ylim() == pytest.approx((-1.04, 1.04))  # its bounds, (-1, 1)
+    board = pd.DataFrame({"model": ["a", "b"], "cosine_to_last": [0.1, 0.2], "acc": [0.3, 0.4]})
+    ax = metric_vs_score(board, "cosine_to_last", "acc", catalogue=catalogue)
+    assert ax.get_xlabel().startswith("cosine to the last state")
+    seconds = run["geometry"]["timings"]["seconds_per_document"]
+    assert seconds["plugin:lmc_probe"] > 0 and seconds["plugin:builtin.lens"] > 0
+    report = build_report(run["folder"], tmp_path / "report")
+    assert "always_nan" in report.leaderboard.columns
+    assert report.leaderboard["always_nan"].isna().all()
+    summary = report.summary.read_text(encoding="utf-8")
+    assert "share of the capture time" in summary and "lmc_probe" in summary
