@@ -275,7 +275,14 @@ def test_the_report_reads_the_declarations_and_each_plugin_s_time(runs, tmp_path
     profile = run["geometry"]["profiles"]["cosine_to_last"]["mean"]
     ax = layer_profile(profile, "cosine_to_last", catalogue=catalogue)
     assert ax.get_ylim() == pytest.approx((-1.04, 1.04))  # its bounds, (-1, 1)
-    board = pd.DataFrame({"model": ["a", "b"], "cosine_to_last": [0.1, 0.2], "acc": [0.3, 0.4]})
+    board = pd.DataFrame(
+        {
+            "model": ["a", "b"],
+            "revision": ["main"] * 2,
+            "cosine_to_last": [0.1, 0.2],
+            "acc": [0.3, 0.4],
+        }
+    )
     ax = metric_vs_score(board, "cosine_to_last", "acc", catalogue=catalogue)
     assert ax.get_xlabel().startswith("cosine to the last state")
     seconds = run["geometry"]["timings"]["seconds_per_document"]
