@@ -413,3 +413,62 @@ def test_a_deferred_metric_is_computed_from_the_whole_task(fail):
     assert all(d.failures[0]["plugin"] == "deferred_plugin" for d in docs)
     (message,) = [str(w.message) for w in caught if issubclass(w.category, GeometryWarning)]
     assert "complete boom" in message and "documents 4, 5, 6" in message
+
+
+# -- the short route ----------------------------------------------------------------------
+
+
+def _short_route_module():
+    import types
+
+    from lm_coupling import metric
+
+    module = types.ModuleType("short_route")
+
+    @metric("attention of query n on position 0", profile="blocks")
+    def sink(attentions):
+        mass = attentions[..., 0].mean(dim=-1)  # [B, L]: mean over heads
+        return mass.mean(dim=1), mass
+
+    @metric("P(target) through the logit lens of x^L")
+    def last_target(logits, targets):
+        p = logits[:, -1].softmax(dim=-1).gather(1, targets.clamp(min=0)[:, None])[:, 0]
+        return torch.where(targets >= 0, p, torch.nan)
+
+    @metric("raises on purpose")
+    def broken(states):
+        raise RuntimeError("broken on purpose")
+
+    module.sink, module.last_target, module.broken = sink, last_target, broken
+    return module
+
+
+def test_short_route_functions_equal_the_model_s_own_attentions_and_logits(tiny_model, tokenizer):
+    model = tiny_model("gpt2")
+    ids = torch.tensor(tokenizer(PROMPT)["input_ids"])
+    target = 7
+    pm = _pm()
+    pm.register(_short_route_module(), name="short_route")
+    runner = _runner(model, "sink,last_target,broken,lss", pm)
+    with pytest.warns(GeometryWarning, match="broken raised RuntimeError"):
+        doc = runner.measure_prompt(ids, target_token=target)
+    with torch.no_grad():
+        out = model(ids[None], output_attentions=True)
+    mass = torch.stack([a[0, :, -1, 0].mean() for a in out.attentions]).double()
+    assert doc.profiles["sink"] == pytest.approx(mass.numpy(), abs=1e-6)
+    assert doc.values["sink"] == pytest.approx(float(mass.mean()), abs=1e-6)
+    want = float(out.logits[0, -1].softmax(dim=-1)[target])
+    assert doc.values["last_target"] == pytest.approx(want, rel=1e-5)
+    assert math.isnan(doc.values["broken"]) and math.isfinite(doc.values["lss"])
+    assert [f["metrics"] for f in doc.failures] == [["broken"]]  # its failure alone
+
+
+def test_a_short_route_module_with_the_hooks_it_is_served_by_is_refused():
+    module = _short_route_module()
+    module.lmc_compute_batch = hookimpl(lambda states: None)
+    with pytest.raises(PluginError, match="put the short-route metrics in a module of their own"):
+        _pm().register(module, name="mixed")
+    with pytest.raises(ValueError, match="takes hidden; a metric of the states at n takes"):
+        from lm_coupling import metric
+
+        metric("bad")(lambda hidden: hidden)
