@@ -205,9 +205,9 @@ def _evaluate(spec: RunSpec, kwargs: dict) -> tuple[dict | None, list, int]:
         record = evaluate_record(
             metrics=spec.metrics, metric_args=spec.metric_args, verbosity="ERROR", **kwargs
         )
-        # The documents kept whole are the sampled ones (lm_coupling.harness.session.TaskRecords).
+        # The documents kept whole are the sampled ones (harness.task_records.TaskRecords).
         results = record.results
-        records = record.session.records.values()
+        records = record.session.records.tasks.values()
         measured = [doc for task in records for doc in task.documents]
         n_geometry = sum(getattr(t, "n_documents", len(t.documents)) for t in records)
         if not n_geometry:

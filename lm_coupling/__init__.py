@@ -5,8 +5,9 @@ coupling, line-shape score, expodistance, equidistance and logit-lens metrics,
 and reports them next to accuracy (see README.md and docs/design.md).
 
 Importing the package loads nothing heavy (no torch, lm-eval or statsmodels):
-`evaluate` (the Python entry point), ``hookimpl`` and ``hookspec`` (the plugin
-markers) and ``JacobianMismatchError`` are looked up on first use. The errors
+`evaluate` (the Python entry point), ``metric`` (the short route of a metric
+plugin), ``hookimpl`` and ``hookspec`` (the plugin markers) and
+``JacobianMismatchError`` are looked up on first use. The errors
 are plain classes, importable at once: every error lm-coupling raises on
 purpose is an `LmCouplingError`.
 """
@@ -42,15 +43,20 @@ __all__ = [
     "evaluate",
     "hookimpl",
     "hookspec",
+    "metric",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """``evaluate``, ``hookimpl``, ``hookspec`` and ``JacobianMismatchError``, on first use."""
+    """The names looked up on first use (see the module docstring)."""
     if name == "evaluate":
         from lm_coupling.harness.evaluate import evaluate
 
         return evaluate
+    if name == "metric":
+        from lm_coupling.plugins.short import metric
+
+        return metric
     if name in ("hookimpl", "hookspec"):
         from lm_coupling.plugins import markers
 

@@ -66,6 +66,10 @@ class MetricEntry:
             only when it is not `DEFAULT_SAMPLE_OPTION`.
         primary: the report's default primary metric (`MetricSpec.primary`);
             never recorded (the report takes it from the installed plugins).
+        lens: the lens a lens metric reads (`MetricSpec.lens`); recorded
+            only when it is not the logit lens.
+        nan_expected: NaN is one of its answers (`MetricSpec.nan_expected`);
+            recorded only when true.
     """
 
     name: str
@@ -80,6 +84,8 @@ class MetricEntry:
     task_level: bool = False
     sample_option: str | None = None
     primary: bool = field(default=False, compare=False)  # not recorded: the installed one's
+    lens: str = "logit"
+    nan_expected: bool = False
 
 
 def _bounds(value: Any) -> tuple[float, float] | None:
@@ -127,6 +133,8 @@ class Catalogue:
                 spec.task_level,
                 spec.sample_option,
                 spec.primary,
+                spec.lens if "lens" in spec.needs else "logit",
+                spec.nan_expected,
             )
             for record in spec.profile_specs:
                 known = profiles.setdefault(record.name, record)
@@ -157,6 +165,10 @@ class Catalogue:
                 record["task_level"] = True
             if entry.sampled and entry.sample_option != DEFAULT_SAMPLE_OPTION:  # likewise
                 record["sample_option"] = entry.sample_option
+            if entry.lens != "logit":
+                record["lens"] = entry.lens
+            if entry.nan_expected:
+                record["nan_expected"] = True
             metrics[name] = record
         profiles = {}
         for name, spec in self.profiles.items():
@@ -199,6 +211,8 @@ class Catalogue:
                     (rec.get("sample_option") or DEFAULT_SAMPLE_OPTION)
                     if rec.get("sampled")
                     else None,
+                    lens=str(rec.get("lens") or "logit"),
+                    nan_expected=bool(rec.get("nan_expected", False)),
                 )
                 for name, rec in metrics_in.items()
             }

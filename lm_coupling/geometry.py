@@ -41,7 +41,7 @@ class _EmptyCapture:
         )
         self.reduced: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
-        self.lens_error = None
+        self.lens_errors: dict[str, str] = {}
 
 
 class GeometryRunner:
@@ -57,7 +57,7 @@ class GeometryRunner:
             cannot be located (raised here, before any data is read).
         ConfigurationError: a selected metric reads attention probabilities
             and the model's attention implementation gives none, or two
-            plugins supply a lens.
+            plugins supply lenses of one name, or a metric reads a lens nobody supplies.
     """
 
     def __init__(
@@ -75,7 +75,7 @@ class GeometryRunner:
             m for m in selection.metrics if not selection.specs[m].sampled
         )
         self.plugins = PluginCalls(self.pm, selection)
-        self.lens = None
+        self.lenses: dict[str, Any] = {}
         self.collector = None
         streamed = {
             need
@@ -98,23 +98,28 @@ class GeometryRunner:
             spec = self.selection.specs[readers[0]]
             check_attentions(self.model, f"metric {spec.name!r} (plugin {spec.plugin!r})")
         if "lens" in needs:
-            self.lens = self._lens()
+            self.lenses = self._lenses()
         return StateCollector(
             self.model,
             self.parts,
             hidden_states="hidden_states" in needs,
-            lens=self.lens,
+            lens=self.lenses,
             attentions="attentions" in needs,
         )
 
-    def _lens(self):
-        """The run's lens: the one a plugin supplies (``lmc_lens``), else the logit lens.
+    def _lenses(self) -> dict[str, Any]:
+        """The lenses the selected metrics read, by name: the logit lens and the plugins' ones.
+
+        Every lens is read in the same forward pass, side by side; a plugin's
+        lens (``lmc_lens``) never replaces the logit lens.
 
         Raises:
-            ConfigurationError: two plugins supply a lens, or an answer is no lens.
+            ConfigurationError: two lenses share a name, an answer is no lens,
+                or a selected metric reads a lens no plugin supplies.
         """
         from lm_coupling.capture.lens import LogitLens
 
+        lenses: dict[str, Any] = {"logit": LogitLens(self.parts)}
         answers = self.plugins.each(
             "lmc_lens",
             selected=self.selection.metrics,
@@ -122,20 +127,29 @@ class GeometryRunner:
             model=self.model,
             parts=self.parts,
         )
-        offered = {name: lens for name, lens in answers.items() if lens is not None}
-        if len(offered) > 1:
-            raise ConfigurationError(
-                f"plugins {', '.join(map(repr, sorted(offered)))} each supply a lens; the lens "
-                "metrics read one: select the metrics or options of only one of them"
-            )
-        for name, lens in offered.items():
+        for name, lens in answers.items():
+            if lens is None:
+                continue
             if not callable(getattr(lens, "logits", None)) or not getattr(lens, "name", None):
                 raise ConfigurationError(
                     f"plugin {name!r} answered lmc_lens with {lens!r}; a lens has a name and a "
                     "logits(layer, hidden [B, d]) -> [B, V] method (lm_coupling.states.Lens)"
                 )
-            return lens
-        return LogitLens(self.parts)
+            if lens.name in lenses:
+                raise ConfigurationError(
+                    f"plugin {name!r} supplies a lens named {lens.name!r}, a name already taken; "
+                    "give the lens a name of its own"
+                )
+            lenses[lens.name] = lens
+        read = {self.selection.specs[m].lens for m in self.streamed_metrics}
+        for metric in self.streamed_metrics:
+            spec = self.selection.specs[metric]
+            if "lens" in spec.needs and spec.lens not in lenses:
+                raise ConfigurationError(
+                    f"metric {metric!r} (plugin {spec.plugin!r}) reads the lens {spec.lens!r}, "
+                    f"which no plugin supplies (lenses: {', '.join(lenses)})"
+                )
+        return {name: lens for name, lens in lenses.items() if name in read}
 
     @property
     def needs_forward_capture(self) -> bool:
@@ -271,7 +285,13 @@ class GeometryRunner:
             yield _EmptyCapture(self.parts, len(last_index), refs)
             return
         with self.collector.capture(
-            last_index, first_index, target_tokens, self._reducer_factories(), documents, rows
+            last_index,
+            first_index,
+            target_tokens,
+            self._reducer_factories(),
+            documents,
+            rows,
+            self.plugins.lenses(self.streamed_metrics),
         ) as handle:
             yield handle
 
@@ -289,18 +309,22 @@ class GeometryRunner:
         """
         metrics = tuple(metrics if metrics is not None else self.streamed_metrics)
         if isinstance(captured, GeometryStates):
-            states, reduced, errors, lens_error = captured, {}, {}, None
+            states, reduced, errors, lens_errors = captured, {}, {}, {}
         else:
             states, reduced = captured.states, captured.reduced
-            errors, lens_error = captured.errors, captured.lens_error
+            errors, lens_errors = captured.errors, captured.lens_errors
         start = time.perf_counter()
         docs = [DocumentGeometry() for _ in range(states.size)]
-        self.plugins.compute(
-            metrics, states, docs, reduced, errors, lens_error, self.selection.options
+        plugin_seconds = self.plugins.compute(
+            metrics, states, docs, reduced, errors, lens_errors, self.selection.options
         )
-        seconds = (time.perf_counter() - start) / max(states.size, 1)
+        for name, spent in getattr(captured, "seconds", {}).items():
+            plugin_seconds[name] = plugin_seconds.get(name, 0.0) + spent
+        size = max(states.size, 1)
+        seconds = (time.perf_counter() - start) / size
         for doc in docs:
             doc.timings["metrics"] = seconds
+            doc.timings.update({f"plugin:{k}": v / size for k, v in plugin_seconds.items()})
             if len(doc.values) < len(metrics):  # a failed plugin's metrics: NaN
                 for name in metrics:
                     doc.values.setdefault(name, math.nan)
@@ -448,7 +472,11 @@ class GeometryRunner:
         doc = DocumentGeometry()
         if self.collector is not None:
             handle = self.collector.capture_prompt(
-                input_ids, target_token, self._reducer_factories(), [tuple(documents)]
+                input_ids,
+                target_token,
+                self._reducer_factories(),
+                [tuple(documents)],
+                self.plugins.lenses(self.streamed_metrics),
             )
             (doc,) = self.compute(handle)
         if sampled and self.sampled_metrics:

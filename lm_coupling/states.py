@@ -33,35 +33,14 @@ Need = Literal[
     "lens_jacobian",
     "authors_jacobian",
 ]
-"""What a metric reads (``MetricSpec.needs``); an unknown need is a ``PluginError``.
+"""What a metric reads (``MetricSpec.needs``; an unknown need is a ``PluginError``).
 
-Streamed from the benchmark's own forward pass, layer by layer, to the
-plugin's reducer (hook ``lmc_layer_reducer``; `LayerView` fields):
-
-- ``hidden_states``: ``x^l`` for l = 0..L, before the final norm, the same
-  states the trajectory metrics read (``LayerView.hidden [B, T, d]``; the
-  measured tokens are ``BatchInfo.token_mask``).
-- ``lens``: what a lens reads and gives at the target position n:
-  ``LayerView.normed [B, d]`` (the model's final norm of ``x^l_n``) and
-  ``LayerView.logits [B, V]`` (the run's lens, the logit lens unless a
-  plugin supplies another through ``lmc_lens``).
-- ``attentions``: block l's attention probabilities ``LayerView.attentions
-  [B, H, T, T]`` (l = 1..L), where the attention implementation gives them
-  (``eager``); a run whose model cannot is refused before any forward pass.
-
-From the Jacobian engine, on the sampled documents (``lmc_jacobian_request``):
-
-- ``jacobian``: ``states.jacobians``, one `JacobianFactors` per document
-  (top-K factors; the pair reduction ``A``/``B`` and the dense ``[L, d, d]``
-  Jacobians when a request asks for them).
-- ``tokenwise_jacobian``: ``states.tokenwise``, Jacobians between positions
-  at the keys ``lmc_position_jacobian_keys`` asks for.
-- ``lens_jacobian``: ``states.lens_jacobians``, one document's term of the
-  Jacobian-lens fit ``[L+1, d, d]`` under the estimator the options name
-  (``jacobian_lens_terms.lens_terms``), and ``states.model_identity``.
-- ``authors_jacobian``: ``states.authors_jacobians``, one document's L block
-  Jacobians at n on the coupling authors' route, the last one through the
-  final norm (``jacobian.authors``).
+Streamed from the benchmark's forward pass to the plugin's reducer (`LayerView`):
+``hidden_states`` (``x^l``, l = 0..L), ``lens`` (the final norm of ``x^l_n`` and
+the logits at n of the lens the metric names), ``attentions`` (block l's
+attention probabilities, eager attention). From the Jacobian engine on the
+sampled documents (`GeometryStates`): ``jacobian``, ``tokenwise_jacobian``,
+``lens_jacobian``, ``authors_jacobian``. What each holds: docs/plugins.md.
 """
 
 NEEDS: tuple[str, ...] = get_args(Need)
@@ -103,7 +82,7 @@ class BatchInfo:
         target_tokens: ``[B]`` int64, the gold next token at n (-1: none).
         documents: per row, the documents it measures (several documents can
             share one prompt; empty for rows that are no document).
-        lens: the name of the run's lens (``"logit"`` for the built-in one).
+        lens: the name of the lens the plugin's metrics read (``"logit"``).
         dtype: the dtype of the reduced states (float32, float64 in tests).
         final_norm: the model's own final norm N, ``[..., d] -> [..., d]`` in
             float32 (float64 stays), for a metric that reads the post-norm
@@ -140,9 +119,8 @@ class LayerView:
         at_n: ``[B, d]`` ``x^l_n``, the rows at the target positions (with
             any of the streamed needs).
         normed: ``[B, d]`` the final norm of ``x^l_n``; need ``lens``.
-        logits: ``[B, V]`` the lens's logits at n; need ``lens``. Both are
-            computed when first read (a reducer that never reads them costs
-            no lens), once for every reducer of the batch.
+        logits: ``[B, V]`` the logits at n of the lens the plugin's metrics
+            name; need ``lens``. Both are computed when first read.
         attentions: ``[B, H, T, T]`` block l's attention probabilities (rows:
             queries, columns: keys); None at l = 0; need ``attentions``.
     """
@@ -195,9 +173,7 @@ class LayerReducer(Protocol):
     reducer holds what it keeps (keep reductions, not the states).
 
     Optional: a method ``update_lens(logits)`` receives the lens logits of
-    every state at once, ``[B, L+1, V]``, after x^L and before ``finalize``
-    (one read-out per batch); a reducer that has it need not read
-    ``view.logits``.
+    every state at once, ``[B, L+1, V]``, after x^L and before ``finalize``.
     """
 
     def update(self, view: LayerView) -> None:
@@ -212,11 +188,10 @@ class Lens(Protocol):
     """A lens: the next-token logits read from an intermediate state.
 
     The built-in is the logit lens, ``W_U N(x^l) + b`` (``lm_coupling.capture.lens``);
-    a plugin supplies another (a tuned or Jacobian lens) through the hook
-    ``lmc_lens``, and the lens metrics then read it.
+    a plugin adds another beside it (``lmc_lens``), read by the metrics naming it.
 
     Attributes:
-        name: a short name recorded with the results (``"logit"``).
+        name: the name metrics read it by (``MetricSpec.lens``; ``"logit"``).
     """
 
     name: str

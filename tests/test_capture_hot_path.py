@@ -108,7 +108,7 @@ def test_the_stacked_lens_equals_the_lens_of_each_state(lens_kind, tiny_model, t
     reducers = {"lens": LensReducer, "keep": _Keep}
     with torch.no_grad(), collector.capture(last, torch.zeros_like(last), target, reducers) as h:
         model(batch)
-    assert h.errors == {} and h.lens_error is None
+    assert h.errors == {} and h.lens_errors == {}
     per_state = h.reduced["keep"]  # read by layer, as any plugin's reducer reads it
     want = lens_summary(per_state, target)
     got = h.reduced["lens"]
@@ -131,7 +131,7 @@ def test_a_failing_lens_leaves_the_stacked_reader_without_values(tiny_model, tok
     collector = StateCollector(model, parts, lens=Failing(parts))
     with torch.no_grad(), collector.capture(last, torch.zeros_like(last), target, _reducers()) as h:
         model(batch)
-    assert "lens boom" in h.lens_error
+    assert "lens boom" in h.lens_errors["failing"]
     assert h.reduced["lens"] is None and h.reduced["trajectory"] is not None
 
 

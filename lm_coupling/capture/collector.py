@@ -8,10 +8,12 @@ capture holds one layer's states (plus, with attentions, that block's
 probabilities), never the ``L x B x T x d`` stack. What a view carries is what
 the selected metrics declared (`lm_coupling.states.Need`): the states
 (``hidden_states``), the rows at the target position n and their lens logits
-(``lens``, from the run's `Lens` object), the block's attention
+(``lens``, from the lens each reducer names), the block's attention
 probabilities (``attentions``).
 
-The lens at n (the run's lens object, `lm_coupling.capture.lens`) is read
+Lenses are named and side by side: the collector holds every lens the run
+reads (`lm_coupling.capture.lens`), each reducer reads the one its plugin's
+metrics name, and one forward pass serves them all. A lens at n is read
 two ways, both computed only when a reducer asks: ``view.normed`` and
 ``view.logits`` of one state when a reducer reads them in ``update``; and,
 for a reducer with ``update_lens``, the logits of every state at once, after
@@ -34,9 +36,10 @@ a document equal those of its prompt alone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -66,15 +69,20 @@ class CaptureHandle:
         errors: per reducer name, the error (text) that dropped it: raised
             when it was started, in ``update`` or in ``finalize``.
         info: the batch's :class:`BatchInfo` (None before the forward).
-        lens_error: the error (text) of the lens, which leaves ``normed`` and
-            ``logits`` None from that layer on (its readers' values are NaN).
+        lens_errors: per lens name, the error (text) of that lens, which leaves
+            its ``normed`` and ``logits`` None from that layer on (its readers'
+            values are NaN); the other lenses are unaffected.
+        seconds: per reducer name, the wall seconds of its calls (start,
+            ``update``, its lens read, ``finalize``): its plugin's share of the
+            capture (on a GPU, the time to queue its work).
     """
 
     states: GeometryStates | None = None
     reduced: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     info: BatchInfo | None = None
-    lens_error: str | None = None
+    lens_errors: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def _as_list(values, name: str) -> list[int]:
@@ -151,8 +159,12 @@ class _Run:
         documents: tuple[tuple[DocumentRef, ...], ...],
         handle: CaptureHandle,
         rows: list[int] | None = None,
+        lens_of: Mapping[str, str] | None = None,
     ) -> None:
         self.collector = collector
+        self.lens_of = {
+            name: (lens_of or {}).get(name, next(iter(collector.lenses), "")) for name in factories
+        }  # per reducer, the name of the lens it reads
         self.rows = rows  # the forward's rows measured (None: every row)
         self.rows_on: dict[torch.device, torch.Tensor] = {}
         self.last, self.first, self.target = _as_tensor(last), _as_tensor(first), _as_tensor(target)
@@ -181,13 +193,13 @@ class _Run:
         self.handle.info = info = self._info(batch, n_tokens, dtype)
         for name, factory in self.factories.items():
             try:
-                reducer = factory(info)
+                reducer = self._call(name, factory, replace(info, lens=self.lens_of[name]))
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
                 continue
             if reducer is not None:
                 self.reducers[name] = reducer
-        if self.collector.lens is not None:
+        if self.collector.lenses:
             self.whole_lens = [
                 name
                 for name, reducer in self.reducers.items()
@@ -216,7 +228,7 @@ class _Run:
             token_mask=(positions > first[:, None]) & (positions <= last[:, None]),
             target_tokens=self.target.to(device),
             documents=documents,
-            lens=getattr(collector.lens, "name", "") if collector.lens is not None else "",
+            lens=next(iter(collector.lenses), ""),
             dtype=dtype,
             final_norm=collector.parts.final_norm_fp32,
         )
@@ -252,47 +264,53 @@ class _Run:
         at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)
         if self.whole_lens:
             self.rows_at_n.append(at_n)
-        view = LayerView(
+        fields = dict(
             layer=layer,
             hidden=hidden.to(device=device, dtype=dtype) if collector.hidden_states else None,
             at_n=at_n,
             attentions=self._attentions(layer, device, dtype),
-            lens=None if collector.lens is None else (lambda: self._lens(layer, at_n)),
         )
+        views: dict[str, LayerView] = {}  # one per lens, its read shared by its readers
         for name, reducer in list(self.reducers.items()):
+            lens = self.lens_of[name]
+            if lens not in views:
+                read = (lambda lens=lens: self._lens(lens, layer, at_n)) if lens else None
+                views[lens] = LayerView(**fields, lens=read)
             try:
-                reducer.update(view)
+                self._call(name, reducer.update, views[lens])
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
                 del self.reducers[name]
 
-    def _lens(self, layer: int, at_n: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        """``(N(x^l_n), lens logits)``; None, None once the lens failed (read when asked)."""
-        if self.handle.lens_error is not None:
+    def _lens(self, lens: str, layer: int, at_n: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """``(N(x^l_n), logits of lens)``; None, None once that lens failed (read when asked)."""
+        if lens in self.handle.lens_errors:
             return None, None
         try:
-            return read_one(self.collector.lens, self.collector.parts, layer, at_n)
+            return read_one(self.collector.lenses[lens], self.collector.parts, layer, at_n)
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
-            self.handle.lens_error = repr(exc)
+            self.handle.lens_errors[lens] = repr(exc)
             return None, None
 
     def _serve_whole_lens(self) -> None:
         """After x^L: the lens logits ``[B, L+1, V]`` of every state, to the reducers taking them.
 
-        One read-out of every state's transformed rows (`read_all`).
+        One read-out of every state's transformed rows per lens (`read_all`).
         """
-        names = [name for name in self.whole_lens if name in self.reducers]
         rows, self.rows_at_n = self.rows_at_n, []
-        if not names or self.handle.lens_error is not None:
-            return
-        try:
-            logits = read_all(self.collector.lens, self.collector.parts, rows)
-        except Exception as exc:  # a plugin's lens fails its readers, not the capture
-            self.handle.lens_error = repr(exc)
-            return
-        for name in names:
+        read: dict[str, torch.Tensor] = {}
+        for name in [name for name in self.whole_lens if name in self.reducers]:
+            lens = self.lens_of[name]
+            if lens not in read and lens not in self.handle.lens_errors:
+                try:
+                    lens_object, parts = self.collector.lenses[lens], self.collector.parts
+                    read[lens] = self._call(name, read_all, lens_object, parts, rows)
+                except Exception as exc:  # a plugin's lens fails its readers, not the capture
+                    self.handle.lens_errors[lens] = repr(exc)
+            if lens not in read:
+                continue
             try:
-                self.reducers[name].update_lens(logits)
+                self._call(name, self.reducers[name].update_lens, read[lens])
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
                 del self.reducers[name]
@@ -323,13 +341,22 @@ class _Run:
             index = self.row_index[device] = (batch, self.last.to(device))
         return index
 
+    def _call(self, name: str, method: Callable[..., Any], *args: Any) -> Any:
+        """``method(*args)``, its wall seconds added to reducer ``name``'s (``handle.seconds``)."""
+        start = time.perf_counter()
+        try:
+            return method(*args)
+        finally:
+            seconds = self.handle.seconds
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+
     def finish(self) -> None:
         """Finalize every reducer of a complete forward and set the handle's states."""
         parts, info = self.collector.parts, self.handle.info
         self._serve_whole_lens()
         for name, reducer in self.reducers.items():
             try:
-                self.handle.reduced[name] = reducer.finalize()
+                self.handle.reduced[name] = self._call(name, reducer.finalize)
             except Exception as exc:  # a plugin's failure is its own
                 self.handle.errors[name] = repr(exc)
         self.handle.states = GeometryStates(
@@ -348,7 +375,8 @@ class StateCollector:
         model: the causal LM the hooks attach to.
         parts: its located parts (:func:`~lm_coupling.model.architecture.locate_model_parts`).
         hidden_states: views carry the states ``[B, T, d]`` (need ``hidden_states``).
-        lens: the lens whose logits at n the views carry (need ``lens``), or None.
+        lens: the lenses whose logits at n the views carry (need ``lens``): one
+            lens, or ``{name: lens}`` side by side; None for none.
         attentions: views carry each block's attention probabilities (need
             ``attentions``; the model must run eager attention).
 
@@ -362,15 +390,18 @@ class StateCollector:
         parts: ModelParts,
         *,
         hidden_states: bool = True,
-        lens: Lens | None = None,
+        lens: Lens | Mapping[str, Lens] | None = None,
         attentions: bool = False,
     ) -> None:
         if not isinstance(parts, ModelParts):
             raise TypeError(f"parts must be ModelParts (from locate_model_parts), got {parts!r}")
-        if lens is not None and not callable(getattr(lens, "logits", None)):
-            raise TypeError(f"lens must have a logits(layer, hidden) method, got {lens!r}")
+        lenses = lens if isinstance(lens, Mapping) else {getattr(lens, "name", ""): lens}
+        self.lenses = {name: one for name, one in lenses.items() if one is not None}
+        for one in self.lenses.values():
+            if not callable(getattr(one, "logits", None)):
+                raise TypeError(f"lens must have a logits(layer, hidden) method, got {one!r}")
         self.model, self.parts = model, parts
-        self.hidden_states, self.lens, self.attentions = bool(hidden_states), lens, bool(attentions)
+        self.hidden_states, self.attentions = bool(hidden_states), bool(attentions)
         self.attention_modules = attention_modules(parts.blocks) if self.attentions else []
         first_param = next(parts.blocks[0].parameters(), None)
         self.device = first_param.device if first_param is not None else torch.device("cpu")
@@ -384,6 +415,7 @@ class StateCollector:
         reducers: Mapping[str, ReducerFactory],
         documents: Sequence[Sequence[DocumentRef]] | None = None,
         rows: Sequence[int] | torch.Tensor | None = None,
+        lenses: Mapping[str, str] | None = None,
     ) -> Iterator[CaptureHandle]:
         """Capture the first model forward run inside the context.
 
@@ -405,6 +437,8 @@ class StateCollector:
                 other rows are the same documents' other answers). The indices,
                 targets and documents above then have one entry per measured
                 row, and so have the views and the handle's states.
+            lenses: per reducer name, the name of the lens its views read
+                (default: the collector's first lens).
 
         Yields:
             A :class:`CaptureHandle` whose ``states``, ``reduced`` and ``errors``
@@ -419,7 +453,7 @@ class StateCollector:
             last_index, first_index, target_tokens, documents, rows
         )
         handle = CaptureHandle()
-        run = _Run(self, last, first, target, dict(reducers), docs, handle, measured)
+        run = _Run(self, last, first, target, dict(reducers), docs, handle, measured, lenses)
         with self._hooks(run.pre_hook, run.post_hook, run.attention_hook):
             yield handle
 
@@ -449,6 +483,7 @@ class StateCollector:
         target_token: int = -1,
         reducers: Mapping[str, ReducerFactory] | None = None,
         documents: Sequence[Sequence[DocumentRef]] | None = None,
+        lenses: Mapping[str, str] | None = None,
     ) -> CaptureHandle:
         """Capture one prompt alone, without padding (the reference route).
 
@@ -460,6 +495,7 @@ class StateCollector:
             target_token: gold next token at n, -1 for none.
             reducers: as for :meth:`capture`.
             documents: as for :meth:`capture` (one row).
+            lenses: as for :meth:`capture`.
 
         Returns:
             The :class:`CaptureHandle` of a batch of one.
@@ -476,16 +512,16 @@ class StateCollector:
         n = ids.numel() - 1
         with (
             torch.no_grad(),
-            self.capture([n], [0], [target_token], reducers or {}, documents) as handle,
+            self.capture([n], [0], [target_token], reducers or {}, documents, None, lenses) as h,
         ):
             ids = ids[None].to(device=self.parts.input_device, dtype=torch.int64)
             self.model(ids, use_cache=False)
-        if handle.states is None:
+        if h.states is None:
             raise LmCouplingError(
                 "the forward pass did not run every decoder block through its hooks; "
                 "check the model's override (register_override)"
             )
-        return handle
+        return h
 
 
 def _indices(

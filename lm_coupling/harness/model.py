@@ -78,6 +78,7 @@ class CouplingHFLM(HFLMWithHooks):
             raise RuntimeError("this CouplingHFLM already measures a run; build one per run")
         selection = run.selection
         runner = GeometryRunner(self.model, selection)
+        runner.plugins.deferred = True  # warned once per task, every document counted (outputs)
         preflight.check_model(self.model, runner.parts, runner.selection)
         prefix = run.evaluator.use_cache
         session = GeometrySession(
@@ -122,7 +123,7 @@ class CouplingHFLM(HFLMWithHooks):
         info = super().get_model_info()
         session = self._lmc_session
         if session is not None:
-            report = session.capture_report()
+            report = session.records.capture_report()
             info["lm_coupling"] = {
                 "version": lm_coupling.__version__,
                 "metrics": list(session.selection.metrics),
@@ -154,7 +155,7 @@ class CouplingHFLM(HFLMWithHooks):
     def _geometry_progress(self, requests: list[Instance], disable: bool) -> Iterator[None]:
         """Plan the requests' documents; show the sampled documents' progress meanwhile."""
         session = self._lmc_session
-        session.plan_requests(requests)
+        session.plans.plan_requests(requests)
         sampled = session.runner.sampled_metrics
         self._lmc_progress = GeometryProgress(",".join(sampled), disable=disable or not sampled)
         self._lmc_progress.plan(sampled_in_requests(session, requests))
@@ -172,7 +173,7 @@ class CouplingHFLM(HFLMWithHooks):
         if session is None:
             yield
             return
-        self._lmc_rows = RowIndex.of_requests(self, requests, session)
+        self._lmc_rows = RowIndex.of_requests(self, requests, session.measurements)
         try:
             yield
         finally:
@@ -252,7 +253,7 @@ class CouplingHFLM(HFLMWithHooks):
         for b, text in enumerate(contexts):
             # Keys of one prompt whose lens target is the first's share its row; a prompt
             # with another gold first token is measured alone (counted as such).
-            for key in session.generation_keys_of(text):
+            for key in session.plans.generation_keys_of(text):
                 if not self._wanted(session, key):
                     continue
                 key_target = self._lens_target(session, key)
@@ -277,7 +278,7 @@ class CouplingHFLM(HFLMWithHooks):
         except ValueError as exc:
             targeted = [n for n, s in session.selection.specs.items() if s.reads_target]
             what = ", ".join(targeted) or "the lens target"
-            session.warn_key(key, f"{what} is undefined (NaN): {exc}")
+            session.plans.warn_key(key, f"{what} is undefined (NaN): {exc}")
             return -1
 
     def _first_target_token(self, key: GeometryKey) -> int:
@@ -296,7 +297,7 @@ class CouplingHFLM(HFLMWithHooks):
     # -- shared capture plumbing -------------------------------------------------
     def _wanted(self, session: GeometrySession, key: GeometryKey) -> bool:
         """Planned and not measured yet."""
-        return session.wanted(key)
+        return session.measurements.wanted(key)
 
     def _captured_call(
         self,
@@ -326,7 +327,7 @@ class CouplingHFLM(HFLMWithHooks):
         keys = [key for _, key in matches]
         if not runner.needs_forward_capture:
             for key in keys:
-                session.store(key, DocumentGeometry(), "in_batch")
+                session.measurements.store(key, DocumentGeometry(), "in_batch")
             return call()
         output, error = None, None
         try:
@@ -337,7 +338,7 @@ class CouplingHFLM(HFLMWithHooks):
             at = {b: i for i, b in enumerate(measured)}
             refs: list[tuple] = [()] * len(measured)
             for b, key in matches:  # a row shared by duplicate prompts measures all their documents
-                refs[at[b]] = refs[at[b]] + session.documents_at(key)
+                refs[at[b]] = refs[at[b]] + session.plans.documents_at(key)
             indices = (
                 [last[b] for b in measured],
                 [first[b] for b in measured],
@@ -355,13 +356,15 @@ class CouplingHFLM(HFLMWithHooks):
                 document = documents[at[b]]
                 document.timings["forward_capture"] = forward
                 # Keys sharing a row (duplicate prompts) each keep their own copy.
-                session.store(key, document if b not in stored else document.copy(), "in_batch")
+                session.measurements.store(
+                    key, document if b not in stored else document.copy(), "in_batch"
+                )
                 stored.add(b)
         except Exception as exc:  # geometry must never cost the benchmark its scores
             error = repr(exc)  # the text only: the traceback must not outlive this block
         if error is not None:
             handle = None
-            session.fail(keys, error)
+            session.measurements.fail(keys, error)
             if output is None:
                 _release_accelerator_memory()
                 output = call()
@@ -382,11 +385,11 @@ class CouplingHFLM(HFLMWithHooks):
         # Duplicate prompts (same tokens) share one Jacobian computation.
         by_tokens: dict[tuple[int, ...], list[GeometryKey]] = {}
         for key, tokens in documents:
-            if session.sampled(key):
+            if session.plans.sampled(key):
                 by_tokens.setdefault(tokens, []).append(key)
         groups: dict[tuple[str, ...], list[tuple[GeometryKey, tuple[int, ...]]]] = {}
         for tokens, keys in by_tokens.items():
-            wanted = set().union(*(session.needed_metrics(key) for key in keys))
+            wanted = set().union(*(session.measurements.needed_metrics(key) for key in keys))
             metrics = tuple(m for m in runner.sampled_metrics if m in wanted)
             groups.setdefault(metrics, []).append((keys, tokens))
         for metrics, group in groups.items():
@@ -397,19 +400,23 @@ class CouplingHFLM(HFLMWithHooks):
                     for _, tokens in group
                 ]
                 # A prompt shared by duplicate keys measures all their documents.
-                refs = [sum((session.documents_at(key) for key in keys), ()) for keys, _ in group]
+                refs = [
+                    sum((session.plans.documents_at(key) for key in keys), ()) for keys, _ in group
+                ]
                 results = runner.compute_sampled_batch(prompts, metrics, documents=refs)
             except Exception as exc:
                 error = repr(exc)  # the text only: the traceback must not outlive this block
             if error is not None:
-                session.fail([key for keys, _ in group for key in keys], error, metrics=metrics)
+                session.measurements.fail(
+                    [key for keys, _ in group for key in keys], error, metrics=metrics
+                )
                 results = []
             for (keys, _), result in zip(group, results, strict=False):
                 if isinstance(result, Exception):
-                    session.fail(keys, repr(result), metrics=metrics)
+                    session.measurements.fail(keys, repr(result), metrics=metrics)
                     continue
                 for i, key in enumerate(keys):
-                    session.store(key, result if i == 0 else result.copy())
+                    session.measurements.store(key, result if i == 0 else result.copy())
             if self._lmc_progress is not None:
                 self._lmc_progress.advance(sum(len(keys) for keys, _ in group))
 
@@ -448,7 +455,10 @@ class CouplingHFLM(HFLMWithHooks):
         target = self._lens_target(session, plan.key) if plan.kind == "generate_until" else gold
         ids = torch.tensor(context, dtype=torch.long, device=self.device)
         return session.runner.measure_prompt(
-            ids, target, sampled=session.sampled(plan.key), documents=session.documents_at(plan.key)
+            ids,
+            target,
+            sampled=session.plans.sampled(plan.key),
+            documents=session.plans.documents_at(plan.key),
         )
 
     def _prompt_tokens(self, plan: DocumentPlan) -> tuple[list[int], int]:
@@ -473,9 +483,9 @@ class CouplingHFLM(HFLMWithHooks):
         session = self._lmc_session
         if session is not None and self.world_size > 1 and not self._lmc_gathered:
             self._lmc_gathered = True
-            gathered = super().gather_object(session.export_records(), dst)
+            gathered = super().gather_object(session.records.export(), dst)
             if self.rank == dst:
-                session.merge_records(gathered)
+                session.records.merge(gathered)
         return super().gather_object(obj, dst)
 
 

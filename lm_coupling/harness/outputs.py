@@ -13,9 +13,10 @@ import numpy as np
 import lm_coupling
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.files import geometry_file_name, output_root
-from lm_coupling.harness.session import GeometrySession, TaskRecords
+from lm_coupling.harness.session import GeometrySession
+from lm_coupling.harness.task_records import TaskRecords
 from lm_coupling.model_source import filed_dtype, filed_name
-from lm_coupling.plugins.calls import isolated_answers
+from lm_coupling.plugins.calls import isolated_answers, warn_failures
 
 log = logging.getLogger("lm_coupling")
 
@@ -52,6 +53,7 @@ def geometry_document(
     files beside the geometry file.
     """
     failures = list(records.failures)
+    warn_failures(task_name, failures)
     summaries = profile_summaries(task_name, records, session, failures)
     matrices = {m for spec in session.selection.specs.values() for m in spec.matrices}
     document = {
@@ -72,7 +74,7 @@ def geometry_document(
         },
         "failures": failures,
     }
-    sample = session.sample_record(task_name)
+    sample = session.plans.sample_record(task_name)
     if sample is not None:
         document["sample"] = sample
     timings = records.timings.summary()
@@ -153,6 +155,45 @@ def add_task_level_values(
             direction[name] = spec.higher_is_better
 
 
+def add_undefined_rows(
+    results: dict[str, Any], documents: dict[str, Any], session: GeometrySession
+) -> None:
+    """Keep a row for each metric that is NaN on every document of a task, with the reason.
+
+    lm-eval averages a metric over the documents that define it, so one
+    defined on none would vanish from its table, the results and the
+    leaderboard. It is written as NaN (stderr ``"N/A"``) under the task's
+    first filter, and ``config.lm_coupling.undefined[task][metric]`` says why:
+    its plugin failed, NaN is an answer its spec expects
+    (`MetricSpec.nan_expected`), or the geometry is undefined.
+    """
+    table = results.get("results") or {}
+    config = (results.get("config") or {}).get("lm_coupling")
+    for task_name, document in documents.items():
+        row = table.get(task_name)
+        if not isinstance(row, dict):
+            continue
+        keys = [k for k in row if "," in k and "_stderr" not in k]
+        filter_key = keys[0].split(",", 1)[1] if keys else "none"
+        present = {k.split(",", 1)[0] for k in keys}
+        errors = {m: f["error"] for f in document["failures"] for m in f.get("metrics", ())}
+        for name, spec in session.selection.specs.items():
+            if spec.task_level or name in present:
+                continue
+            if spec.nan_expected:
+                reason = "NaN on every document: an answer its spec expects (nan_expected)"
+            elif name in errors:
+                reason = f"NaN on every document: plugin {spec.plugin!r} failed ({errors[name]})"
+            else:
+                reason = "NaN on every document measured: undefined geometry"
+            row[f"{name},{filter_key}"] = np.nan
+            row[f"{name}_stderr,{filter_key}"] = "N/A"
+            direction = results.setdefault("higher_is_better", {}).setdefault(task_name, {})
+            direction[name] = spec.higher_is_better
+            if isinstance(config, dict):
+                config.setdefault("undefined", {}).setdefault(task_name, {})[name] = reason
+
+
 def profile_summaries(
     task_name: str, records: TaskRecords, session: GeometrySession, failures: list[dict]
 ) -> dict[str, Any]:
@@ -210,7 +251,7 @@ def geometry_documents(
     """Per task with measured documents, its geometry document (the file's content)."""
     return {
         task_name: geometry_document(task_name, records, session, results, output_dir, run_id)
-        for task_name, records in sorted(session.records.items())
+        for task_name, records in sorted(session.records.tasks.items())
         if records.n_documents
     }
 

@@ -24,7 +24,7 @@ def sampled_in_requests(session: Any, requests: list[Any]) -> int:
     ``--use_cache`` a resumed run hands the model only the requests the cache
     cannot answer: a document whose measured request (its gold continuation,
     or its generation prompt) was answered from the cache is measured after
-    the loop (`GeometrySession.geometry_for`), so it is not counted here and
+    the loop (`MeasurementStore.geometry_for`), so it is not counted here and
     the bar ends at its total.
     """
     sampled = set(session.runner.sampled_metrics) if session.runner else set()
@@ -34,8 +34,8 @@ def sampled_in_requests(session: Any, requests: list[Any]) -> int:
     prompts = {r.args[0] for r in generation}
     pairs = {tuple(r.args[:2]) for r in requests if r.request_type == "loglikelihood"}
     count = 0
-    for key, plans in session.plans_by_key.items():
-        done = session.measured.get(key)
+    for key, plans in session.plans.plans_by_key.items():
+        done = session.measurements.measured.get(key)
         if not any(plan.sampled for plan in plans) or (
             done is not None and sampled <= set(done.values)
         ):

@@ -21,7 +21,7 @@ from lm_coupling.harness.plan import GeometryKey
 if TYPE_CHECKING:
     import torch
 
-    from lm_coupling.harness.session import GeometrySession
+    from lm_coupling.harness.measurements import MeasurementStore
     from lm_coupling.plugins.specs import MetricSpec
     from lm_coupling.states import DocumentGeometry
 
@@ -53,7 +53,7 @@ class RowIndex:
         return bool(self.rows)
 
     @classmethod
-    def of_requests(cls, lm: Any, requests: list[Any], session: GeometrySession) -> RowIndex:
+    def of_requests(cls, lm: Any, requests: list[Any], store: MeasurementStore) -> RowIndex:
         """Index the wanted requests by the exact model input lm-eval will build.
 
         Requests with the same input (duplicate prompts: the same context, or
@@ -66,7 +66,7 @@ class RowIndex:
             if cache_key is None:  # loglikelihood_rolling windows: no geometry
                 continue
             key = (cache_key[0], cache_key[1])
-            if key[0] is None or not session.wanted(key):
+            if key[0] is None or not store.wanted(key):
                 continue
             inp, last = loglikelihood_input(lm, context_enc, continuation_enc, max_length)
             if last < 0:

@@ -306,6 +306,7 @@ def _geometry(config, tracker, session, results, record: RunRecord) -> None:
     """The geometry documents (plugins told where outputs go); task-level values in results."""
     from lm_coupling.harness.outputs import (
         add_task_level_values,
+        add_undefined_rows,
         geometry_documents,
         results_file_location,
     )
@@ -319,6 +320,7 @@ def _geometry(config, tracker, session, results, record: RunRecord) -> None:
     run_id = datetime.datetime.now().isoformat().replace(":", "-")
     record.geometry = geometry_documents(session, results, directory, run_id)
     add_task_level_values(results, record.geometry, session)
+    add_undefined_rows(results, record.geometry, session)
 
 
 def _write_outputs(config, tracker, session, results, samples, record: RunRecord) -> None:
@@ -372,7 +374,9 @@ def _print_account(record: RunRecord, selection: Selection, stream: TextIO | Non
         task: (record.files.get(task, Path("(not written)")), document)
         for task, document in record.geometry.items()
     }
-    for line in summary_lines(leaf_tasks(record.results), files, sampled, selection.metrics):
+    expected = [m for m in selection.metrics if selection.specs[m].nan_expected]
+    tasks = leaf_tasks(record.results)
+    for line in summary_lines(tasks, files, sampled, selection.metrics, expected):
         level = "ERROR: " if line.error else ""
         print(f"lm-coupling: {level}{line.text}", file=stream)
 

@@ -58,6 +58,7 @@ def task_line(
     path: Path | None = None,
     sampled: Iterable[str] = (),
     selected: Iterable[str] = (),
+    expected: Iterable[str] = (),
 ) -> SummaryLine:
     """The account of one task.
 
@@ -67,6 +68,8 @@ def task_line(
         path: where the geometry file is.
         sampled: metrics computed on a document sample (marked ``sampled``).
         selected: the run's selected metrics (named when ``document`` is None).
+        expected: metrics whose NaN is an expected answer (``nan_expected``):
+            NaN on every document is said, not an error.
     """
     if document is None:
         names = ", ".join(selected) or "the selected metrics"
@@ -80,8 +83,11 @@ def task_line(
         f"{metric} {n}/{total}{' (sampled)' if metric in sampled else ''}"
         for metric, n in counts.items()
     ]
-    zero = [metric for metric, n in counts.items() if n == 0]
+    zero = [metric for metric, n in counts.items() if n == 0 and metric not in expected]
     text = f"{task}: {', '.join(parts) or 'no metrics'}"
+    answered = [metric for metric, n in counts.items() if n == 0 and metric in expected]
+    if answered:
+        text += f"; NaN on every document, an expected answer: {', '.join(answered)}"
     if zero:
         text += f"; computed on 0 documents: {', '.join(zero)}"
     if path is not None:
@@ -94,6 +100,7 @@ def summary_lines(
     documents: Mapping[str, tuple[Path | None, Mapping[str, Any]]],
     sampled: Iterable[str] = (),
     selected: Iterable[str] = (),
+    expected: Iterable[str] = (),
 ) -> list[SummaryLine]:
     """One line per task of the run, in the order of ``tasks``.
 
@@ -103,12 +110,13 @@ def summary_lines(
             tasks that got a file; tasks absent here measured nothing.
         sampled: metrics computed on a document sample.
         selected: the run's selected metrics.
+        expected: metrics whose NaN is an expected answer (`task_line`).
     """
-    sampled, selected = tuple(sampled), tuple(selected)
+    sampled, selected, expected = tuple(sampled), tuple(selected), tuple(expected)
     lines = []
     for task in tasks:
         path, document = documents.get(task, (None, None))
-        lines.append(task_line(task, document, path, sampled, selected))
+        lines.append(task_line(task, document, path, sampled, selected, expected))
     return lines
 
 

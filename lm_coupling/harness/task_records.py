@@ -1,5 +1,10 @@
 """Per-task records of one run: each document's geometry summarised as lm-eval scores it.
 
+`RunRecords` scores: it gives lm-eval each document's own values (undefined
+ones left out, with one warning naming the cause), records each scored
+document once in its task's `TaskRecords`, reports the capture counts, and
+gathers the records across data-parallel ranks.
+
 Every document's trajectory/lens geometry has one source, counted per task
 (`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
 measured alone afterwards (``alone``), read from the geometry cache
@@ -16,10 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from lm_coupling.harness.plan import DocumentId, DocumentPlan
+from lm_coupling.harness.run_plans import RunPlans
 from lm_coupling.harness.streaming import ProfileByShape, RunningTimings
 from lm_coupling.states import DocumentGeometry
 
-__all__ = ["CAPTURE_SOURCES", "TaskRecords"]
+__all__ = ["CAPTURE_SOURCES", "RunRecords", "TaskRecords"]
 
 CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
 
@@ -38,7 +45,7 @@ class TaskRecords:
     summaries grow with N: ``(L+1) d`` numbers per document).
 
     Profiles are folded in as soon as a document is measured (`add_profiles`,
-    from `GeometrySession.store`), not when lm-eval scores it: lm-eval scores
+    from `MeasurementStore.store`), not when lm-eval scores it: lm-eval scores
     only after every request has run, so a measurement waiting for its score
     keeps a few numbers per metric, not its ``(L+1)``-long profiles. Documents
     in a sampled metric's sample keep theirs until scoring (at most the sample).
@@ -139,3 +146,192 @@ class TaskRecords:
         self.timings.merge(other.timings)
         for source, count in other.capture.items():
             self.capture[source] = self.capture.get(source, 0) + count
+
+
+class RunRecords:
+    """The scored documents of one run, per task.
+
+    Args:
+        plans: the run's plans (their selection, reported ids and warnings).
+        cache_path_prefix: lm-eval's ``--use_cache`` path, if any (documents
+            it answers are measured alone, as expected).
+
+    Attributes:
+        tasks: each task's records.
+        scored_ids: the documents already given to lm-eval (once, though
+            lm-eval scores a document once per filter).
+    """
+
+    def __init__(self, plans: RunPlans, cache_path_prefix: str | None = None):
+        self.plans = plans
+        self.cache_path_prefix = cache_path_prefix
+        self.tasks: dict[str, TaskRecords] = defaultdict(TaskRecords)
+        self.scored_ids: set[DocumentId] = set()
+        self._own_parts: dict[frozenset[str], tuple[list[str], set[str], bool]] = {}
+        specs = plans.selection.specs
+        self._sampled_names = frozenset(n for n, spec in specs.items() if spec.sampled)
+
+    def document_values(
+        self,
+        plan: DocumentPlan,
+        geometry: DocumentGeometry,
+        source: tuple[str, str | None],
+        record: bool,
+    ) -> dict[str, float]:
+        """The per-document values lm-eval aggregates (undefined ones left out).
+
+        A value is undefined (NaN) for degenerate documents, and a sampled
+        metric is undefined outside its document sample: lm-eval then averages
+        each metric over the documents that define it.
+
+        Args:
+            plan: the scored document's plan.
+            geometry: the measurement at its key.
+            source: ``(source, error)`` of the measurement (`MeasurementStore.source_of`).
+            record: record the document (once) in its task's records.
+        """
+        own = self._own_geometry(plan, geometry)
+        values = {k: v for k, v in own.values.items() if math.isfinite(v)}
+        undefined: list[str] = []
+        if len(values) < len(own.values):
+            failed = {name for failure in own.failures for name in failure.get("metrics", ())}
+            undefined = [name for name in own.values if name not in values and name not in failed]
+        specs = self.plans.selection.specs
+        undefined = [n for n in undefined if not (n in specs and specs[n].nan_expected)]
+        targeted = [n for n in undefined if n in specs and specs[n].reads_target]
+        if targeted and plan.target_problem is not None:
+            undefined = [name for name in undefined if name not in targeted]
+            reported = self.plans.reported_id(plan.task_name, plan.doc_id)
+            self.plans.warn_once(
+                ("target", plan.task_name, plan.doc_id),
+                f"task {plan.task_name!r} document {reported}: {', '.join(targeted)} "
+                f"{'is' if len(targeted) == 1 else 'are'} undefined (NaN): {plan.target_problem}",
+            )
+        if undefined and source[0] != "failed":
+            self.plans.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
+        if record:
+            self._record(plan, own, source)
+        return values
+
+    def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
+        """The part of a measurement that belongs to ``plan``'s document."""
+        metrics, profiles, sampled = self._own_metrics(plan.sampled_metrics)
+        if (
+            not sampled
+            and not geometry.profiles
+            and not geometry.failures
+            and not geometry.summaries
+            and geometry.jacobian_methods is None
+            and len(geometry.values) == len(metrics)
+            and all(name in geometry.values for name in metrics)
+        ):
+            return geometry  # all of it is the document's own (never changed by the caller)
+        return DocumentGeometry(
+            values={name: geometry.values.get(name, math.nan) for name in metrics},
+            profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
+            jacobian_methods=geometry.jacobian_methods if sampled else None,
+            timings=dict(geometry.timings),
+            summaries=dict(geometry.summaries),
+            failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)],
+        )
+
+    def _own_metrics(self, sampled_metrics: frozenset[str]) -> tuple[list[str], set[str], bool]:
+        """``(metrics, profiles, any sampled)`` of a document in these samples (built once each)."""
+        parts = self._own_parts.get(sampled_metrics)
+        if parts is None:
+            selection = self.plans.selection
+            specs = selection.specs
+            metrics = [
+                n
+                for n in selection.metrics
+                if (not specs[n].sampled or n in sampled_metrics) and not specs[n].task_level
+            ]  # a task-level metric has no per-document value: its task's value is added at the end
+            profiles = {p for n in metrics for p in specs[n].profiles}
+            parts = metrics, profiles, any(specs[n].sampled for n in metrics)
+            self._own_parts[sampled_metrics] = parts
+        return parts
+
+    def scored(self, task_name: str, doc_id: int | None) -> bool:
+        """Whether the document's geometry was already given to lm-eval (an earlier filter)."""
+        return (task_name, doc_id) in self.scored_ids
+
+    def internal_failure(self, task_name: str, doc_id: int | None, error: str) -> None:
+        """Record a document whose geometry an lm-coupling error lost (its scores are kept).
+
+        The document counts as ``failed`` with the error in the geometry file,
+        one warning names it, and the end-of-run account reports the task as
+        an error: a bug here never passes as a quiet NaN.
+        """
+        ident = (task_name, doc_id)
+        if ident in self.scored_ids:
+            return
+        self.scored_ids.add(ident)
+        if doc_id is not None:
+            doc_id = self.plans.reported_id(task_name, doc_id)
+        records = self.tasks[task_name]
+        records.add(-1 if doc_id is None else doc_id, DocumentGeometry())
+        records.capture["failed"] += 1
+        records.failures.append({"doc_id": doc_id, "error": f"internal error: {error}"})
+        self.plans.warn_once(
+            ident,
+            f"task {task_name!r} document {doc_id}: geometry not attached because of an "
+            f"lm-coupling error ({error}); the benchmark's own scores are kept. Please report it",
+        )
+
+    def _record(
+        self, plan: DocumentPlan, geometry: DocumentGeometry, outcome: tuple[str, str | None]
+    ) -> None:
+        """Record a scored document once (lm-eval scores it once per filter)."""
+        ident = (plan.task_name, plan.doc_id)
+        if ident in self.scored_ids:
+            return
+        self.scored_ids.add(ident)
+        records = self.tasks[plan.task_name]
+        keep = not self._sampled_names.isdisjoint(geometry.values)
+        doc_id = self.plans.reported_id(*ident)
+        records.add(doc_id, geometry, keep)
+        source, error = outcome
+        records.capture[source] += 1
+        if error is not None:
+            records.failures.append({"doc_id": doc_id, "error": error})
+        for failure in geometry.failures:  # a plugin's answer failed (its metrics NaN)
+            records.failures.append({"doc_id": doc_id, **failure})
+
+    def capture_report(self) -> dict[str, dict[str, Any]]:
+        """Per task: ``capture`` counts and ``n_measured`` per metric.
+
+        Warns once per task whose documents were measured alone without
+        ``--use_cache`` (a second forward pass the batch matching should
+        have made unnecessary).
+        """
+        report = {}
+        for task_name, records in sorted(self.tasks.items()):
+            alone = records.capture.get("alone", 0)
+            if alone and self.cache_path_prefix is None:
+                self.plans.warn_once(
+                    ("alone", task_name),
+                    f"task {task_name!r}: {alone} of {records.n_documents} documents were "
+                    "not found in lm-eval's batches and were measured alone afterwards (a "
+                    "second forward pass). Likely cause: the model input lm-eval built (its "
+                    "tokenization, truncation or padding) differs from the one planned, e.g. "
+                    "a custom model subclass or chat template; the values are those of the "
+                    "prompt alone.",
+                )  # fmt: skip
+            report[task_name] = {
+                "capture": dict(records.capture),
+                "n_measured": records.n_measured(self.plans.selection.metrics),
+            }
+        return report
+
+    # -- gathering across ranks --------------------------------------------
+    def export(self) -> dict[str, TaskRecords]:
+        """This rank's records, for gathering across data-parallel ranks."""
+        return dict(self.tasks)
+
+    def merge(self, gathered: list[dict[str, TaskRecords]]) -> None:
+        """Replace the records by those gathered from every rank."""
+        merged: dict[str, TaskRecords] = defaultdict(TaskRecords)
+        for rank_records in gathered:
+            for task_name, task_records in rank_records.items():
+                merged[task_name].extend(task_records)
+        self.tasks = merged

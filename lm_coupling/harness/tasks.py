@@ -111,7 +111,7 @@ def attach_geometry(
             task.process_results, name, session, cursor, measure_alone
         )
         task._lmc_session = session
-        session.add_task(name, task)
+        session.plans.add_task(name, task)
 
 
 def _tracking_doc_id(doc_iterator: Callable, cursor: dict[str, int | None]) -> Callable:
@@ -136,7 +136,7 @@ def _with_geometry(
     def process_results_with_geometry(doc, results):
         metrics = process_results(doc, results)
         doc_id = cursor["doc_id"]
-        if not isinstance(metrics, dict) or session.scored(task_name, doc_id):
+        if not isinstance(metrics, dict) or session.records.scored(task_name, doc_id):
             return metrics  # a later filter of a scored document: geometry is shown once
         try:
             if doc_id is None:
@@ -145,14 +145,14 @@ def _with_geometry(
                     "document is unknown"
                 )
             session.complete_task(task_name, measure_alone)  # deferred metrics, once per task
-            plan = session.plan_for(task_name, doc_id)
+            plan = session.plans.plan_for(task_name, doc_id)
             if plan is None:
                 return metrics
-            geometry = session.geometry_for(plan, measure_alone)
+            geometry = session.measurements.geometry_for(plan, measure_alone)
             return {**metrics, **session.document_values(plan, geometry, record=True)}
         except Exception as exc:  # the benchmark's own scores are kept; the cause is recorded
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            session.internal_failure(
+            session.records.internal_failure(
                 task_name,
                 doc_id,
                 f"{exc!r} at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}",

@@ -34,7 +34,15 @@ class _Specs(Protocol):
     specs: Mapping[str, MetricSpec]
 
 
-__all__ = ["PluginCalls", "answers", "call", "implementers", "isolated_answers", "plugin_name"]
+__all__ = [
+    "PluginCalls",
+    "answers",
+    "call",
+    "implementers",
+    "isolated_answers",
+    "plugin_name",
+    "warn_failures",
+]
 
 _SHOWN_DOCUMENTS = 5
 """Documents a warning names before it says how many more."""
@@ -51,6 +59,8 @@ class PluginCalls:
     def __init__(self, pm: pluggy.PluginManager, selection: _Specs):
         self.pm, self.selection = pm, selection
         self._warned: set[tuple[str, str]] = set()
+        self.deferred = False
+        """Record failures without warning: the harness warns once per task (`warn_failures`)."""
         declaring = {self._name(i) for i in pm.hook.lmc_declare_metrics.get_hookimpls()}
         self.observers = tuple(
             name
@@ -75,6 +85,15 @@ class PluginCalls:
             if self._name(impl) == plugin:
                 return impl
         return None
+
+    def lenses(self, metrics: Sequence[str]) -> dict[str, str]:
+        """``{plugin name: the lens its metrics among metrics read}`` (`MetricSpec.lens`)."""
+        return {
+            plugin: self.selection.specs[m].lens
+            for plugin, own in self.owners(metrics).items()
+            for m in own
+            if "lens" in self.selection.specs[m].needs
+        }
 
     def each(self, hook: str, **kwargs: Any) -> dict[str, Any]:
         """``{plugin name: answer}`` of every implementation of a run-level hook.
@@ -104,35 +123,48 @@ class PluginCalls:
         docs: list[DocumentGeometry],
         reduced: Mapping[str, Any],
         errors: Mapping[str, str],
-        lens_error: str | None,
+        lens_errors: Mapping[str, str],
         options: Mapping[str, Any],
-    ) -> None:
+    ) -> dict[str, float]:
         """Fill ``docs`` with each owning plugin's ``lmc_compute_batch`` answer, one at a time.
 
         Plugins that declare no metric at all (observers) are called too, with
         ``selected=()``; their failure is reported and changes no value.
+
+        Returns:
+            Per plugin, the wall seconds of its call (and retries) on the batch.
         """
+        import time
+
         calls = {**dict.fromkeys(self.observers, ()), **self.owners(metrics)}
+        seconds: dict[str, float] = {}
         for plugin, own in calls.items():
-            error = errors.get(plugin)
-            if error is None and lens_error is not None:
-                if any("lens" in self.selection.specs[m].needs for m in own):
-                    error = f"the lens failed: {lens_error}"
-            impl = self.implementation("lmc_compute_batch", plugin)
-            if error is not None:
-                self.fail(plugin, own, states, docs, error)
-                continue
-            if impl is None:
-                continue
-            mine = reduced.get(plugin)
-            result, error = self._answer(impl, own, states, mine, options)
-            answer, failed = self._check(plugin, own, result, states.size, error)
-            if failed and own and states.size > 1:
-                rows = _rows_of(mine, states)
-                if rows is not None:  # retried row by row: a failure is that document's
-                    self._row_by_row(plugin, own, impl, rows, states, docs, options)
-                    continue
-            self._keep(plugin, own, answer, failed, states, docs)
+            start = time.perf_counter()
+            self._compute_one(plugin, own, states, docs, reduced, errors, lens_errors, options)
+            seconds[plugin] = time.perf_counter() - start
+        return seconds
+
+    def _compute_one(self, plugin, own, states, docs, reduced, errors, lens_errors, options):
+        """One plugin's ``lmc_compute_batch`` on the batch, checked (see `compute`)."""
+        error = errors.get(plugin)
+        lens = self.lenses(own).get(plugin)
+        if error is None and lens in lens_errors:
+            error = f"the lens {lens!r} failed: {lens_errors[lens]}"
+        impl = self.implementation("lmc_compute_batch", plugin)
+        if error is not None:
+            self.fail(plugin, own, states, docs, error)
+            return
+        if impl is None:
+            return
+        mine = reduced.get(plugin)
+        result, error = self._answer(impl, own, states, mine, options)
+        answer, failed = self._check(plugin, own, result, states, error)
+        if failed and own and states.size > 1:
+            rows = _rows_of(mine, states)
+            if rows is not None:  # retried row by row: a failure is that document's
+                self._row_by_row(plugin, own, impl, rows, states, docs, options)
+                return
+        self._keep(plugin, own, answer, failed, states, docs)
 
     def complete_task(
         self,
@@ -150,7 +182,11 @@ class PluginCalls:
         """
         import types
 
-        states = types.SimpleNamespace(size=len(docs), documents=tuple((ref,) for ref in refs))
+        states = types.SimpleNamespace(
+            size=len(docs),
+            documents=tuple((ref,) for ref in refs),
+            n_layers=getattr(parts, "n_layers", None),
+        )
         task = refs[0].task if refs else ""
         for plugin, own in self.owners(metrics).items():
             impl = self.implementation("lmc_complete_task", plugin)
@@ -169,7 +205,7 @@ class PluginCalls:
                 result, error = call(impl, kwargs), None
             except Exception as exc:  # a plugin's failure is its own
                 result, error = None, f"lmc_complete_task raised {exc!r}"
-            answer, failed = self._check(plugin, own, result, len(docs), error)
+            answer, failed = self._check(plugin, own, result, states, error)
             self._keep(plugin, own, answer, failed, states, docs)
 
     def _row_by_row(self, plugin, own, impl, rows, states, docs, options) -> None:
@@ -179,7 +215,7 @@ class PluginCalls:
         groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         for b, (state_b, mine_b) in enumerate(rows):
             result, error = self._answer(impl, own, state_b, mine_b, options)
-            answer_b, failed_b = self._check(plugin, own, result, 1, error)
+            answer_b, failed_b = self._check(plugin, own, result, state_b, error)
             self._keep(plugin, own, answer_b, {}, state_b, docs[b : b + 1])
             for error, names in failed_b.items():
                 groups.setdefault((error, tuple(dict.fromkeys(names))), []).append(b)
@@ -209,9 +245,16 @@ class PluginCalls:
             self.fail(plugin, tuple(dict.fromkeys(names)), states, docs, error)
 
     def _check(
-        self, plugin: str, own: tuple[str, ...], result: Any, size: int, error: str | None
+        self, plugin: str, own: tuple[str, ...], result: Any, states: Any, error: str | None
     ) -> tuple[list[tuple[str, str, Any]], dict[str, list[str]]]:
-        """``(well-formed parts as (kind, name, rows), {error: metrics})`` of one answer."""
+        """``(well-formed parts as (kind, name, rows), {error: metrics})`` of one answer.
+
+        Each part is checked against its declaration: a value is one real
+        number per document, finite or NaN; a profile has the length of its
+        axis (states: L + 1, blocks: L: its first dimension), a matrix at
+        least two dimensions.
+        """
+        size, n_layers = states.size, getattr(states, "n_layers", None)
         if error is not None:
             return [], {error: list(own)}
         if result is None:
@@ -231,6 +274,8 @@ class PluginCalls:
                 )
                 continue
             column, error = _rows(tensor, size, f"values of {name!r}", per_row=())
+            if isinstance(tensor, Exception):  # a short-route function raised
+                error = f"{name} raised {tensor!r}"
             if error is not None:
                 failed.setdefault(error, []).append(name)
             else:
@@ -247,7 +292,11 @@ class PluginCalls:
                     )
                     continue
                 wide = kind == "profiles"  # summaries keep float32: never written, half the memory
-                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", None, wide)
+                shape = None
+                if wide and n_layers is not None:
+                    axis = self.selection.specs[declared[name]].profile(name).axis
+                    shape = {"states": (n_layers + 1,), "blocks": (n_layers,)}.get(axis, ("2-D",))
+                rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", shape, wide)
                 if error is not None:
                     owner = [declared[name]] if kind == "profiles" else list(own)
                     failed.setdefault(error, []).extend(owner)
@@ -272,25 +321,51 @@ class PluginCalls:
                     doc.profiles.pop(profile, None)
             if record not in doc.failures:
                 doc.failures.append(dict(record))
-        cause = error.split("(", 1)[0]
-        consequence = (
-            f"its metrics {', '.join(metrics)} are NaN there (the geometry file's failures "
-            "name it); every other metric keeps its value"
-            if metrics
-            else "it declares no metric, so no value changes"
-        )
-        self._warn_once(
-            plugin,
-            cause,
-            f"plugin {plugin!r} failed on {_documents(states.documents, len(docs))}: {error}; "
-            + consequence,
-        )
+        if not self.deferred:
+            where = _documents(states.documents, len(docs))
+            message = f"plugin {plugin!r} failed on {where}: {error}; {_consequence(metrics)}"
+            self._warn_once(plugin, error.split("(", 1)[0], message)
 
     def _warn_once(self, plugin: str, cause: str, message: str) -> None:
         if (plugin, cause) in self._warned:
             return
         self._warned.add((plugin, cause))
         warnings.warn(f"lm-coupling: {message}", GeometryWarning, stacklevel=4)
+
+
+def _consequence(metrics: Sequence[str]) -> str:
+    if not metrics:
+        return "it declares no metric, so no value changes"
+    return (
+        f"its metrics {', '.join(metrics)} are NaN there (the geometry file's failures name it); "
+        "every other metric keeps its value"
+    )
+
+
+def warn_failures(task: str, failures: Sequence[Mapping[str, Any]]) -> None:
+    """One warning per plugin and cause, counting every document of ``task`` it failed on.
+
+    The first documents are named; the warning says where the others are
+    (the geometry file's ``failures``, which lists every one).
+    """
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for failure in failures:
+        if "plugin" in failure and "metrics" in failure:
+            cause = str(failure["error"]).split("(", 1)[0]
+            groups.setdefault((failure["plugin"], cause), []).append(failure)
+    for (plugin, _), group in groups.items():
+        ids = list(dict.fromkeys(f["doc_id"] for f in group))
+        metrics = list(dict.fromkeys(m for f in group for m in f["metrics"]))
+        shown, rest = ", ".join(map(str, ids[:_SHOWN_DOCUMENTS])), len(ids) - _SHOWN_DOCUMENTS
+        if rest > 0:
+            shown += f" and {rest} more, every one in the geometry file's failures"
+        plural = "s" if len(ids) > 1 else ""
+        warnings.warn(
+            f"lm-coupling: plugin {plugin!r} failed on {len(ids)} document{plural} of task "
+            f"{task!r} (document{plural} {shown}): {group[0]['error']}; {_consequence(metrics)}",
+            GeometryWarning,
+            stacklevel=2,
+        )
 
 
 def plugin_name(pm: pluggy.PluginManager, impl: pluggy.HookImpl) -> str:
@@ -391,7 +466,9 @@ def _rows(
 ) -> tuple[Any, str | None]:
     """``(float64 rows on the host, None)``, or ``(None, error)`` for a wrong shape.
 
-    ``per_row=()``: one number per row (``[B]``); None: any per-row shape (``[B, ...]``).
+    ``per_row``: the shape of each row (``()``: one number per row, ``[B]``; a
+    profile's length ``(L + 1,)`` or ``(L,)``, its first dimension; ``("2-D",)``:
+    a matrix, two dimensions or more); None: any per-row shape.
     ``wide=False`` (plugin summaries) keeps float32 (and narrower floats) as float32.
     """
     import numpy as np
@@ -408,13 +485,25 @@ def _rows(
             array = np.asarray(tensor)
             narrow = not wide and array.dtype in (np.float32, np.float16)
             array = array.astype(np.float32 if narrow else np.float64)
+        if array.dtype.kind not in "biuf":
+            raise TypeError(f"dtype {array.dtype}")
     except (TypeError, ValueError, RuntimeError) as exc:
-        return None, f"{what} is not numeric ({exc!r})"
+        return None, f"{what} is not real numbers ({exc!r})"
     if array.ndim == 0 or array.shape[0] != size:
         found = "a scalar" if array.ndim == 0 else f"{array.shape[0]} rows"
         return None, f"{what} has {found} for {size} documents (shape {tuple(array.shape)})"
     if per_row == () and array.ndim != 1:
         return None, f"{what} must be one number per document, found shape {tuple(array.shape)}"
+    if per_row == () and np.isinf(array).any():
+        return None, f"{what} are infinite (a value is finite, or NaN where undefined)"
+    found = array.shape[1:]
+    if per_row == ("2-D",):
+        bad = len(found) < 2
+    else:
+        bad = per_row is not None and per_row != () and found[:1] != per_row
+    if bad:
+        needs = "two dimensions (a matrix)" if per_row == ("2-D",) else f"{per_row[0]} entries"
+        return None, f"{what} has shape {found} per document where its declared axis needs {needs}"
     return array, None
 
 

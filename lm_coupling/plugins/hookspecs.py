@@ -1,15 +1,12 @@
-"""Hook specifications of lm-coupling metric plugins.
+"""Hook specifications of lm-coupling metric plugins (the contract: docs/plugins.md).
 
 Hooks are called with keyword arguments; an implementation takes only the
-arguments it uses, so specifications can grow without breaking plugins.
-
-The per-batch hooks (``lmc_layer_reducer``, ``lmc_compute_batch``) are called
-for each plugin on its own, and only for plugins that own a metric being
-computed: an exception, or an answer of the wrong shape or length, makes that
-plugin's metrics NaN on the documents it failed on (a failing batch is
-retried row by row; one warning naming plugin, metric and documents; the
-geometry file's ``failures`` names the plugin) and changes no other value.
-The contract in prose, with a worked example package: docs/plugins.md.
+arguments it uses, so specifications can grow without breaking plugins. The
+per-batch hooks are called for each plugin on its own, for the plugins owning
+a metric being computed; every answer is checked against its declaration, and
+a failure makes only that plugin's metrics NaN on the documents it failed on.
+A metric of the states at the measured token needs none of these hooks: it is
+one function declared with ``lm_coupling.metric`` (`lm_coupling.plugins.short`).
 """
 
 from __future__ import annotations
@@ -30,13 +27,10 @@ if TYPE_CHECKING:  # annotations only: declaring plugins loads no torch
 
 @hookspec
 def lmc_declare_metrics() -> Sequence[MetricSpec]:
-    """Declare the metrics this plugin provides.
-
-    Called once, when the plugin manager is built. Not firstresult: every
-    plugin answers. A name claimed by two plugins is an error naming both.
+    """Declare the plugin's metrics (once, when the manager is built; every plugin answers).
 
     Returns:
-        The plugin's metric specifications.
+        The plugin's `MetricSpec` records; a name claimed by two plugins is an error.
     """
 
 
@@ -44,24 +38,20 @@ def lmc_declare_metrics() -> Sequence[MetricSpec]:
 def lmc_layer_reducer(
     selected: Sequence[str], options: Mapping[str, Any], batch: BatchInfo
 ) -> LayerReducer | None:
-    """Start a reducer of the streamed states of one batch.
+    """Start a reducer of one batch's streamed states (per plugin with a streamed metric).
 
-    Called once per captured batch, before ``x^0`` is served, for each plugin
-    that owns a selected metric needing ``hidden_states``, ``lens`` or
-    ``attentions``. A batch is the measured rows of one forward pass. The
-    reducer's ``update(view)`` then receives ``x^0 .. x^L`` one `LayerView`
-    at a time (the reducer keeps what it reduces, never the view),
-    and its ``finalize()`` result reaches this plugin's ``lmc_compute_batch``
-    as ``reduced``. Not firstresult: each plugin's reducer is its own.
+    Its ``update(view)`` receives ``x^0 .. x^L`` one `LayerView` at a time, its
+    optional ``update_lens(logits [B, L+1, V])`` the lens logits of every
+    state, and what its ``finalize()`` returns reaches this plugin's
+    ``lmc_compute_batch`` as ``reduced``.
 
     Args:
-        selected: the metric names being computed (answer for your own).
+        selected: the plugin's metrics being computed.
         options: parsed ``--metric_args``.
-        batch: the batch's shape, token mask, target tokens and documents.
+        batch: the batch's shape, token mask, target tokens, lens and documents.
 
     Returns:
-        An object with ``update(view)`` and ``finalize()`` (`LayerReducer`), or
-        None.
+        A `LayerReducer`, or None.
     """
 
 
@@ -69,19 +59,17 @@ def lmc_layer_reducer(
 def lmc_lens(
     selected: Sequence[str], options: Mapping[str, Any], model: torch.nn.Module, parts: ModelParts
 ) -> Lens | None:
-    """Supply the lens the lens metrics read (default: the built-in logit lens).
+    """Add a lens beside the built-in logit lens, under the lens's own ``name``.
 
-    Called once per run, when the runner is built, if a selected metric needs
-    ``lens``. At most one plugin may answer (two lenses are a
-    ``ConfigurationError`` naming both); answer only when your own option or
-    metric asks for your lens.
+    Called once per run if a selected metric needs ``lens``. The metrics that
+    read it name it (``MetricSpec.lens``); two lenses of one name are a
+    ``ConfigurationError``.
 
     Args:
         selected: every selected metric name.
         options: parsed ``--metric_args``.
         model: the measured model.
-        parts: its located blocks, final norm and unembedding
-            (``ModelParts.final_norm_fp32``, ``ModelParts.unembed_fp32``).
+        parts: its located parts (``final_norm_fp32``, ``unembed_fp32``).
 
     Returns:
         A `Lens` (``name``, ``logits(layer, hidden [B, d]) -> [B, V]``), or None.
@@ -95,33 +83,19 @@ def lmc_compute_batch(
     options: Mapping[str, Any],
     reduced: Any,
 ) -> Mapping[str, Mapping[str, torch.Tensor]] | None:
-    """Compute per-document values for one batch of documents.
-
-    Called after each captured batch (the measured rows of lm-eval's forward
-    pass, or of several pooled: ``lmc_layer_reducer``),
-    and once per batch of sampled documents for metrics that need Jacobians
-    (``states.jacobians`` holds one entry per document, None outside the
-    sample). Called for each plugin on its own, with the metric names it owns
-    among those being computed.
+    """Per-document values of a captured batch, or of sampled documents (engine products).
 
     Args:
-        selected: the metric names being computed (a plugin computes only
-            the names it owns).
-        states: the batch: ``size``, ``documents`` (per row, its
-            `DocumentRef`s), and the engine's products.
+        selected: the plugin's metrics being computed.
+        states: the batch's size, documents and the engine's products.
         options: parsed ``--metric_args`` with defaults filled in.
-        reduced: what this plugin's own reducer's ``finalize()`` returned for
-            this batch (None without a reducer, and on sampled batches).
+        reduced: what this plugin's reducer's ``finalize()`` returned (None
+            without a reducer, and on sampled batches).
 
     Returns:
-        ``{"values": {name: [B] tensor}, "profiles": {name: [B, ...] tensor},
-        "summaries": {name: [B, ...] tensor}}``: each metric it owns mapped
-        to its per-document values (NaN for degenerate documents), each
-        declared profile to its per-document profiles (per-layer vectors,
-        L x L matrices), and optional per-document summaries that are kept
-        for ``lmc_aggregate_task`` (``DocumentGeometry.summaries``) but never
-        written; or None. A value of the wrong shape makes that metric NaN
-        on the batch (reported, naming the plugin).
+        ``{"values": {name: [B]}, "profiles": {name: [B, ...]}, "summaries":
+        {name: [B, ...]}}`` (NaN where a value is undefined; summaries are
+        kept for ``lmc_aggregate_task``, never written), or None.
     """
 
 
@@ -136,41 +110,22 @@ def lmc_aggregate_task(
     output_dir: Path | None,
     run_id: str,
 ) -> Mapping[str, Any] | None:
-    """Write the plugin's own sections of a task's geometry file.
-
-    Called once per task when the run ends, after the common aggregation
-    (mean, stderr and n of every declared profile). Not firstresult: the
-    returned mappings are merged into the file's top level, so a plugin owns
-    the keys it returns (the built-in coupling plugin writes ``"coupling"``).
-    A task-level measure (one number from all of a task's documents) is
-    computed here from the documents' ``summaries``.
+    """The plugin's own top-level sections of a task's geometry file (once per task, at the end).
 
     Args:
         selected: every selected metric name.
         profiles: the task's aggregated profiles, ``{name: {"mean", "stderr", "n"}}``.
-        options: parsed ``--metric_args`` as used on the model (each K capped
-            to what the model's width allows).
-        documents: only the task's sampled documents whole (those carrying a
-            sampled metric's values: at most ``coupling_docs`` per task, the
-            seeded sample of docs/design.md; their values, profiles, summaries
-            and Jacobian route per layer), plus, for every other scored
-            document that has plugin ``summaries``, a document holding those
-            summaries alone. The other documents' values and profiles reach
-            the plugin only through ``profiles`` (streamed, so a run's memory
-            stays flat in N).
+        options: parsed ``--metric_args`` as used (each K capped to the model's width).
+        documents: the task's sampled documents whole, and of every other
+            document its plugin ``summaries`` alone.
         task: the task's name.
-        doc_ids: lm-eval's ``doc_id`` of each of ``documents`` (same order).
-        output_dir: the folder the task's geometry file is written to (None
-            when the run writes no files: no ``--output_path``); a plugin's
-            own files go there, named with ``run_id``.
-        run_id: the timestamp in the run's file names
-            (``geometry_<task>_<run_id>.json``).
+        doc_ids: lm-eval's ``doc_id`` of each of ``documents``.
+        output_dir: the geometry file's folder (None without ``--output_path``).
+        run_id: the timestamp of the run's file names.
 
     Returns:
-        Extra top-level entries for the geometry file, or None. A
-        task-level metric (`MetricSpec.task_level`) returns its value as
-        ``{name: {"value": float, "n": documents used, ...}}``: lm-eval's
-        results and table get that value once per task.
+        Sections to merge into the file (a task-level metric's holds its
+        ``"value"`` and ``"n"``), or None.
     """
 
 
@@ -183,29 +138,20 @@ def lmc_complete_task(
     doc_ids: Sequence[int],
     parts: ModelParts,
 ) -> Mapping[str, Mapping[str, Any]] | None:
-    """Compute the deferred metrics' per-document values once a task is measured.
-
-    Called once per task, for each plugin owning a selected deferred metric
-    (`MetricSpec.deferred`), after every document of the task has been
-    measured (lm-eval runs every request before it scores any document) and
-    before lm-eval scores the first one, so the values still reach lm-eval
-    per document. For read-outs through a quantity fitted on the task's own
-    sample (the Jacobian lens): the sampled documents' summaries are there
-    for every document's read.
+    """The deferred metrics' values once a task is measured, before lm-eval scores it.
 
     Args:
         selected: the plugin's deferred metrics among those being computed.
         options: parsed ``--metric_args``.
-        documents: every measured document of the task (values, profiles,
-            summaries, the sampled ones' too). A plugin may delete its own
-            summaries from them once used (they are then not kept).
+        documents: every measured document of the task (the plugin may delete
+            its own summaries once used).
         task: the task's name.
         doc_ids: lm-eval's ``doc_id`` of each of ``documents``.
-        parts: the model's located blocks, final norm and unembedding.
+        parts: the model's located parts.
 
     Returns:
         ``{"values": {name: [N]}, "profiles": {name: [N, ...]}}`` in the order
-        of ``documents`` (checked as ``lmc_compute_batch``'s answer), or None.
+        of ``documents`` (checked as ``lmc_compute_batch``'s), or None.
     """
 
 
@@ -213,23 +159,15 @@ def lmc_complete_task(
 def lmc_jacobian_request(
     selected: Sequence[str], options: Mapping[str, Any], d_model: int
 ) -> JacobianRequest | None:
-    """Ask the Jacobian engine for block Jacobian factors at the target position.
-
-    Called once per run, when the engine is built, if a selected metric needs
-    ``jacobian``. Not firstresult: the engine serves the union of the
-    requests (the largest K; the swapped reduction and the dense Jacobians if
-    any request wants them; the routes, and the pair reductions, must agree).
-    The factors reach ``lmc_compute_batch`` as ``states.jacobians``
-    (`lm_coupling.states.JacobianFactors`).
+    """What the Jacobian engine computes for this plugin (the engine serves the union).
 
     Args:
         selected: every selected metric name (answer only for your own).
         options: parsed ``--metric_args``.
-        d_model: the model's width (resolve a fractional K with
-            `lm_coupling.plugins.specs.used_k`).
+        d_model: the model's width (resolve a fractional K with `used_k`).
 
     Returns:
-        A `JacobianRequest`, or None when none of the plugin's metrics is selected.
+        A `JacobianRequest`, or None.
     """
 
 
@@ -237,19 +175,13 @@ def lmc_jacobian_request(
 def lmc_position_jacobian_keys(
     selected: Sequence[str], options: Mapping[str, Any], n_layers: int, n_tokens: int
 ) -> Sequence[tuple[int, int, int]] | None:
-    """Ask for Jacobians between positions of a sampled document.
-
-    Called once per sampled document when a selected metric needs
-    ``tokenwise_jacobian``. The union of the answers is computed
-    (``JacobianEngine.position_jacobian``) and handed to
-    ``lmc_compute_batch`` as ``states.tokenwise[0]``, a mapping
-    ``{(layer, t_in, t_out): [d, d] tensor}``. Not firstresult.
+    """Jacobians between positions of a sampled document (``states.tokenwise``).
 
     Args:
         selected: every selected metric name.
         options: parsed ``--metric_args``.
-        n_layers: the model's number of blocks L.
-        n_tokens: the prompt's length T (positions 0..T-1, n = T - 1).
+        n_layers: L.
+        n_tokens: the prompt's length T.
 
     Returns:
         ``(layer, t_in, t_out)`` keys with ``0 <= t_in <= t_out < T``, or None.

@@ -12,6 +12,7 @@ from lm_coupling.plugins import hookspecs
 from lm_coupling.plugins.builtin import BUILTIN_PLUGINS
 from lm_coupling.plugins.calls import answers, implementers
 from lm_coupling.plugins.markers import PROJECT_NAME
+from lm_coupling.plugins.short import ShortRoutePlugin, short_metrics
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec
 from lm_coupling.states import ENGINE_NEEDS, NEEDS, STREAMED_NEEDS
 
@@ -29,6 +30,12 @@ class MetricRegistry:
         option_owner: dict[str, str] = {}
         reducers = set(implementers(pm, "lmc_layer_reducer"))
         for plugin_name, declared in answers(pm, "lmc_declare_metrics").items():
+            lenses = {spec.lens for spec in declared or () if "lens" in getattr(spec, "needs", ())}
+            if len(lenses) > 1:
+                raise PluginError(
+                    f"plugin {plugin_name!r} declares metrics reading the lenses "
+                    f"{', '.join(sorted(lenses))}; a plugin's metrics read one lens"
+                )
             for spec in declared or ():
                 if not isinstance(spec, MetricSpec):
                     raise PluginError(
@@ -57,9 +64,57 @@ class MetricRegistry:
     def distributions(self) -> dict[str, str]:
         """Return ``{plugin name: "distribution version"}`` for the results file."""
         info = {}
+        served = getattr(self.pm, "served", {})
         for plugin, dist in self.pm.list_plugin_distinfo():
+            plugin = served.get(id(plugin), plugin)
             info[self.pm.get_name(plugin) or repr(plugin)] = f"{dist.project_name} {dist.version}"
         return info
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, checking each plugin as it registers (entry point or by hand).
+
+    A plugin holding short-route metrics (`lm_coupling.plugins.short.metric`)
+    is served by a `ShortRoutePlugin` registered under its name (with the
+    plugin's other hooks, such as ``lmc_lens``).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(PROJECT_NAME)
+        self.served: dict[int, object] = {}  # id(module) -> the object registered for it
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        """Register ``plugin``; a misspelled hook is refused at once.
+
+        Raises:
+            PluginError: the plugin implements a hook that does not exist
+                (``lmc_compute_bach``), or implements the hooks its short-route
+                metrics are served by.
+        """
+        shorts = short_metrics(plugin) if hasattr(plugin, "__dict__") else []
+        if shorts:
+            hooks = [n for n in dir(plugin) if self.parse_hookimpl_opts(plugin, n) is not None]
+            clash = sorted(set(hooks) & set(vars(ShortRoutePlugin)))
+            if clash:
+                raise PluginError(
+                    f"plugin {name or plugin!r} holds @metric functions and implements "
+                    f"{', '.join(clash)}; put the short-route metrics in a module of their own"
+                )
+            name = name or self.get_canonical_name(plugin)
+            self.served[id(plugin)] = served = ShortRoutePlugin(shorts)
+            for hook in hooks:  # its other hooks (a lens) are served beside the functions
+                setattr(served, hook, getattr(plugin, hook))
+            plugin = served
+        registered = super().register(plugin, name)
+        try:
+            self.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self.unregister(plugin)
+            raise PluginError(
+                f"metric plugin {registered!r} implements an unknown hook: {exc}; the hooks "
+                f"are {', '.join(sorted(n for n in dir(hookspecs) if n.startswith('lmc_')))}"
+            ) from exc
+        return registered
 
 
 def check_needs(spec: MetricSpec, plugin_name: str, has_reducer: bool) -> None:
@@ -107,7 +162,7 @@ def _with_plugin(spec: MetricSpec, plugin_name: str) -> MetricSpec:
     return replace(spec, plugin=plugin_name)
 
 
-def new_plugin_manager(load_entry_points: bool | None = None) -> pluggy.PluginManager:
+def new_plugin_manager(load_entry_points: bool | None = None) -> PluginManager:
     """Build a plugin manager with the built-ins and (optionally) entry points.
 
     Args:
@@ -118,7 +173,7 @@ def new_plugin_manager(load_entry_points: bool | None = None) -> pluggy.PluginMa
     Raises:
         PluginError: a plugin failed to import, or implements a misspelled hook.
     """
-    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm = PluginManager()
     pm.add_hookspecs(hookspecs)
     for plugin in BUILTIN_PLUGINS:
         pm.register(plugin, name=f"builtin.{plugin.__name__.rsplit('.', 1)[-1]}")
@@ -127,16 +182,14 @@ def new_plugin_manager(load_entry_points: bool | None = None) -> pluggy.PluginMa
     if load_entry_points:
         try:
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
+        except PluginError:
+            raise
         except Exception as exc:  # an import error inside a third-party plugin
             raise PluginError(
                 f"the metric plugin {_failing_entry_point(pm)} failed to load: {exc!r}. "
                 "Fix or uninstall the distribution that provides it, or set "
                 f"{DISABLE_AUTOLOAD_ENV}=1 to skip third-party plugins"
             ) from exc
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise PluginError(f"a metric plugin implements an unknown hook: {exc}") from exc
     return pm
 
 
@@ -157,7 +210,7 @@ def _failing_entry_point(pm: pluggy.PluginManager) -> str:
 
 
 @lru_cache(maxsize=1)
-def get_plugin_manager() -> pluggy.PluginManager:
+def get_plugin_manager() -> PluginManager:
     """Return the process-wide plugin manager (built once)."""
     return new_plugin_manager()
 

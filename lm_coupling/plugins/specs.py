@@ -172,6 +172,11 @@ class MetricSpec:
         primary: the report's default primary metric (its test against the
             average score comes first); one metric of the installed plugins
             says so (the built-in ``coupling``).
+        lens: the lens its ``lens`` need reads, by name (``"logit"``, the
+            built-in logit lens, or the name of a plugin's ``lmc_lens``); every
+            named lens is read in the same forward pass, side by side.
+        nan_expected: NaN is one of its answers (a threshold never crossed),
+            counted as such rather than as undefined geometry.
         requires: metrics added to the selection when this one is selected:
             names, or a function of the parsed options returning names (the
             J-lens needs its fit unless a fitted lens is loaded).
@@ -196,6 +201,8 @@ class MetricSpec:
     deferred: bool = False
     reads_target: bool = False
     primary: bool = False
+    lens: str = "logit"
+    nan_expected: bool = False
     requires: tuple[str, ...] | Callable[[Mapping[str, Any]], Iterable[str]] = field(
         default=(), compare=False
     )

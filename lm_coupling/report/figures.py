@@ -147,6 +147,13 @@ def is_unit_quantity(name: str, catalogue: Catalogue | None = None) -> bool:
 _UNIT_SCORES = ("acc", "acc_norm", "exact_match", "mc1", "mc2")
 
 
+def declared_label(column: str, catalogue: Catalogue | None = None) -> str:
+    """A column's axis label: its metric's declared label, the column named when it differs."""
+    known = catalogue_or_installed(catalogue)
+    label = known.label(known.base_metric(column))
+    return column if label == column else f"{label} ({column})"
+
+
 def zoom_note(low: float, high: float) -> str:
     """``zoomed: 0.41-0.46, 5% of [0, 1]`` for an axis of a [0, 1] quantity shown zoomed in."""
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -155,11 +162,14 @@ def zoom_note(low: float, high: float) -> str:
     return f"zoomed: {low:.3g}-{high:.3g}, {share:.2g}% of [0, 1]"
 
 
-def unit_axis(ax: Axes, values: np.ndarray, axis: str = "y") -> None:
-    """Fix a [0, 1] quantity's axis to [0, 1]; print its range on the panel when nearly flat."""
+def unit_axis(
+    ax: Axes, values: np.ndarray, axis: str = "y", bounds: tuple[float, float] = (0.0, 1.0)
+) -> None:
+    """Fix a bounded quantity's axis to its bounds; print its range when nearly flat."""
     finite = values[np.isfinite(values)]
-    pad = 0.02
-    (ax.set_ylim if axis == "y" else ax.set_xlim)(-pad, 1 + pad)
+    low, high = bounds
+    pad = 0.02 * (high - low)
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(low - pad, high + pad)
     if len(finite) and np.ptp(finite) < FLAT_SPAN:
         ax.text(
             0.98, 0.04 if finite.mean() > 0.5 else 0.92,
@@ -310,8 +320,10 @@ def metric_vs_score(
         ax.ticklabel_format(axis="x", useOffset=False)
     ax.ticklabel_format(axis="y", useOffset=False)
     zoom_x = _label_zoom(ax, metric, "x", catalogue)
-    ax.set_xlabel(fitted_label(ax, metric + (" (log scale)" if log_x else zoom_x), "x"))
-    ax.set_ylabel(fitted_label(ax, target + _label_zoom(ax, target, "y", catalogue), "y"))
+    x_name = declared_label(metric, catalogue)
+    ax.set_xlabel(fitted_label(ax, x_name + (" (log scale)" if log_x else zoom_x), "x"))
+    y_name = declared_label(target, catalogue)
+    ax.set_ylabel(fitted_label(ax, y_name + _label_zoom(ax, target, "y", catalogue), "y"))
     zoomed = zoom_span_text(ax, {"y": target} if log_x else {"x": metric, "y": target}, catalogue)
     ax.set_title(title + (f"\n{zoomed}" if zoomed else ""), fontsize=8, wrap=True)
     place_labels(ax, data[metric].to_numpy(float), data[target].to_numpy(float), labels)
@@ -364,8 +376,8 @@ def layer_profile(
         ax.legend(fontsize=7)
     integer_layer_axis(ax, first, first + len(y) - 1)
     ax.ticklabel_format(axis="y", useOffset=False)
-    if spec.bounds == (0.0, 1.0):
-        unit_axis(ax, y)
+    if spec.bounds is not None:  # any declared interval
+        unit_axis(ax, y, bounds=spec.bounds)
     ax.set_xlabel("block l" if first else "state l (0 = embeddings)")
     ax.set_title(panel_title(spec.label), fontsize=9)
     return ax

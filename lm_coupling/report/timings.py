@@ -11,7 +11,10 @@ A geometry file may hold a top-level ``timings`` section::
 are kept too (``jacobian``: a document's whole share of the batched
 Jacobian engine; ``jacobian_forward``), and ``n_documents_per_part``, when
 present, gives each group's own document count (the Jacobian groups run on
-the sampled documents only). ``timings.csv`` has one row per (model,
+the sampled documents only). ``plugin:<name>`` groups are each plugin's
+own seconds (its reducer during the forward pass and its
+``lmc_compute_batch``); the summary gives each one's share of the capture
+time. ``timings.csv`` has one row per (model,
 revision, dtype, task, group) with columns `TIMING_COLUMNS`; files without
 the section give no row. The per-layer lists stay in the geometry files.
 
@@ -43,6 +46,9 @@ GROUPS = (
     "metrics",
 )
 JACOBIAN_GROUPS = ("jacobian_products", "factorisation")
+PLUGIN_GROUP = "plugin:"
+"""Prefix of a plugin's own seconds (``plugin:builtin.trajectory``)."""
+CAPTURE_GROUPS = ("forward_capture", "metrics")
 
 
 def _number(value: Any) -> float:
@@ -121,6 +127,8 @@ def timings_markdown(table: pd.DataFrame, sizes: dict[tuple, float], option: str
     if table.empty:
         return ""
     wide = _per_model(table)
+    plugins = wide[[c for c in wide.columns if c.startswith(PLUGIN_GROUP)]]
+    wide = wide[[c for c in wide.columns if not c.startswith(PLUGIN_GROUP)]]
     lines = [
         "Seconds per document, by metric group (means over the documents measured, "
         "weighted over tasks; every row in `timings.csv`). The Jacobian work (`jacobian`, "
@@ -139,4 +147,27 @@ def timings_markdown(table: pd.DataFrame, sizes: dict[tuple, float], option: str
             per_task = f"{jac * docs:.3g} s at {option}={docs:g}"
         cells = ["" if pd.isna(v) else f"{v:.3g}" for v in row]
         lines.append("| " + " | ".join([*map(str, identity), *cells, per_task]) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + plugin_shares(plugins, wide))
+
+
+def plugin_shares(plugins: pd.DataFrame, wide: pd.DataFrame) -> list[str]:
+    """Per model, each plugin's seconds per document and share of the capture time.
+
+    The capture time is ``forward_capture`` + ``metrics`` (the forward pass
+    with its reducers, then the plugins' ``lmc_compute_batch``); a plugin's
+    seconds are its reducer's calls and its ``lmc_compute_batch``.
+    """
+    lines = []
+    for identity, row in plugins.iterrows():
+        spent = {c[len(PLUGIN_GROUP) :]: v for c, v in row.items() if pd.notna(v)}
+        total = sum(float(wide.loc[identity].get(g, 0.0) or 0.0) for g in CAPTURE_GROUPS)
+        if not spent:
+            continue
+        shares = [
+            f"{name} {seconds:.3g} s ({100 * seconds / total:.0f}%)" if total > 0 else name
+            for name, seconds in sorted(spent.items(), key=lambda item: -item[1])
+        ]
+        model = " ".join(map(str, identity))
+        lines.append(f"\nPlugins of {model}, per document (share of the capture time): ")
+        lines[-1] += "; ".join(shares) + "."
+    return lines

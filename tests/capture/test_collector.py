@@ -437,7 +437,7 @@ def test_a_plugged_lens_is_served_and_a_failing_one_fails_only_its_readers(tiny_
 
     collector = StateCollector(model, parts, lens=Failing(parts))
     handle = collector.capture_prompt(ids, -1, {"keep": _Keep, **_reducers(lens=False)})
-    assert "lens boom" in handle.lens_error
+    assert "lens boom" in handle.lens_errors["doubled"]
     assert all(v["logits"] is None for v in handle.reduced["keep"].views)
     alone = capture_prompt_states(model, parts, ids, lens=False)
     torch.testing.assert_close(handle.reduced["trajectory"].lss, alone.trajectory.lss)

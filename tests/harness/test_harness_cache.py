@@ -127,17 +127,17 @@ def _session(tiny_model, tmp_path, timeout: float = 60.0):
     )
     key = ("context", " answer")
     plan = DocumentPlan("task", 0, key, "loglikelihood", frozenset({"coupling"}))
-    session.plans_by_key[key].append(plan)
-    return session, key
+    session.plans.plans_by_key[key].append(plan)
+    return session.measurements, key
 
 
 def test_an_entry_lacking_a_metric_is_recomputed(tiny_model, tmp_path):
-    session, key = _session(tiny_model, tmp_path)
-    session.cache.put(key, _geometry(lss=1.5))  # written by a run that sampled no coupling
-    assert session.lookup(key) is None
-    session.cache.put(key, _geometry(lss=1.5, coupling=0.25))
-    assert session.lookup(key).values == {"lss": 1.5, "coupling": 0.25}
-    assert session.sources[key] == "cached"
+    store, key = _session(tiny_model, tmp_path)
+    store.cache.put(key, _geometry(lss=1.5))  # written by a run that sampled no coupling
+    assert store.lookup(key) is None
+    store.cache.put(key, _geometry(lss=1.5, coupling=0.25))
+    assert store.lookup(key).values == {"lss": 1.5, "coupling": 0.25}
+    assert store.sources[key] == "cached"
 
 
 def test_a_busy_shared_cache_never_turns_values_into_nan(tiny_model, tmp_path):
@@ -146,19 +146,19 @@ def test_a_busy_shared_cache_never_turns_values_into_nan(tiny_model, tmp_path):
 
     from lm_coupling.errors import GeometryWarning
 
-    session, key = _session(tiny_model, tmp_path, timeout=0.05)
+    store, key = _session(tiny_model, tmp_path, timeout=0.05)
     other_run = sqlite3.connect(tmp_path / "g.db", isolation_level=None)
     other_run.execute("BEGIN EXCLUSIVE")  # another run sharing the prefix is writing
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            session.store(key, _geometry(lss=1.5, coupling=0.25), "in_batch")
-            session.store(("other", " answer"), _geometry(lss=2.0), "in_batch")
+            store.store(key, _geometry(lss=1.5, coupling=0.25), "in_batch")
+            store.store(("other", " answer"), _geometry(lss=2.0), "in_batch")
     finally:
         other_run.execute("ROLLBACK")
         other_run.close()
-    assert session.measured[key].values == {"lss": 1.5, "coupling": 0.25}
-    assert key not in session.failed_keys and session.sources[key] == "in_batch"
+    assert store.measured[key].values == {"lss": 1.5, "coupling": 0.25}
+    assert key not in store.failed_keys and store.sources[key] == "in_batch"
     (warning,) = [w for w in caught if issubclass(w.category, GeometryWarning)]
     assert "could not be written" in str(warning.message)
 

@@ -109,7 +109,7 @@ def odd_run(harness_setup, tmp_path_factory):
         )
         observer.session = record.session
         results = {**record.results, "geometry": record.geometry}
-        unplanned = observer.session.plan_for(MC_TASK, 10_000)
+        unplanned = observer.session.plans.plan_for(MC_TASK, 10_000)
     messages = [str(w.message) for w in caught if issubclass(w.category, GeometryWarning)]
     return results, observer, messages, unplanned
 
@@ -123,7 +123,7 @@ def test_duplicate_documents_both_count(odd_run):
     samples = _samples(results, MC_TASK)
     assert len(samples) == len(ROWS) == results["n-samples"][MC_TASK]["effective"]
     assert samples[COPY]["lss"] == samples[DUPLICATE]["lss"]
-    records = observer.session.records[MC_TASK]
+    records = observer.session.records.tasks[MC_TASK]
     assert sorted(records.doc_ids) == list(range(len(ROWS)))
     capture = results["config"]["lm_coupling"]["capture"][MC_TASK]
     assert capture == {"in_batch": len(ROWS) - 1, "alone": 0, "cached": 0, "failed": 1}
@@ -135,7 +135,7 @@ def test_unreadable_gold_is_nan_with_one_warning(odd_run):
     assert "lss" not in samples[UNREADABLE] and "tv_to_target" not in samples[UNREADABLE]
     named = [m for m in messages if f"task {MC_TASK!r} document {UNREADABLE}:" in m]
     assert len(named) == 1 and "gold" in named[0], named
-    failures = observer.session.records[MC_TASK].failures
+    failures = observer.session.records.tasks[MC_TASK].failures
     assert [f["doc_id"] for f in failures] == [UNREADABLE]
     for doc_id, row in samples.items():
         if doc_id != UNREADABLE:

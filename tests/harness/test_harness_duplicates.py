@@ -98,7 +98,7 @@ def test_duplicates_share_the_prompt_and_keep_their_target(duplicate_run, alone_
     # Independent: each prompt measured alone (its own forward pass) with its own target.
     session = record.session
     for doc_id in (0, 1):
-        plan = session.plan_for(TASK, doc_id)
+        plan = session.plans.plan_for(TASK, doc_id)
         with torch.no_grad():
             alone = alone_model.measure_alone(plan)
         for name in ("lss", "tv_to_target"):

@@ -62,7 +62,7 @@ def _run(harness_setup, tmp_path_factory, n: int):
 
 def _retained(record) -> int:
     session = record.session
-    return len(pickle.dumps((dict(session.records), session.measured)))
+    return len(pickle.dumps((dict(session.records.tasks), session.measurements.measured)))
 
 
 def test_retained_geometry_is_flat_in_n(harness_setup, tmp_path_factory):
@@ -75,36 +75,36 @@ def test_retained_geometry_is_flat_in_n(harness_setup, tmp_path_factory):
         assert geometry["n_measured"]["lss"] == n and geometry["n_measured"]["coupling"] == 4
         assert geometry["profiles"]["norm"]["n"][0] == n
         assert geometry["coupling"]["n_sampled"] == 4
-        assert record.session.measured == {}  # every measurement released once scored
+        assert record.session.measurements.measured == {}  # every measurement released once scored
 
 
 def test_what_waits_for_lm_evals_scoring_is_a_few_numbers_per_document(
     harness_setup, tmp_path_factory, monkeypatch
 ):
-    from lm_coupling.harness.session import GeometrySession
+    from lm_coupling.harness.measurements import MeasurementStore
 
-    score = GeometrySession.geometry_for
+    score = MeasurementStore.geometry_for
     waiting: dict[int, int] = {}
     with_profiles: dict[int, int] = {}
     indexed: dict[int, int] = {}
 
-    def first_score_records_what_waits(session, plan, measure_alone):
-        if id(session) not in waiting:  # lm-eval's first scored document: every request has run
-            measured = list(session.measured.values())
-            waiting[id(session)] = len(pickle.dumps(measured))
-            with_profiles[id(session)] = sum(bool(g.profiles) for g in measured)
+    def first_score_records_what_waits(store, plan, measure_alone):
+        if id(store) not in waiting:  # lm-eval's first scored document: every request has run
+            measured = list(store.measured.values())
+            waiting[id(store)] = len(pickle.dumps(measured))
+            with_profiles[id(store)] = sum(bool(g.profiles) for g in measured)
             # Planning's index of the requests by document is not kept for scoring.
-            indexed[id(session)] = sum(len(i) for i in session._task_instances.values())
-        return score(session, plan, measure_alone)
+            indexed[id(store)] = sum(len(i) for i in store.plans._task_instances.values())
+        return score(store, plan, measure_alone)
 
-    monkeypatch.setattr(GeometrySession, "geometry_for", first_score_records_what_waits)
+    monkeypatch.setattr(MeasurementStore, "geometry_for", first_score_records_what_waits)
     small, large = (_run(harness_setup, tmp_path_factory, n) for n in SIZES)
-    peak = [waiting[id(record.session)] for record in (small, large)]
+    peak = [waiting[id(record.session.measurements)] for record in (small, large)]
     growth = (peak[1] - peak[0]) / (SIZES[1] - SIZES[0])
     assert growth <= PEAK_BYTES_PER_DOCUMENT, f"{growth:.0f} bytes wait per document"
     # Only the coupled documents (coupling_docs = 4) wait with their profiles.
-    assert [with_profiles[id(r.session)] for r in (small, large)] == [4, 4]
-    assert [indexed[id(r.session)] for r in (small, large)] == [0, 0]
+    assert [with_profiles[id(r.session.measurements)] for r in (small, large)] == [4, 4]
+    assert [indexed[id(r.session.measurements)] for r in (small, large)] == [0, 0]
     norm = large.geometry[TASK]["profiles"]["norm"]
     assert (
         norm["n"][0] == SIZES[1] and len(norm["mean"]) == large.session.model_shape["n_layers"] + 1

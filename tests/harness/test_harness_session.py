@@ -10,7 +10,8 @@ import pytest
 from lm_coupling.errors import GeometryWarning
 from lm_coupling.geometry import DocumentGeometry
 from lm_coupling.harness.plan import DocumentPlan
-from lm_coupling.harness.session import GeometrySession, TaskRecords
+from lm_coupling.harness.session import GeometrySession
+from lm_coupling.harness.task_records import TaskRecords
 from lm_coupling.plugins.specs import used_k
 from lm_coupling.selection import make_selection
 
@@ -24,9 +25,9 @@ def _record(session: GeometrySession, doc_id: int, source: str, **values: float)
     key = (f"context {doc_id}", " answer")
     sampled = frozenset({"coupling", "alignment_ratio"})
     plan = DocumentPlan("task", doc_id, key, "loglikelihood", sampled)
-    session.plans_by_key[key].append(plan)
-    session.store(key, DocumentGeometry(values=dict(values)), source)
-    geometry = session.measured[key]
+    session.plans.plans_by_key[key].append(plan)
+    session.measurements.store(key, DocumentGeometry(values=dict(values)), source)
+    geometry = session.measurements.measured[key]
     session.document_values(plan, geometry, record=True)
     session.document_values(plan, geometry, record=True)  # a second filter
 
@@ -38,8 +39,8 @@ def test_documents_measured_alone_without_use_cache_warn_once_per_task():
         _record(session, 0, "in_batch", lss=1.5, coupling=0.5, alignment_ratio=1.0)
         _record(session, 1, "alone", lss=1.6, coupling=0.4, alignment_ratio=1.1)
         _record(session, 2, "alone", lss=1.7, coupling=0.3, alignment_ratio=1.2)
-        report = session.capture_report()
-        session.capture_report()
+        report = session.records.capture_report()
+        session.records.capture_report()
     assert report["task"]["capture"] == {"in_batch": 1, "alone": 2, "cached": 0, "failed": 0}
     assert report["task"]["n_measured"] == {"lss": 3, "coupling": 3, "alignment_ratio": 3}
     (warning,) = [w for w in caught if issubclass(w.category, GeometryWarning)]
@@ -52,7 +53,7 @@ def test_with_use_cache_alone_is_expected_and_silent():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _record(session, 0, "alone", lss=1.5, coupling=0.5, alignment_ratio=1.0)
-        assert session.capture_report()["task"]["capture"]["alone"] == 1
+        assert session.records.capture_report()["task"]["capture"]["alone"] == 1
 
 
 def test_records_of_two_ranks_merge_with_their_counts():
@@ -64,8 +65,8 @@ def test_records_of_two_ranks_merge_with_their_counts():
     second.capture["failed"] = 1
     second.failures = [{"doc_id": 1, "error": "x"}]
     session = _session()
-    session.merge_records([{"task": first}, {"task": second}])
-    merged = session.records["task"]
+    session.records.merge([{"task": first}, {"task": second}])
+    merged = session.records.tasks["task"]
     assert merged.doc_ids == [0, 2, 1] and merged.failures == second.failures
     assert merged.capture == {"in_batch": 2, "alone": 0, "cached": 0, "failed": 1}
     assert merged.n_measured(["lss"]) == {"lss": 2} and merged.n_documents == 3
@@ -160,11 +161,11 @@ def test_a_profile_of_another_shape_is_left_out_and_named_across_ranks():
     second.add(2, DocumentGeometry({}, {"norm": np.array([5.0, 6.0])}))
     second.add(3, DocumentGeometry({}, {"norm": np.array([7.0, 8.0])}))
     session = _session()
-    session.merge_records([{"task": first}, {"task": second}])
+    session.records.merge([{"task": first}, {"task": second}])
     failures: list[dict] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        summaries = profile_summaries("task", session.records["task"], session, failures)
+        summaries = profile_summaries("task", session.records.tasks["task"], session, failures)
     np.testing.assert_allclose(summaries["norm"]["mean"], [4.0, 5.0])  # the 4 of shape (2,)
     assert summaries["norm"]["n"] == [4, 4]
     owner = next(s for s in session.selection.specs.values() if "norm" in s.profiles)

@@ -1,13 +1,31 @@
-"""Fixtures of the plugin tests: fake installed distributions with entry points."""
+"""Fixtures of the plugin tests: the example package installed by pip, fake distributions."""
 
 from __future__ import annotations
 
 import importlib
+import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lmc-plugin-example"
+
+
+@pytest.fixture(scope="session")
+def example_site(tmp_path_factory) -> Path:
+    """A folder where pip installed the example package (from a copy: no build files here)."""
+    site = tmp_path_factory.mktemp("example") / "site"
+    source = site.parent / "example-source"
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+    command += ["--no-index", "--quiet", "--target", str(site), str(source)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert any(site.glob("lmc_plugin_example-0.1.0.dist-info/entry_points.txt"))
+    return site
 
 
 @pytest.fixture

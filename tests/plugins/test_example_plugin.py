@@ -21,22 +21,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fixtures.plugin_sites import plugin_env, write_plugin
 
 from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
 from lm_coupling.harness.run import TASKS_DIR
 from lm_coupling.metrics.trajectory import line_shape_score
 from lm_coupling.plugins.manager import new_plugin_manager
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lmc-plugin-example"
 TASK = "lmc_arc_easy_offline"
 LIMIT = 5
 SPECTRAL_DOCS = 2
@@ -87,54 +84,33 @@ def lmc_compute_batch(selected, states):
 '''
 
 
-def _install(site: Path) -> None:
-    """pip-install the example (from a copy: no build files in the repository), write the faulty."""
-    source = site.parent / "example-source"
-    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
-    command += ["--no-index", "--quiet", "--target", str(site), str(source)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    (site / "lmc_faulty_plugin.py").write_text(textwrap.dedent(FAULTY_SOURCE), encoding="utf-8")
-    info = site / "lmc_faulty_plugin-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lmc-faulty-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[lm_coupling]\nlmc_faulty = lmc_faulty_plugin\n")
-
-
 @pytest.fixture(scope="session")
-def example_site(tmp_path_factory) -> Path:
-    """A folder where pip installed the example package (plus the faulty plugin)."""
-    site = tmp_path_factory.mktemp("example") / "site"
-    _install(site)
-    assert any(site.glob("lmc_plugin_example-0.1.0.dist-info/entry_points.txt"))
+def faulty_site(tmp_path_factory) -> Path:
+    """A folder holding the faulty plugin (a one-module distribution)."""
+    site = tmp_path_factory.mktemp("faulty")
+    write_plugin(site, "lmc_faulty_plugin", "lmc_faulty", FAULTY_SOURCE)
     return site
 
 
-def _env(site: Path) -> dict[str, str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env["TOKENIZERS_PARALLELISM"] = "false"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    for name in ("LM_COUPLING_DISABLE_PLUGIN_AUTOLOAD", "LM_COUPLING_NO_STARTUP_HOOK"):
-        env.pop(name, None)
-    return env
+def _env(site: Path, faulty: Path | None = None) -> dict[str, str]:
+    return plugin_env(site, *([faulty] if faulty else []))
 
 
-def _lm_eval(site: Path, out: Path, extra: list[str]) -> subprocess.CompletedProcess:
+def _lm_eval(site: Path, out: Path, extra: list[str], faulty: Path) -> subprocess.CompletedProcess:
     model_args = f"pretrained={bundled_model_path()},dtype=float32,attn_implementation=eager"
     command = [str(BIN / "lm_eval"), "--model", "hf", "--model_args", model_args]
     command += ["--tasks", TASK, "--limit", str(LIMIT), "--batch_size", "1", "--device", "cpu"]
     command += ["--output_path", str(out), "--log_samples"]
     command += ["--metadata", json.dumps({"lmc_data_dir": str(bundled_tasks_data_path())})]
     done = subprocess.run(
-        [*command, *extra], env=_env(site), capture_output=True, text=True, timeout=900
+        [*command, *extra], env=_env(site, faulty), capture_output=True, text=True, timeout=900
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
 
 @pytest.fixture(scope="session")
-def runs(example_site, tmp_path_factory) -> dict:
+def runs(example_site, faulty_site, tmp_path_factory) -> dict:
     """The geometry run and a stock run; their results, samples, geometry file and stderr."""
     out = {}
     for name, extra in {
@@ -147,7 +123,7 @@ def runs(example_site, tmp_path_factory) -> dict:
         "stock": ["--include_path", str(TASKS_DIR)],  # lm-coupling's offline tasks, stock lm-eval
     }.items():
         folder = tmp_path_factory.mktemp(f"example_{name}")
-        done = _lm_eval(example_site, folder, extra)
+        done = _lm_eval(example_site, folder, extra, faulty_site)
         (results,) = folder.rglob("results_*.json")
         (samples,) = folder.rglob(f"samples_{TASK}_*.jsonl")
         rows = [json.loads(line) for line in samples.read_text(encoding="utf-8").splitlines()]
@@ -288,8 +264,9 @@ def expected(runs, reference) -> dict[int, dict[str, float]]:
 # -- the tests ------------------------------------------------------------------------
 
 
-def test_the_installed_entry_point_is_discovered(example_site, monkeypatch):
+def test_the_installed_entry_point_is_discovered(example_site, faulty_site, monkeypatch):
     monkeypatch.syspath_prepend(str(example_site))
+    monkeypatch.syspath_prepend(str(faulty_site))
     pm = new_plugin_manager(load_entry_points=True)
     assert pm.has_plugin("lmc_plugin_example") and pm.has_plugin("lmc_faulty")
     from lm_coupling.plugins.manager import get_registry
@@ -373,7 +350,7 @@ def test_profiles_are_in_the_geometry_file_and_geometry_long(runs, expected):
 def test_the_faulty_plugin_fails_alone_and_is_named(runs, expected):
     run = runs["geometry"]
     samples = run["samples"]
-    assert {d for d, row in samples.items() if "faulty" in row} == {0, 3, 4}
+    assert {d for d, row in samples.items() if "faulty" in row} == {0, 4}  # 3: a long profile
     for row in samples.values():  # built-ins and the example keep their values
         assert all(math.isfinite(row[name]) for name in ("lss", "anisotropy", "attention_entropy"))
     failures = [f for f in run["geometry"]["failures"] if f.get("plugin") == "lmc_faulty"]
@@ -381,17 +358,19 @@ def test_the_faulty_plugin_fails_alone_and_is_named(runs, expected):
     assert set(by_doc) == {1, 2, 3}
     assert "deliberate failure" in by_doc[1]["error"] and by_doc[1]["metrics"] == ["faulty"]
     assert "2 rows for 1 documents" in by_doc[2]["error"]
-    assert "profile 'faulty'" in by_doc[3]["error"]
+    assert "profile 'faulty' has shape" in by_doc[3]["error"]
+    assert "declared axis needs" in by_doc[3]["error"]
     assert not [f for f in run["geometry"]["failures"] if f.get("plugin") != "lmc_faulty"]
-    # The malformed profile is left out of the summary (and reported), not dropped silently.
+    # The malformed profile is refused against its declared axis (and reported).
     assert run["geometry"]["profiles"]["faulty"]["n"] == [2] * (expected[0]["n_layers"] + 1)
     stderr = run["stderr"]
-    assert "plugin 'lmc_faulty' failed on task 'lmc_arc_easy_offline' document 1" in stderr
+    task = f"of task {TASK!r}"  # one warning per cause, counting its documents
+    assert f"plugin 'lmc_faulty' failed on 1 document {task} (document 1)" in stderr
     assert "deliberate failure of the faulty plugin" in stderr
-    assert "plugin 'lmc_faulty' failed on task 'lmc_arc_easy_offline' document 2" in stderr
-    assert "plugin 'lmc_faulty': profile 'faulty'" in stderr
+    assert f"plugin 'lmc_faulty' failed on 1 document {task} (document 2)" in stderr
+    assert f"plugin 'lmc_faulty' failed on 1 document {task} (document 3)" in stderr
     n_measured = run["results"]["config"]["lm_coupling"]["n_measured"][TASK]
-    assert n_measured["faulty"] == 3 and n_measured["lss"] == LIMIT
+    assert n_measured["faulty"] == 2 and n_measured["lss"] == LIMIT
 
 
 @pytest.mark.slow

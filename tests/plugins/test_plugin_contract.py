@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -99,7 +100,8 @@ class _Faulty:
             return {"values": {"faulty": torch.ones(size)}, "profiles": {"fp": torch.ones(2)}}
         if self.mode == "other":
             return {"values": {"faulty": torch.ones(size), "lss": torch.zeros(size)}}
-        return {"values": {"faulty": torch.ones(size)}, "profiles": {"fp": torch.ones(size, 2)}}
+        profile = torch.ones(size, states.n_layers + 1)  # states 0..L
+        return {"values": {"faulty": torch.ones(size)}, "profiles": {"fp": profile}}
 
 
 class _Raises:
@@ -176,7 +178,7 @@ def test_a_failure_on_one_document_of_a_batch_is_that_document_s(tiny_model, tok
     assert math.isnan(docs[1].values["faulty"]) and docs[1].failures[0]["plugin"] == "faulty_plugin"
     assert [d.failures for d in docs][::2] == [[], []]
     assert all(math.isfinite(d.values["lss"]) for d in docs)
-    assert docs[0].profiles["fp"].shape == (2,)
+    assert docs[0].profiles["fp"].shape == (runner.parts.n_layers + 1,)
 
 
 def test_an_observer_that_raises_changes_no_value(tiny_model, tokenizer):
@@ -216,16 +218,54 @@ class _LensPlugin:
         return Doubled()
 
 
-def test_the_lens_metrics_read_the_lens_a_plugin_supplies(tiny_model, tokenizer):
+class _DoubledEntropy(_LensPlugin):
+    """Supplies the lens ``doubled`` and a short-route metric reading it beside the logit lens."""
+
+    @hookimpl
+    def lmc_declare_metrics(self):
+        spec = MetricSpec("doubled_entropy", "entropy of the doubled lens", frozenset({"lens"}))
+        return [replace(spec, lens=self.name, profiles=("doubled_entropy",))]
+
+    @hookimpl
+    def lmc_layer_reducer(self, batch):
+        return _KeepLens(batch)
+
+    @hookimpl
+    def lmc_compute_batch(self, reduced):
+        from lm_coupling.metrics.lens import lens_summary
+
+        entropy = lens_summary(reduced, torch.full((reduced.shape[0],), -1))[0]
+        values, profiles = {"doubled_entropy": entropy.mean(1)}, {"doubled_entropy": entropy}
+        return {"values": values, "profiles": profiles}
+
+
+class _KeepLens:
+    def __init__(self, batch):
+        assert batch.lens == "doubled"
+        self.logits = None
+
+    def update(self, view):
+        pass
+
+    def update_lens(self, logits):
+        self.logits = logits
+
+    def finalize(self):
+        return self.logits
+
+
+def test_a_plugin_lens_is_read_beside_the_logit_lens(tiny_model, tokenizer):
     from lm_coupling.metrics.lens import lens_summary
     from lm_coupling.model.architecture import block_output_hidden
 
     model = tiny_model("gpt2")
     ids = torch.tensor(tokenizer(PROMPT)["input_ids"])
-    runner = _runner(model, "logit_lens_entropy", _pm(lens_plugin=_LensPlugin()))
-    assert runner.lens.name == "doubled"
+    metrics = "logit_lens_entropy,doubled_entropy"
+    runner = _runner(model, metrics, _pm(lens_plugin=_DoubledEntropy()))
+    assert sorted(runner.lenses) == ["doubled", "logit"]
     doc = runner.measure_prompt(ids)
     logit = _runner(model, "logit_lens_entropy", _pm()).measure_prompt(ids)
+    assert doc.values["logit_lens_entropy"] == logit.values["logit_lens_entropy"]  # untouched
     kept = {}
     last = runner.parts.blocks[-1]
     hook = last.register_forward_hook(lambda m, a, o: kept.update(x=block_output_hidden(o)))
@@ -236,16 +276,22 @@ def test_the_lens_metrics_read_the_lens_a_plugin_supplies(tiny_model, tokenizer)
     rows = torch.stack([s[0, -1] for s in states])[None]  # [1, L+1, d]
     logits = runner.parts.unembed_fp32(runner.parts.final_norm_fp32(2 * rows))
     entropy = lens_summary(logits, torch.tensor([-1]))[0]
-    assert doc.profiles["logit_lens_entropy"] == pytest.approx(
-        entropy[0].double().numpy(), abs=1e-6
-    )
-    assert doc.values["logit_lens_entropy"] != pytest.approx(logit.values["logit_lens_entropy"])
+    assert doc.profiles["doubled_entropy"] == pytest.approx(entropy[0].double().numpy(), abs=1e-6)
+    assert doc.values["doubled_entropy"] != pytest.approx(logit.values["logit_lens_entropy"])
 
 
-def test_two_lenses_are_refused_naming_both(tiny_model):
-    pm = _pm(one=_LensPlugin("one"), two=_LensPlugin("two"))
-    with pytest.raises(ConfigurationError, match="'one', 'two' each supply a lens"):
+def test_lenses_of_one_name_and_a_missing_lens_are_refused(tiny_model):
+    pm = _pm(one=_LensPlugin("same"), two=_LensPlugin("same"))
+    with pytest.raises(ConfigurationError, match="'two' supplies a lens named 'same'"):
         _runner(tiny_model("gpt2"), "logit_lens_entropy", pm)
+
+    class ReadsAbsentLens(_DoubledEntropy):
+        @hookimpl
+        def lmc_lens(self):
+            return None
+
+    with pytest.raises(ConfigurationError, match="reads the lens 'doubled', which no plugin"):
+        _runner(tiny_model("gpt2"), "doubled_entropy", _pm(reader=ReadsAbsentLens()))
 
 
 # -- engine requests ----------------------------------------------------------------------
@@ -367,3 +413,62 @@ def test_a_deferred_metric_is_computed_from_the_whole_task(fail):
     assert all(d.failures[0]["plugin"] == "deferred_plugin" for d in docs)
     (message,) = [str(w.message) for w in caught if issubclass(w.category, GeometryWarning)]
     assert "complete boom" in message and "documents 4, 5, 6" in message
+
+
+# -- the short route ----------------------------------------------------------------------
+
+
+def _short_route_module():
+    import types
+
+    from lm_coupling import metric
+
+    module = types.ModuleType("short_route")
+
+    @metric("attention of query n on position 0", profile="blocks")
+    def sink(attentions):
+        mass = attentions[..., 0].mean(dim=-1)  # [B, L]: mean over heads
+        return mass.mean(dim=1), mass
+
+    @metric("P(target) through the logit lens of x^L")
+    def last_target(logits, targets):
+        p = logits[:, -1].softmax(dim=-1).gather(1, targets.clamp(min=0)[:, None])[:, 0]
+        return torch.where(targets >= 0, p, torch.nan)
+
+    @metric("raises on purpose")
+    def broken(states):
+        raise RuntimeError("broken on purpose")
+
+    module.sink, module.last_target, module.broken = sink, last_target, broken
+    return module
+
+
+def test_short_route_functions_equal_the_model_s_own_attentions_and_logits(tiny_model, tokenizer):
+    model = tiny_model("gpt2")
+    ids = torch.tensor(tokenizer(PROMPT)["input_ids"])
+    target = 7
+    pm = _pm()
+    pm.register(_short_route_module(), name="short_route")
+    runner = _runner(model, "sink,last_target,broken,lss", pm)
+    with pytest.warns(GeometryWarning, match="broken raised RuntimeError"):
+        doc = runner.measure_prompt(ids, target_token=target)
+    with torch.no_grad():
+        out = model(ids[None], output_attentions=True)
+    mass = torch.stack([a[0, :, -1, 0].mean() for a in out.attentions]).double()
+    assert doc.profiles["sink"] == pytest.approx(mass.numpy(), abs=1e-6)
+    assert doc.values["sink"] == pytest.approx(float(mass.mean()), abs=1e-6)
+    want = float(out.logits[0, -1].softmax(dim=-1)[target])
+    assert doc.values["last_target"] == pytest.approx(want, rel=1e-5)
+    assert math.isnan(doc.values["broken"]) and math.isfinite(doc.values["lss"])
+    assert [f["metrics"] for f in doc.failures] == [["broken"]]  # its failure alone
+
+
+def test_a_short_route_module_with_the_hooks_it_is_served_by_is_refused():
+    module = _short_route_module()
+    module.lmc_compute_batch = hookimpl(lambda states: None)
+    with pytest.raises(PluginError, match="put the short-route metrics in a module of their own"):
+        _pm().register(module, name="mixed")
+    with pytest.raises(ValueError, match="takes hidden; a metric of the states at n takes"):
+        from lm_coupling import metric
+
+        metric("bad")(lambda hidden: hidden)
