@@ -304,10 +304,6 @@ class Catalogue:
             e.sample_option for e in self.metrics.values() if e.sampled and e.sample_option
         )
 
-    def task_level_metrics(self) -> tuple[str, ...]:
-        """The metrics with one value per task (`MetricSpec.task_level`)."""
-        return tuple(n for n, e in self.metrics.items() if e.task_level)
-
     def plotted_profiles(self) -> tuple[str, ...]:
         """The per-layer (not matrix) profiles the report draws, in catalogue order."""
         return tuple(n for n, p in self.profiles.items() if p.axis != "matrix" and p.plot)

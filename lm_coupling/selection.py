@@ -12,6 +12,7 @@ from typing import Any
 
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.plugins.manager import MetricRegistry, get_registry
+from lm_coupling.plugins.options import parse_at_least
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec
 from lm_coupling.presets import expand_preset
 from lm_coupling.states import Need
@@ -118,22 +119,12 @@ def parse_metric_args(
     return options
 
 
-def _parse_seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a whole number >= 0, found {text!r}") from None
-    if value < 0:
-        raise ValueError("expected a whole number >= 0")
-    return value
-
-
 SAMPLE_SEED = OptionSpec(
     "sample_seed",
     0,
     "seed of the sampled metrics' document sample (seeded random, stratified by the gold "
     "answer; docs/metrics.md)",
-    _parse_seed,
+    parse_at_least(0),
 )
 """The run-level option of every sampled metric (`lm_coupling.harness.sample`)."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def parse_bool(text: str) -> bool:
     """Parse ``true/false/1/0/yes/no`` (case-insensitive)."""
@@ -24,6 +26,21 @@ def parse_k(text: str) -> int | float:
     if 0 < value < 1:
         return value
     raise ValueError(f"expected an integer >= 1 or a fraction in (0, 1), found {text!r}")
+
+
+def parse_at_least(low: int) -> Callable[[str], int]:
+    """A parser of an integer >= ``low`` (a count, a seed)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer >= {low}, found {text!r}") from None
+        if value < low:
+            raise ValueError(f"expected an integer >= {low}, found {value}")
+        return value
+
+    return parse
 
 
 def parse_doc_count(text: str) -> int | None:

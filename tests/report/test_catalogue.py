@@ -121,4 +121,4 @@ def test_task_level_is_recorded_only_when_true_and_read_back():
     assert data["metrics"]["per_task"]["task_level"] is True
     assert "task_level" not in data["metrics"]["per_doc"]  # earlier files stay as they are
     back = Catalogue.from_json(json.loads(json.dumps(data)))
-    assert back.task_level_metrics() == ("per_task",)
+    assert [n for n, e in back.metrics.items() if e.task_level] == ["per_task"]

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from lm_coupling.plugins.builtin.jacobian_lens_file import FORMAT, load_lens, save_lens
 from lm_coupling.plugins.markers import hookimpl
-from lm_coupling.plugins.options import parse_doc_count
+from lm_coupling.plugins.options import parse_at_least, parse_doc_count
+from lm_coupling.plugins.short import AtN
 from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, OptionSpec
 
 if TYPE_CHECKING:
@@ -89,33 +90,23 @@ ESTIMATOR = OptionSpec(
 )
 
 
-def _count(low: int):
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < low:
-            raise ValueError(f"expected an integer >= {low}, found {text!r}")
-        return value
-
-    return parse
-
-
 SKIP = OptionSpec(
     "jlens_skip_first",
     16,
     "reference estimator: leading positions left out (TransformerLens skip_first_positions)",
-    _count(0),
+    parse_at_least(0),
 )
 MAX_LEN = OptionSpec(
     "jlens_max_len",
     128,
     "reference estimator: tokens kept from a prompt's start (TransformerLens max_seq_len)",
-    _count(2),
+    parse_at_least(2),
 )
 DIM_BATCH = OptionSpec(
     "jlens_dim_batch",
     8,
     "reference estimator: cotangent directions per backward pass (TransformerLens dim_batch)",
-    _count(1),
+    parse_at_least(1),
 )
 SAVE = OptionSpec(
     "jlens_save",
@@ -212,31 +203,13 @@ def _reading(selected) -> list[str]:
 
 
 STATES, TARGET = "jlens_states", "jlens_target"
-"""The reducer's per-document summaries: ``x^l_n`` for l = 0..L, and the gold token."""
-
-
-class StatesAtTarget:
-    """Keeps ``x^l_n`` of every row for l = 0..L (``[B, L+1, d]``) and the gold tokens."""
-
-    def __init__(self, batch: BatchInfo):
-        self.target = batch.target_tokens
-        self.columns: list = []
-
-    def update(self, view) -> None:
-        """Keep the rows at n of state ``x^l``."""
-        self.columns.append(view.at_n.detach())
-
-    def finalize(self) -> dict[str, Any]:
-        """``{"jlens_states": [B, L+1, d], "jlens_target": [B]}``."""
-        import torch
-
-        return {STATES: torch.stack(self.columns, dim=1), TARGET: self.target.clone()}
+"""The per-document summaries the read needs: ``x^l_n`` for l = 0..L, and the gold token."""
 
 
 @hookimpl
 def lmc_layer_reducer(selected, batch: BatchInfo):
-    """Keep what the read needs: the states at n and the gold token."""
-    return StatesAtTarget(batch) if _reading(selected) else None
+    """Keep what the read needs: the states at n and the gold token (the short route's `AtN`)."""
+    return AtN({"states"}, batch) if _reading(selected) else None
 
 
 IDENTITY, SKIPPED = "jlens_identity", "jlens_skipped"
@@ -280,7 +253,7 @@ def lmc_compute_batch(selected, states, reduced):
     if FIT in selected and states.lens_jacobians:
         out.update(_fit_batch(states))
     if _reading(selected) and reduced is not None:
-        out["summaries"].update({STATES: reduced[STATES], TARGET: reduced[TARGET]})
+        out["summaries"].update({STATES: reduced["states"], TARGET: reduced["targets"]})
     return out
 
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from lm_coupling.plugins.builtin.coupling import ABS, NORM
 from lm_coupling.plugins.markers import hookimpl
-from lm_coupling.plugins.options import parse_doc_count, parse_k
+from lm_coupling.plugins.options import parse_at_least, parse_doc_count, parse_k
 from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, OptionSpec, used_k
 
 if TYPE_CHECKING:  # the math (and torch) load when a batch is computed, not on declaring
@@ -55,17 +55,6 @@ def parse_layers(text: str) -> tuple[int, ...] | None:
     if len(set(layers)) != len(layers):
         raise ValueError(f"block listed twice in {text!r}")
     return layers
-
-
-def parse_positions(text: str) -> int:
-    """How many last positions: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"expected a number of positions >= 1, found {text!r}") from None
-    if value < 1:
-        raise ValueError(f"expected a number of positions >= 1, found {value}")
-    return value
 
 
 DEFAULT_TOKENWISE_DOCS = 8
@@ -99,7 +88,7 @@ POSITIONS = OptionSpec(
     "tokenwise_positions",
     4,
     "token-wise coupling on the last P positions n-P+1..n",
-    parse_positions,
+    parse_at_least(1),
 )
 K = OptionSpec(
     "tokenwise_k",
