@@ -478,8 +478,7 @@ def _rows(
         if isinstance(tensor, torch.Tensor):
             narrow = not wide and tensor.is_floating_point() and tensor.dtype != torch.float64
             dtype = torch.float32 if narrow else torch.float64
-            # Always a copy: an answer may be a view of capture's memory, which the
-            # next batch reuses (a replay's stack, `StateCollector.replay`).
+            # Always a copy: a stored row never shares memory with a plugin's tensor.
             array = tensor.detach().to("cpu", dtype, copy=True).numpy()
         else:
             array = np.asarray(tensor)
