@@ -12,7 +12,7 @@ GPT-2-small shape (12 layers, d 768, 128-token prompt, float32, CPU):
 * ``engine``: the Jacobian engine's exact block Jacobians on one query token
   against the frozen prefix (``JacobianEngine.dense_jacobians``, the route the
   ``dense`` coupling route uses), then the L products
-  ``(I + J^L) ... (I + J^{l+1})`` (``JacobianLensFit.update``), timed apart.
+  ``(I + J^L) ... (I + J^{l+1})`` (``jacobian_products``), timed apart.
 
 ``max|dJ|`` is the largest difference between the two routes on the rows the
 naive route computed (every layer), and ``max|J|`` the scale it compares with.
@@ -30,7 +30,7 @@ from engine_runs import GPT2_SMALL, build_random_model, random_prompt
 from timing import machine_line, median, print_table, timed
 
 from lm_coupling.jacobian.engine import JacobianEngine
-from lm_coupling.metrics.jacobian_lens import JacobianLensFit
+from lm_coupling.metrics.jacobian_lens import jacobian_products
 from lm_coupling.model.architecture import block_output_hidden
 
 
@@ -94,9 +94,8 @@ def engine_fit(model, parts, ids, device: str = "cpu") -> tuple[torch.Tensor, fl
     """``(J [L+1, d, d], seconds of the block Jacobians, seconds of the products)``."""
     engine = JacobianEngine(model, parts, k_max=1)
     blocks, t_blocks = timed(lambda: engine.dense_jacobians(ids), device)
-    fit = JacobianLensFit(parts.n_layers, parts.d_model)
-    _, t_products = timed(lambda: fit.update(blocks), device)
-    return fit.jacobians(), t_blocks, t_products
+    products, t_products = timed(lambda: jacobian_products(blocks), device)
+    return products, t_blocks, t_products
 
 
 def main(argv=None) -> None:

@@ -22,7 +22,6 @@ from lm_coupling.metrics.coupling import (
     miscoupling,
     top_k_svd,
 )
-from lm_coupling.metrics.lens import normalized_entropy
 from lm_coupling.metrics.trajectory import equidistance, expodistance, line_shape_score
 from lm_coupling.plugins.manager import get_registry, new_plugin_manager
 from lm_coupling.plugins.specs import used_k
@@ -122,15 +121,20 @@ def test_trajectory_metrics_match_dense_reference(
     torch.testing.assert_close(norm, expected_norm, **_tolerance(dtype))
 
 
+def _entropy(logits):
+    """``H(softmax(logits)) / ln V`` over the last axis (``entr(p) = -p ln p``, 0 at p = 0)."""
+    return torch.special.entr(torch.softmax(logits, dim=-1)).sum(-1) / math.log(logits.shape[-1])
+
+
 def _lens_reference(model, states, logits, target):
     """Entropy and 1 - P^l(target) at n for l = 0..L, by the model's own norm and head."""
     final_norm = _FINAL_NORM[model.config.model_type](model)
     with torch.no_grad():
         lens_logits = model.get_output_embeddings()(final_norm(states[-1]))  # [L+1, V]
-    entropy = normalized_entropy(lens_logits.double())
+    entropy = _entropy(lens_logits.double())
     tv = 1 - torch.softmax(lens_logits.double(), dim=-1)[:, target]
     own = logits[-1].double()
-    return entropy, tv, normalized_entropy(own), 1 - torch.softmax(own, dim=-1)[target]
+    return entropy, tv, _entropy(own), 1 - torch.softmax(own, dim=-1)[target]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

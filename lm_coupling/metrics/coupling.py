@@ -27,8 +27,6 @@ __all__ = [
     "coupling_score",
     "miscoupling",
     "spectral_gap",
-    "swapped_coupling_matrices",
-    "swapped_coupling_matrices_dense",
     "top_k_svd",
 ]
 
@@ -104,46 +102,6 @@ def coupling_matrices_dense(J: torch.Tensor, U: torch.Tensor, V: torch.Tensor) -
             f"{tuple(U.shape)}, V {tuple(V.shape)}"
         )
     return coupling_matrices(U, _work(J)[:, None] @ _work(V)[None])
-
-
-def swapped_coupling_matrices(V: torch.Tensor, JU: torch.Tensor) -> torch.Tensor:
-    """Coupling matrices with left and right singular vectors swapped.
-
-    ``B^{l,m} = V_{m,K}^T (J^l U_{m,K})``: how block l maps block m's left
-    singular vectors onto m's right ones. Needs ``JU[l, m] = J^l U_m`` (one
-    batched JVP with tangents U, like JV). ``U_m^T J^l`` (``UtJ``) does not
-    determine B; from ``VtJ[l, m] = V_m^T J^l`` use ``VtJ @ U_m`` instead.
-    The math is :func:`coupling_matrices` with U and V exchanged.
-
-    Reference: Aubry et al., ICLR 2025 (coupling-matrix definition), with the
-    singular vectors swapped as a control.
-
-    Args:
-        V: ``[L, d, K]`` top-K right singular vectors.
-        JU: ``[L, L, d, K']`` with ``JU[l, m] = J^l U_m``, K' >= K.
-
-    Returns:
-        ``B [L, L, K, K]``.
-    """
-    return coupling_matrices(V, JU)
-
-
-def swapped_coupling_matrices_dense(
-    J: torch.Tensor, U: torch.Tensor, V: torch.Tensor
-) -> torch.Tensor:
-    """Swapped coupling matrices from dense Jacobians, ``B^{l,m} = V_m^T J^l U_m``.
-
-    Reference: Aubry et al., ICLR 2025 (coupling-matrix definition), singular vectors swapped.
-
-    Args:
-        J: ``[L, d, d]`` block Jacobians.
-        U: ``[L, d, K]`` top-K left singular vectors.
-        V: ``[L, d, K]`` top-K right singular vectors.
-
-    Returns:
-        ``B [L, L, K, K]``.
-    """
-    return coupling_matrices_dense(J, V, U)
 
 
 def miscoupling(

@@ -21,17 +21,15 @@ The total derivative is therefore the product of the blocks' full Jacobians
 ``J^m`` the residual-branch block Jacobian at n with every other position held
 fixed, which the Jacobian engine computes exactly on one query token
 (docs/engine.md). :func:`jacobian_products` forms the L + 1 products of one
-document with L matrix products; :class:`JacobianLensFit` averages them over
-the fitted documents.
+document with L matrix products; the fit is their mean over the fitted
+documents (`lm_coupling.plugins.builtin.jacobian_lens`).
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-__all__ = ["JacobianLensFit", "jacobian_products", "transport"]
+__all__ = ["jacobian_products", "transport"]
 
 
 def _check_blocks(block_jacobians: torch.Tensor) -> None:
@@ -94,71 +92,3 @@ def transport(jacobians: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
             f"jacobians {tuple(jacobians.shape)}, found {tuple(states.shape)}"
         )
     return torch.einsum("lij,blj->bli", jacobians, states.to(jacobians.dtype))
-
-
-class JacobianLensFit:
-    """Average of ``d x^L_n / d x^l_n`` over fitted documents, for every state l = 0..L.
-
-    ``J_l = (1 / N) sum_i (I + J^L_i) ... (I + J^{l+1}_i)`` over N documents,
-    fed one document's (or a batch's) block Jacobians at a time; memory is the
-    ``[L+1, d, d]`` running sum. :meth:`merge` joins fits (data-parallel
-    ranks).
-
-    Reference: Gurnee et al. (2026), ``J_l = E[d h_L / d h_l]``.
-
-    Args:
-        n_layers: L.
-        d: the width d.
-        dtype: accumulation dtype (float32 by default; float64 in tests).
-        device: where the sum lives.
-    """
-
-    def __init__(
-        self,
-        n_layers: int,
-        d: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-    ):
-        if n_layers < 1 or d < 1:
-            raise ValueError(f"need n_layers >= 1 and d >= 1, found {n_layers}, {d}")
-        self.n_layers = int(n_layers)
-        self.d = int(d)
-        self.count = 0
-        self._sum = torch.zeros(n_layers + 1, d, d, dtype=dtype, device=device)
-
-    def update(self, block_jacobians: torch.Tensor) -> None:
-        """Add documents' block Jacobians ``[L, d, d]`` or ``[B, L, d, d]``.
-
-        Raises:
-            ValueError: wrong shape, or a non-finite Jacobian (leave that
-                document out, and say so, before calling).
-        """
-        _check_blocks(block_jacobians)
-        blocks = block_jacobians if block_jacobians.dim() == 4 else block_jacobians[None]
-        if blocks.dim() != 4 or tuple(blocks.shape[1:]) != (self.n_layers, self.d, self.d):
-            raise ValueError(
-                f"block_jacobians must have shape [B, {self.n_layers}, {self.d}, {self.d}] or "
-                f"[{self.n_layers}, {self.d}, {self.d}], found {tuple(block_jacobians.shape)}"
-            )
-        if not bool(torch.isfinite(blocks).all()):
-            raise ValueError("block Jacobians must be finite; leave failed documents out")
-        products = jacobian_products(blocks.to(device=self._sum.device))
-        self._sum += products.sum(dim=0).to(self._sum.dtype)
-        self.count += blocks.shape[0]
-
-    def merge(self, other: JacobianLensFit) -> None:
-        """Add another fit's documents (same L and d)."""
-        if (other.n_layers, other.d) != (self.n_layers, self.d):
-            raise ValueError(
-                f"cannot merge a fit with L={other.n_layers}, d={other.d} into L={self.n_layers}, "
-                f"d={self.d}"
-            )
-        self._sum += other._sum.to(device=self._sum.device, dtype=self._sum.dtype)
-        self.count += other.count
-
-    def jacobians(self) -> torch.Tensor:
-        """The fitted ``J_l``, ``[L+1, d, d]``; NaN before any document."""
-        if self.count == 0:
-            return torch.full_like(self._sum, math.nan)
-        return self._sum / self.count

@@ -38,7 +38,6 @@ __all__ = [
     "effective_rank",
     "effective_rank_from_eigenvalues",
     "gram_eigenvalues",
-    "matrix_entropy",
     "normalize_entropy",
     "pool_tokens",
     "prompt_entropy",
@@ -115,31 +114,6 @@ def _round_off_to_zero(eigenvalues: torch.Tensor) -> torch.Tensor:
     lam = eigenvalues.to(torch.float64)
     tol = lam.shape[-1] * torch.finfo(torch.float64).eps * lam.amax(dim=-1, keepdim=True)
     return torch.where(lam > tol, lam, torch.zeros_like(lam))
-
-
-def matrix_entropy(gram: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """Matrix-based alpha-entropy of a Gram matrix: :func:`spectrum_entropy` of its eigenvalues.
-
-    ``S_alpha(K) = ln tr((K / tr K)^alpha) / (1 - alpha)``.
-
-    Reference: Sanchez Giraldo et al. (2015); Skean et al., "Layer by Layer"
-    (ICML 2025), eq. 1.
-
-    Args:
-        gram: ``[..., k, k]`` symmetric positive semi-definite matrices.
-        alpha: the order, > 0.
-
-    Returns:
-        ``[...]`` float64; NaN for a zero or non-finite matrix.
-    """
-    if gram.dim() < 2 or gram.shape[-1] != gram.shape[-2]:
-        raise ValueError(f"gram must have shape [..., k, k], found {tuple(gram.shape)}")
-    g = gram.to(torch.float64)
-    finite = torch.isfinite(g).all(dim=-1).all(dim=-1)
-    g = torch.where(finite[..., None, None], g, torch.zeros_like(g))
-    lam = torch.linalg.eigvalsh(g)
-    out = spectrum_entropy(lam, alpha)
-    return torch.where(finite, out, torch.full_like(out, math.nan))
 
 
 def gram_eigenvalues(states: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-__all__ = ["fixation_depth", "lens_summary", "normalized_entropy", "tv_to_target"]
+__all__ = ["fixation_depth", "lens_summary", "tv_to_target"]
 
 _CHUNK_ELEMENTS = 1 << 22
 """Rows of logits are processed in chunks of about this many elements."""
@@ -80,32 +80,6 @@ def _check_vocab(logits: torch.Tensor) -> None:
         raise ValueError(
             f"logits need a vocabulary axis of size V >= 2, found shape {tuple(logits.shape)}"
         )
-
-
-def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of ``softmax(logits)`` over ln V.
-
-    ``H(P) / ln V = -sum_v P(v) ln P(v) / ln V``, in [0, 1]: 1 for the uniform
-    distribution, 0 for a one-hot.
-
-    Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
-    Aubry et al., "Picking an LLM's Brain" (2024), lens entropy.
-    docs/design.md, "Metric definitions" (``logit_lens_entropy``).
-
-    Args:
-        logits: ``[..., V]`` logits (any float dtype).
-
-    Returns:
-        ``[...]`` float32 (float64 if given float64); NaN where a row of
-        logits contains NaN or is entirely ``-inf``.
-    """
-    _check_vocab(logits)
-    lead = logits.shape[:-1]
-    rows = logits.reshape(-1, logits.shape[-1])
-    out = torch.empty(rows.shape[0], dtype=_work_dtype(logits), device=logits.device)
-    for start, chunk in _row_chunks(rows):
-        out[start : start + chunk.shape[0]] = _summary_rows(chunk, None, top1=False)[0]
-    return out.reshape(lead)
 
 
 def lens_summary(

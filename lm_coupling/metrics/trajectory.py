@@ -346,14 +346,7 @@ def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             f"values and mask must both have shape [B, T]; found values {tuple(values.shape)} "
             f"and mask {tuple(mask.shape)}"
         )
-    if mask.dtype != torch.bool:
-        raise TypeError(f"mask must be a bool tensor, found {mask.dtype}")
-    v = values if values.is_floating_point() else values.float()
-    keep = mask & ~torch.isnan(v)
-    total = torch.where(keep, v, torch.zeros_like(v)).sum(dim=1)
-    count = keep.sum(dim=1)
-    safe = torch.clamp(count, min=1).to(v.dtype)
-    return torch.where(count > 0, total / safe, torch.full_like(total, math.nan))
+    return masked_token_means(values[:, None], mask)[:, 0]
 
 
 class TrajectoryAccumulator:

@@ -373,21 +373,13 @@ def build_report(
     if scores_csv is not None:
         ids = selected[IDENTITY].drop_duplicates()
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
-    board, sets = build_leaderboard(
-        selected,
-        loaded.shapes,
-        sources,
-        loaded.geometry,
-        loaded.by_results,
-        loaded.runs,
-        loaded.catalogue,
-    )
+    board, sets = build_leaderboard(selected, sources, loaded)
     warned = settings_messages(board, provenance, selected)
     warn_settings(warned)
     result = ReportResult(
         out,
         board,
-        geometry_long(selected, loaded.geometry, loaded.by_results, loaded.catalogue),
+        geometry_long(selected, loaded),
         provenance,
         sources,
         notes=[f"skipped {s}" for s in loaded.skipped] + loaded.notes,

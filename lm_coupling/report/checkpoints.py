@@ -32,9 +32,6 @@ import pandas as pd
 from lm_coupling.report.benchmarks import SCHEMA_VERSION, parse_step
 from lm_coupling.report.loading import ReportInputError
 
-CHECKPOINT_RULES = ("last", "first")
-"""Named rules for the checkpoint a series contributes; any other value is a revision name."""
-
 SERIES_COLUMNS = [
     "schema_version",
     "model",

@@ -48,6 +48,7 @@ from lm_coupling.report.benchmarks import (
 from lm_coupling.report.boundary import boundary_depth, boundary_profile
 from lm_coupling.report.loading import (
     IDENTITY,
+    LoadedResults,
     ReportInputError,
     RunFile,
     SettingsWarning,
@@ -286,55 +287,39 @@ def _geometry_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS).astype({"value": float, "n": float})
 
 
-def geometry_rows(
-    selected: pd.DataFrame,
-    geometry: list[dict[str, Any]],
-    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
-    catalogue: Catalogue | None = None,
-) -> pd.DataFrame:
+def geometry_rows(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
     """One row per (identity, task, metric): value, unit, documents measured, K used.
 
     A value's geometry file is the one written beside its own results file
-    (``by_results``), else the newest for its model and task. The
-    thought/fixation boundary is read from the catalogue's boundary
-    profiles (default catalogue: the installed plugins'). The value rows come
-    first, in ``selected``'s order, then the boundary rows.
+    (``loaded.by_results``), else the newest for its model and task. The
+    thought/fixation boundary is read from the runs' catalogue's boundary
+    profiles. The value rows come first, in ``selected``'s order, then the
+    boundary rows.
     """
-    catalogue = catalogue if catalogue is not None else Catalogue.installed()
+    catalogue, geometry = loaded.catalogue, loaded.geometry
     geo = _first_filter(selected[selected["kind"] == "geometry"], None)
     lookup = _geometry_lookup(geometry)
-    by_results = by_results or {}
     groups = scored_groups(selected)
     keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
     group_of = dict(zip(keys, selected["group"], strict=True))
-    rows = _value_records(geo, lookup, by_results, groups, catalogue)
+    rows = _value_records(geo, lookup, loaded.by_results, groups, catalogue)
     rows += _boundary_records(geometry, group_of, groups, catalogue)
     return _geometry_frame(rows)
 
 
 def build_leaderboard(
-    selected: pd.DataFrame,
-    shapes: pd.DataFrame,
-    scores: pd.DataFrame,
-    geometry: list[dict[str, Any]],
-    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
-    runs: list[RunFile] | None = None,
-    catalogue: Catalogue | None = None,
+    selected: pd.DataFrame, scores: pd.DataFrame, loaded: LoadedResults
 ) -> tuple[pd.DataFrame, TaskSets]:
     """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
 
     Args:
         selected: the newest values (`newest_values`).
-        shapes: model shapes.
         scores: benchmark scores (`benchmark_scores`, `join_external`).
-        geometry: the newest geometry file per model and task.
-        by_results: every geometry file by (results file, task) (`LoadedResults.by_results`).
-        runs: the parsed results files, for the settings columns (`row_settings`).
-        catalogue: the runs' catalogue (`LoadedResults.catalogue`).
+        loaded: the folder's files (shapes, geometry files, runs and catalogue).
     """
-    rows = geometry_rows(selected, geometry, by_results, catalogue)
+    rows = geometry_rows(selected, loaded)
     wide, sets = geometry_table(rows)
-    board = row_columns(selected, shapes, scores, runs or [])
+    board = row_columns(selected, loaded.shapes, scores, loaded.runs)
     if len(wide.columns):  # the geometry columns go before the settings columns
         head = board.drop(columns=ROW_SETTING_COLUMNS)
         head = head.merge(wide.reset_index(), on=IDENTITY, how="left")
@@ -394,12 +379,7 @@ def integer_columns(board: pd.DataFrame) -> pd.DataFrame:
     return board
 
 
-def geometry_long(
-    selected: pd.DataFrame,
-    geometry: list[dict[str, Any]],
-    by_results: dict[tuple[str, str], dict[str, Any]] | None = None,
-    catalogue: Catalogue | None = None,
-) -> pd.DataFrame:
+def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
     """Per-task geometry: scalars (``layer`` empty) and per-layer profiles from geometry files.
 
     ``n`` of a scalar is the number of documents it was measured on (a sampled
@@ -407,8 +387,7 @@ def geometry_long(
     with a finite value at that layer. ``layer`` numbers a profile by its
     catalogue axis, the same for every plugin: states 0..L, blocks 1..L.
     """
-    catalogue = catalogue if catalogue is not None else Catalogue.installed()
-    rows = geometry_rows(selected, geometry, by_results, catalogue)
+    rows = geometry_rows(selected, loaded)
     rows = rows[rows["metric"] != BOUNDARY_COLUMN]
     stderr = _first_filter(selected[selected["kind"] == "geometry"], None)
     rows = rows.merge(
@@ -416,7 +395,8 @@ def geometry_long(
         on=[*IDENTITY, "task", "metric"],
         how="left",
     )
-    parts = [rows.assign(layer=pd.NA)[LONG_COLUMNS], _profile_rows(geometry, catalogue)]
+    profiles = _profile_rows(loaded.geometry, loaded.catalogue)
+    parts = [rows.assign(layer=pd.NA)[LONG_COLUMNS], profiles]
     parts = [p for p in parts if len(p)]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=LONG_COLUMNS)
     out["layer"] = out["layer"].astype("Int64")

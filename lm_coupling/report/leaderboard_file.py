@@ -32,15 +32,7 @@ def write_leaderboard(results_dir: str | Path) -> Path:
     root = Path(results_dir)
     loaded = load_results(root)
     selected, provenance = newest_values(loaded.values, loaded.paths)
-    board, _ = build_leaderboard(
-        selected,
-        loaded.shapes,
-        benchmark_scores(selected),
-        loaded.geometry,
-        loaded.by_results,
-        loaded.runs,
-        loaded.catalogue,
-    )
+    board, _ = build_leaderboard(selected, benchmark_scores(selected), loaded)
     warn_settings(settings_messages(board, provenance, selected))
     path = root / "leaderboard.csv"
     board.to_csv(path, index=False)

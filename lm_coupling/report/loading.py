@@ -265,7 +265,7 @@ def parse_results_file(path: Path) -> RunFile:
     except ValueError as exc:
         raise ValueError(f"config.lm_coupling.catalogue: {exc}") from exc
     if catalogue is None:  # a run without --metrics needs none; an earlier release's, installed
-        catalogue = _installed_catalogue() if lmc.get("metrics") else Catalogue(source="none")
+        catalogue = Catalogue.installed() if lmc.get("metrics") else Catalogue(source="none")
     declared = set(lmc.get("metrics") or []) | set(catalogue.metrics)
     timestamp = file_timestamp(path, _as_float(data.get("date")))
     results = {k: v for k, v in data["results"].items() if isinstance(v, dict)}
@@ -280,11 +280,6 @@ def parse_results_file(path: Path) -> RunFile:
     run.catalogue = catalogue
     run.weights = str(_model_args(data["config"]).get("weights") or "")
     return run
-
-
-def _installed_catalogue() -> Catalogue:
-    """The installed plugins' catalogue, for a results file that records none."""
-    return Catalogue.installed()
 
 
 def k_setting_name(
@@ -304,7 +299,7 @@ def k_setting_name(
     metric without a K option, or a run that did not record the option,
     keeps its name.
     """
-    catalogue = catalogue if catalogue is not None else _installed_catalogue()
+    catalogue = catalogue if catalogue is not None else Catalogue.installed()
     option = catalogue.k_option(metric)
     value = (requested or {}).get(option) if option is not None else None
     value = value if value is not None else options.get(option) if option is not None else None

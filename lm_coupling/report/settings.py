@@ -107,29 +107,6 @@ def metric_options(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     )
 
 
-def _installed_sample_options() -> frozenset[str]:
-    from lm_coupling.catalogue import Catalogue
-
-    return Catalogue.installed().sample_options()
-
-
-def compared_options(
-    options: dict[str, Any], sample_options: frozenset[str] | None = None
-) -> dict[str, Any]:
-    """The options that change what a metric measures (sample options and routes left out).
-
-    ``sample_options``: the options sizing a sampled metric's sample, from the
-    runs' catalogues (`Catalogue.sample_options`; default: the installed plugins').
-    """
-    if sample_options is None:
-        sample_options = _installed_sample_options()
-    return {
-        k: v
-        for k, v in options.items()
-        if k not in sample_options and not str(k).startswith(ROUTE_OPTION_PREFIX)
-    }
-
-
 def options_text(options: dict[str, Any], requested: dict[str, Any] | None = None) -> str:
     """``k=47 (asked 100), norm=l1, ...``: options in key order, each changed K with its ask."""
     requested = requested or {}
@@ -143,14 +120,19 @@ def options_text(options: dict[str, Any], requested: dict[str, Any] | None = Non
 
 
 def differing_options(
-    runs: list[dict[str, Any]], sample_options: frozenset[str] | None = None
+    runs: list[dict[str, Any]], sample_options: frozenset[str]
 ) -> dict[str, list[Any]]:
-    """Option keys present in several of ``runs`` with different values -> the values seen."""
+    """Option keys present in several of ``runs`` with different values -> the values seen.
+
+    Only options that change what a metric measures are compared: ``sample_options``
+    (those sizing a sampled metric's sample, from the runs' catalogues:
+    `Catalogue.sample_options`) and the numerical routes (``jacobian_*``) are left out.
+    """
     seen: dict[str, list[Any]] = {}
     for options in runs:
-        if sample_options is None:
-            sample_options = _installed_sample_options()
-        for key, value in compared_options(options, sample_options).items():
+        for key, value in options.items():
+            if key in sample_options or str(key).startswith(ROUTE_OPTION_PREFIX):
+                continue
             values = seen.setdefault(key, [])
             if value not in values:
                 values.append(value)

@@ -32,7 +32,6 @@ from lm_coupling.errors import ConfigurationError
 from lm_coupling.sweep.spec import ModelEntry, entries_for
 
 STUDIES_DIR = Path(__file__).resolve().parent / "studies"
-SHAPE_KEYS = ("n_layers", "d_model", "n_heads", "vocab", "d_ff")
 COST_KEYS = ("documents", "leaves", "smallest_leaf", "requests", "tokens", "gen_tokens")
 
 

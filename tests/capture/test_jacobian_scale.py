@@ -22,7 +22,6 @@ from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
     miscoupling,
-    swapped_coupling_matrices_dense,
 )
 from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.coupling import pair_reduction
@@ -87,7 +86,7 @@ def test_flat_spectrum_routes_give_the_dense_coupling(small, method):
 
 def test_swapped_matrices_equal_the_dense_formula(small):
     _, _, _, dense = small
-    B = swapped_coupling_matrices_dense(dense.dense, dense.U, dense.V)
+    B = coupling_matrices_dense(dense.dense, dense.V, dense.U)  # swapped: V_m^T J^l U_m
     torch.testing.assert_close(dense.B, B, rtol=0, atol=1e-12)
     A = coupling_matrices_dense(dense.dense, dense.U, dense.V)
     torch.testing.assert_close(dense.A, A, rtol=0, atol=1e-12)
@@ -191,7 +190,7 @@ def test_runner_batch_equals_compute_sampled_and_reports_swapped(tiny_model):
     dense = JacobianEngine(
         model, parts, pair_reduction=pair_reduction, k_max=4, keep_dense=True
     ).factors(IDS)
-    B = swapped_coupling_matrices_dense(dense.dense, dense.U, dense.V)
+    B = coupling_matrices_dense(dense.dense, dense.V, dense.U)  # swapped: V_m^T J^l U_m
     expected = coupling_score(miscoupling(B, dense.S[:, :4]))
     # Per-document values are reported in float32.
     assert math.isclose(batched[0].values["coupling_swapped"], float(expected), abs_tol=1e-6)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from fixtures.jacobians import autograd_total_jacobian, states_at_last
 
 from lm_coupling.jacobian.engine import JacobianEngine
-from lm_coupling.metrics.jacobian_lens import JacobianLensFit, jacobian_products, transport
+from lm_coupling.metrics.jacobian_lens import jacobian_products, transport
 from lm_coupling.model.architecture import locate_model_parts
 
 PROMPTS = (
@@ -30,10 +28,8 @@ def test_linear_blocks_give_the_product_of_their_matrices():
             for a in A
         ]
     )
-    fit = JacobianLensFit(L, d, dtype=torch.float64)
-    fit.update(blocks)
-    fit.update(blocks[None].expand(2, -1, -1, -1))  # linear: every document has the same J_l
-    J = fit.jacobians()
+    # Linear: every document has the same J_l, so the fit (their mean) is one document's.
+    J = jacobian_products(blocks[None].expand(3, -1, -1, -1)).mean(0)
     eye = torch.eye(d, dtype=torch.float64)
     for layer in range(L + 1):
         expected = eye.clone()
@@ -51,24 +47,13 @@ def test_linear_blocks_give_the_product_of_their_matrices():
         J[1], torch.autograd.functional.jacobian(lambda x: whole(x, 1), x0), rtol=0, atol=1e-13
     )
     torch.testing.assert_close(J[L], eye)
-    assert fit.count == 3
 
 
-def test_fit_merge_and_shape_errors():
-    gen = torch.Generator().manual_seed(1)
-    blocks = torch.randn(3, 2, 4, 4, generator=gen, dtype=torch.float64)
-    one, two = JacobianLensFit(2, 4, torch.float64), JacobianLensFit(2, 4, torch.float64)
-    one.update(blocks[:1])
-    two.update(blocks[1:])
-    one.merge(two)
-    torch.testing.assert_close(one.jacobians(), jacobian_products(blocks).mean(0))
-    assert torch.isnan(JacobianLensFit(2, 4).jacobians()).all()
-    with pytest.raises(ValueError, match=r"\[B, 2, 4, 4\]"):
-        one.update(torch.zeros(3, 4, 4))
-    with pytest.raises(ValueError, match="finite"):
-        one.update(torch.full((2, 4, 4), math.nan))
+def test_shape_errors():
+    with pytest.raises(ValueError, match=r"\[\.\.\., L, d, d\]"):
+        jacobian_products(torch.zeros(4, 3))
     with pytest.raises(ValueError, match="states must have shape"):
-        transport(one.jacobians(), torch.zeros(1, 2, 4))
+        transport(torch.zeros(3, 4, 4), torch.zeros(1, 2, 4))
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
@@ -77,18 +62,17 @@ def test_fit_equals_average_of_dense_autograd_jacobians(tiny_model, tokenizer, a
     parts = locate_model_parts(model)
     engine = JacobianEngine(model, parts, k_max=2)
     L, d = parts.n_layers, parts.d_model
-    fit = JacobianLensFit(L, d)
+    fit = torch.zeros(L + 1, d, d)
     reference = torch.zeros(L + 1, d, d)
     for text in PROMPTS:
         ids = torch.tensor(tokenizer(text)["input_ids"])
-        fit.update(engine.dense_jacobians(ids))
+        fit += jacobian_products(engine.dense_jacobians(ids))
         states, _ = states_at_last(model, parts, ids)
         for layer in range(L):
             reference[layer] += autograd_total_jacobian(model, parts, ids, layer, states[layer])
         reference[L] += torch.eye(d)
     reference /= len(PROMPTS)
-    J = fit.jacobians()
-    assert fit.count == len(PROMPTS)
+    J = fit / len(PROMPTS)
     assert (J[0] - torch.eye(d)).abs().max() > 1e-2  # not trivially the identity
     torch.testing.assert_close(J, reference, rtol=1e-5, atol=1e-5)
 
@@ -98,11 +82,10 @@ def test_last_layer_jlens_is_the_model_output(tiny_model, tokenizer, arch):
     model = tiny_model(arch, init_std=0.2)
     parts = locate_model_parts(model)
     engine = JacobianEngine(model, parts, k_max=2)
-    fit = JacobianLensFit(parts.n_layers, parts.d_model)
     ids = torch.tensor(tokenizer(PROMPTS[1])["input_ids"])
-    fit.update(engine.dense_jacobians(ids))
+    fitted = jacobian_products(engine.dense_jacobians(ids))  # the fit on this one document
     states, logits = states_at_last(model, parts, ids)
-    moved = transport(fit.jacobians(), states[None])  # [1, L+1, d]
+    moved = transport(fitted, states[None])  # [1, L+1, d]
     lens_logits = parts.unembed_fp32(parts.final_norm_fp32(moved))[0]
     torch.testing.assert_close(
         torch.softmax(lens_logits[-1], -1), torch.softmax(logits, -1), rtol=1e-5, atol=1e-6

@@ -11,31 +11,40 @@ from lm_coupling.metrics import lens
 from lm_coupling.metrics.lens import (
     fixation_depth,
     lens_summary,
-    normalized_entropy,
     tv_to_target,
 )
 
 
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The lens entropy of ``[B, L+1, V]`` logits, no target."""
+    return lens_summary(logits, torch.full((logits.shape[0],), -1), top1=False)[0]
+
+
+def _direct_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``-sum_v P ln P / ln V`` written out (``0 ln 0 = 0``)."""
+    p = torch.softmax(logits, -1)
+    plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
+    return -plogp.sum(-1) / math.log(logits.shape[-1])
+
+
 def test_uniform_logits_have_entropy_one():
     logits = torch.full((2, 4, 50), 3.0)
-    torch.testing.assert_close(normalized_entropy(logits), torch.ones(2, 4))
+    torch.testing.assert_close(_entropy(logits), torch.ones(2, 4))
 
 
 def test_one_hot_logits_have_entropy_near_zero():
-    logits = torch.zeros(3, 1000, dtype=torch.float64)
-    logits[:, 7] = 60.0
-    out = normalized_entropy(logits)
+    logits = torch.zeros(3, 1, 1000, dtype=torch.float64)
+    logits[..., 7] = 60.0
+    out = _entropy(logits)
     assert out.dtype == torch.float64
     assert (out >= 0).all() and (out < 1e-20).all()
 
 
 def test_entropy_matches_direct_formula_and_handles_minus_inf():
     gen = torch.Generator().manual_seed(1)
-    logits = torch.randn(5, 30, generator=gen, dtype=torch.float64)
-    logits[0, :10] = -math.inf
-    p = torch.softmax(logits, -1)
-    expected = -(torch.where(p > 0, p * p.log(), torch.zeros_like(p))).sum(-1) / math.log(30)
-    torch.testing.assert_close(normalized_entropy(logits), expected)
+    logits = torch.randn(5, 1, 30, generator=gen, dtype=torch.float64)
+    logits[0, 0, :10] = -math.inf
+    torch.testing.assert_close(_entropy(logits), _direct_entropy(logits))
 
 
 def test_lens_summary_against_softmax(monkeypatch):
@@ -47,7 +56,7 @@ def test_lens_summary_against_softmax(monkeypatch):
     entropy, prob, top1 = lens_summary(logits, target)
     full = logits.float()
     p = torch.softmax(full, -1)
-    torch.testing.assert_close(entropy, normalized_entropy(full))
+    torch.testing.assert_close(entropy, _direct_entropy(full))
     torch.testing.assert_close(prob[0], p[0, :, 4])
     torch.testing.assert_close(prob[2], p[2, :, 39])
     assert torch.isnan(prob[1]).all()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from lm_coupling.catalogue import Catalogue
 from lm_coupling.report.loading import k_setting_name
 from lm_coupling.report.settings import (
     TaskSetting,
@@ -61,7 +62,8 @@ def test_options_text_and_differences():
         {"k": 10, "norm": "l1", "coupling_docs": 25, "jacobian_method": "auto"},
         {"k": 10, "norm": "l2", "coupling_docs": 5, "jacobian_method": "dense"},
     ]
-    assert differing_options(runs) == {"norm": ["l1", "l2"]}  # sample size and route ignored
+    sample = Catalogue.installed().sample_options()
+    assert differing_options(runs, sample) == {"norm": ["l1", "l2"]}  # sample size, route ignored
 
 
 @pytest.mark.parametrize(
