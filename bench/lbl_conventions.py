@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -35,7 +36,10 @@ from lm_coupling.geometry import GeometryRunner
 from lm_coupling.plugins.builtin import layer_by_layer as plugin
 from lm_coupling.selection import make_selection
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
+REPO = Path(__file__).resolve().parents[1]
+SHARED = [Path(os.environ.get("LM_COUPLING_SHARED_BENCHMARKS", "/nonexistent"))] + [
+    up / "shared" / "benchmarks" for up in (REPO.parent, REPO.parent.parent)
+]  # beside the checkout, or two levels up (a worktree)
 SETTINGS = {
     "ours (defaults)": None,
     "skean2025": "preset=skean2025",
@@ -47,13 +51,13 @@ NAMES = "prompt_entropy,prompt_entropy_min_layer,dataset_entropy"
 
 def contexts(count: int) -> list[str]:
     """ARC-Easy contexts as lm-eval's arc_easy writes them (``Question: ...\\nAnswer:``)."""
-    files = sorted(SHARED.glob("arc/*Easy*Dev*.jsonl")) + sorted(SHARED.glob("arc/*Easy*.jsonl"))
+    files = [f for folder in SHARED for f in sorted(folder.glob("arc/ARC-Easy-Dev.jsonl"))]
     if files:
         rows = [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
         stems = [row["question"]["stem"] for row in rows]
     else:  # the bundled sample items
-        bundled = Path(__file__).resolve().parents[1] / "lm_coupling/demo/sample_tasks"
-        rows = [json.loads(line) for line in next(bundled.rglob("arc_easy*.jsonl")).open()]
+        bundled = REPO / "lm_coupling" / "demo" / "sample_tasks" / "arc_easy" / "validation.jsonl"
+        rows = [json.loads(line) for line in bundled.read_text().splitlines() if line.strip()]
         stems = [row["question"] for row in rows]
     return [f"Question: {stem}\nAnswer:" for stem in stems[:count]]
 
