@@ -7,9 +7,10 @@
   blocks after the earliest fitted layer, whatever ``dim_batch`` is
   (docs/metrics.md, "The Jacobian lens's cost"): at d = 576 and the default
   128 tokens that is minutes per prompt on a CI core. So both fits take
-  16-token prompts (``skip_first_positions=4``: 11 source positions) and the
-  last six layers (TransformerLens's ``source_layers``, our ``first_state``):
-  the backward passes run through 6 of the 30 blocks. Every layer, and the
+  12-token prompts (``skip_first_positions=2``: 9 source positions) and the
+  last four layers (TransformerLens's ``source_layers``, our ``first_state``):
+  the backward passes run through 4 of the 30 blocks, and ``dim_batch=16``
+  keeps the replicated forward pass small (36 backward passes). Every layer, and the
   route rooted at the embedding output, is compared on the tiny Llama
   (tests/capture/test_jacobian_lens_fit.py).
 - (b) ``preset=iclr2025``'s six columns equal a transcription of the ICLR 2025
@@ -40,9 +41,9 @@ from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.coupling_authors import NAMES
 from lm_coupling.selection import make_selection
 
-JLENS = {"max_seq_len": 16, "skip_first_positions": 4, "dim_batch": 32}
+JLENS = {"max_seq_len": 12, "skip_first_positions": 2, "dim_batch": 16}
 KS = (10, 30, 50)  # the authors' num_sing_vecs
-SOURCE_LAYERS = list(range(23, 29))  # block outputs 23..28 = states 24..29 (L = 30)
+SOURCE_LAYERS = list(range(25, 29))  # block outputs 25..28 = states 26..29 (L = 30)
 
 
 def _documents(folder) -> list[str]:
