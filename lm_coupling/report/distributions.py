@@ -132,16 +132,11 @@ def _note(model: str, task: str, name: str, groups: TwoGroups, catalogue) -> str
 
 
 def _figure(cases, path: Path, formats: Sequence[str]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     shown = cases[:MAX_ROWS]
-    fig, axes = plt.subplots(
-        len(shown), 1, figsize=(6.4, 0.55 + 0.75 * len(shown)), squeeze=False,
-        constrained_layout=True,
-    )  # fmt: skip
+    fig = Figure(figsize=(6.4, 0.55 + 0.75 * len(shown)), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False)
     for ax, (model, task, name, values, groups, catalogue) in zip(axes[:, 0], shown, strict=True):
         n = len(values)
         jitter = [((i * 0.618) % 1.0 - 0.5) * 0.5 for i in range(n)]
@@ -150,7 +145,7 @@ def _figure(cases, path: Path, formats: Sequence[str]) -> list[Path]:
         bounds = catalogue.bounds(name)
         if bounds is not None:
             ax.set_xlim(bounds[0] - 0.02 * (bounds[1] - bounds[0]), bounds[1] * 1.02)
-        ax.set_ylim(-0.6, 0.6)
+        ax.set_ylim(-0.6, 1.0)  # room for the legend above the points
         ax.set_yticks([])
         ax.set_title(f"{catalogue.label(name)}: {model}, {task} ({n} documents)", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -158,7 +153,6 @@ def _figure(cases, path: Path, formats: Sequence[str]) -> list[Path]:
     paths = [path.with_suffix(f".{ext}") for ext in formats]
     for out in paths:
         fig.savefig(out, format=out.suffix[1:], dpi=110)
-    plt.close(fig)
     return paths
 
 
