@@ -48,6 +48,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=2, help="prompts fitted on")
     parser.add_argument("--dim-batch", type=int, default=8, help="cotangents per backward")
     parser.add_argument("--max-seq-len", type=int, default=128)
+    parser.add_argument("--skip-first", type=int, default=16, help="skip_first_positions")
+    parser.add_argument(
+        "--last-layers", type=int, default=0,
+        help="fit only the last N source layers (TransformerLens source_layers, our "
+        "first_state; 0: every layer)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=1, help="runs of each route (median)")
     return parser.parse_args(argv)
 
@@ -94,13 +100,23 @@ def main(argv=None) -> None:
     texts = prompts(args.prompts)
     parts = locate_model_parts(model)
     ids = [bridge.to_tokens(text)[0] for text in texts]
-    options = dict(max_seq_len=args.max_seq_len, dim_batch=args.dim_batch)
+    options = dict(
+        max_seq_len=args.max_seq_len, dim_batch=args.dim_batch,
+        skip_first_positions=args.skip_first,
+    )  # fmt: skip
+    L = parts.n_layers
+    sources = list(range(L - 1 - args.last_layers, L - 1)) if args.last_layers else None
+    first = sources[0] + 1 if sources else 0
 
     def theirs():
-        return JacobianLens.fit(bridge, texts, corpus="bench", show_progress=False, **options)
+        return JacobianLens.fit(
+            bridge, texts, corpus="bench", show_progress=False, source_layers=sources, **options
+        )
 
     def ours():
-        return torch.stack([reference_lens_rows(model, parts, i, **options) for i in ids]).mean(0)
+        return torch.stack(
+            [reference_lens_rows(model, parts, i, first_state=first, **options) for i in ids]
+        ).mean(0)
 
     runs_theirs = [timed(theirs, "cpu") for _ in range(args.repeats)]
     runs_ours = [timed(ours, "cpu") for _ in range(args.repeats)]
@@ -116,7 +132,8 @@ def main(argv=None) -> None:
     print(
         f"model {args.model}: L={parts.n_layers}, d={parts.d_model}; {len(texts)} prompts of "
         f"{[min(int(i.shape[0]), args.max_seq_len) for i in ids]} tokens, dim_batch "
-        f"{args.dim_batch}"
+        f"{args.dim_batch}, skip_first_positions {args.skip_first}, source layers "
+        f"{lens.source_layers[0]}..{lens.source_layers[-1]}"
     )
     rows = [("transformer_lens JacobianLens.fit", s_theirs), ("lm-coupling engine", s_ours)]
     print_table(

@@ -32,6 +32,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 # included). Only an ordering hint: a file missing here runs with the other slow files.
 LONGEST_FILES = (
     "real/test_real_smollm2.py",
+    "real/test_real_references.py",
     "harness/test_lm_eval_options.py",
     "harness/test_library_core.py",
     "report/test_report_build.py",

@@ -104,33 +104,45 @@ def _frozen_parameters(model: nn.Module) -> Iterator[None]:
 
 
 def _states_with_graph(
-    model: nn.Module, parts: ModelParts, ids: torch.Tensor, copies: int, dtype: torch.dtype
+    model: nn.Module,
+    parts: ModelParts,
+    ids: torch.Tensor,
+    copies: int,
+    dtype: torch.dtype,
+    first_state: int = 0,
 ) -> list[torch.Tensor]:
-    """``[x^0, x^1, ..., x^L]`` of ``copies`` replicas of one prompt, in one graph rooted at x^0."""
+    """``[x^s, ..., x^L]`` of ``copies`` replicas of one prompt, in one graph rooted at x^s.
+
+    ``s = first_state``; x^s is block s+1's input. Block calls are counted in
+    order (a looped model calls one module several times), so call i is block i+1.
+    """
     blocks = parts.blocks
     states: list[torch.Tensor] = []
+    calls = [0]
 
     def root(module, args, kwargs):
-        if states:  # a looped model calls block 1 again: its input is already in the graph
+        call = calls[0]
+        calls[0] += 1
+        if call != first_state:
             return None
         hidden, positional = _hidden_input(args, kwargs)
-        x0 = hidden.detach().to(dtype).requires_grad_(True)
-        states.append(x0)
-        x0_in = x0.to(hidden.dtype)
+        xs = hidden.detach().to(dtype).requires_grad_(True)
+        states.append(xs)
+        xs_in = xs.to(hidden.dtype)
         if positional:
-            return (x0_in, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": x0_in}
+            return (xs_in, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": xs_in}
 
     def out(module, args, kwargs, output):
+        if calls[0] - 1 < first_state:
+            return
         states.append(block_output_hidden(output))
-        if len(states) == len(blocks) + 1:
+        if len(states) == len(blocks) - first_state + 1:
             raise _Stop
 
-    handles = [blocks[0].register_forward_pre_hook(root, with_kwargs=True)]
-    handles += [
-        b.register_forward_hook(out, with_kwargs=True)
-        for b in dict.fromkeys(blocks)  # unique
-    ]
+    unique = list(dict.fromkeys(blocks))
+    handles = [b.register_forward_pre_hook(root, with_kwargs=True) for b in unique]
+    handles += [b.register_forward_hook(out, with_kwargs=True) for b in unique]
     try:
         with torch.enable_grad():
             model(input_ids=ids[None].expand(copies, -1), use_cache=False)
@@ -139,17 +151,17 @@ def _states_with_graph(
     finally:
         for handle in handles:
             handle.remove()
-    if len(states) != len(blocks) + 1:
+    if len(states) != len(blocks) - first_state + 1:
         raise LmCouplingError(
             f"the Jacobian lens fit expected {len(blocks)} block calls in the forward pass, "
-            f"found {len(states) - 1}"
+            f"found {calls[0]}"
         )
     d = parts.d_model
-    for layer, x in enumerate(states):
+    for offset, x in enumerate(states):
         if x.dim() != 3 or x.shape[-1] != d or x.shape[0] != copies:
             raise LmCouplingError(
-                f"the Jacobian lens fit needs single-stream states [B, T, {d}]; state {layer} "
-                f"has shape {tuple(x.shape)}"
+                f"the Jacobian lens fit needs single-stream states [B, T, {d}]; state "
+                f"{first_state + offset} has shape {tuple(x.shape)}"
             )
     return states
 
@@ -161,6 +173,7 @@ def reference_lens_rows(
     skip_first_positions: int = DEFAULT_SKIP_FIRST,
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     dim_batch: int = DEFAULT_DIM_BATCH,
+    first_state: int = 0,
 ) -> torch.Tensor | None:
     """One prompt's term of the reference Jacobian-lens estimator, for every state l = 0..L.
 
@@ -183,15 +196,21 @@ def reference_lens_rows(
         dim_batch: cotangent directions per backward pass (>= 1): the prompt
             runs as ``dim_batch`` copies, and there are ``ceil(d / dim_batch)``
             backward passes.
+        first_state: the earliest state fitted (0 .. L); the graph is rooted
+            there, so the backward passes run through blocks
+            ``first_state + 1 .. L`` only (TransformerLens's ``source_layers``
+            starting at block ``first_state - 1``'s output).
 
     Returns:
-        ``[L+1, d, d]`` float32 (float64 for a float64 model), on the CPU; None
-        when V is empty (``T <= s + 1``: the reference skips such a prompt).
+        ``[L+1, d, d]`` float32 (float64 for a float64 model), on the CPU, NaN
+        in the states before ``first_state``; None when V is empty
+        (``T <= s + 1``: the reference skips such a prompt).
     """
     for name, value, low in (
         ("skip_first_positions", skip_first_positions, 0),
         ("max_seq_len", max_seq_len, 2),
         ("dim_batch", dim_batch, 1),
+        ("first_state", first_state, 0),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, found {value!r}")
@@ -202,11 +221,16 @@ def reference_lens_rows(
     param = next((p for p in parts.blocks[0].parameters() if p.is_floating_point()), None)
     dtype = torch.float32 if param is None else work_dtype(param)
     d, n_layers = parts.d_model, parts.n_layers
+    if first_state > n_layers:
+        raise ValueError(f"first_state must be at most L = {n_layers}, found {first_state}")
     copies = min(dim_batch, d)
+    rows = torch.full((n_layers + 1, d, d), math.nan, dtype=dtype)
+    if first_state == n_layers:
+        rows[n_layers] = torch.eye(d, dtype=dtype)
+        return rows
     with _frozen_parameters(model):
-        states = _states_with_graph(model, parts, ids, copies, dtype)
+        states = _states_with_graph(model, parts, ids, copies, dtype, first_state)
         target, sources = states[-1], states[:-1]
-        rows = torch.empty(n_layers + 1, d, d, dtype=dtype)
         rows[n_layers] = torch.eye(d, dtype=dtype)
         where = torch.as_tensor(list(positions), device=target.device)
         copy = torch.arange(copies, device=target.device)
@@ -220,9 +244,9 @@ def reference_lens_rows(
             grads = torch.autograd.grad(
                 target, sources, grad_outputs=cotangent, retain_graph=step < n_passes - 1
             )
-            for layer, grad in enumerate(grads):
+            for offset, grad in enumerate(grads):
                 block = grad[:n, where.to(grad.device)].to(dtype).mean(dim=1)
-                rows[layer, first : first + n] = block.cpu()
+                rows[first_state + offset, first : first + n] = block.cpu()
     return rows
 
 

@@ -27,6 +27,7 @@ __all__ = [
     "coupling_score",
     "miscoupling",
     "spectral_gap",
+    "subspace_ill_defined",
     "top_k_svd",
 ]
 
@@ -260,6 +261,44 @@ def spectral_gap(S: torch.Tensor, k: int) -> torch.Tensor:
     if S.shape[-1] < k + 1:
         raise ValueError(f"S needs at least K+1 = {k + 1} values, found {tuple(S.shape)}")
     return _work(S[..., k - 1]) / _work(S[..., k])
+
+
+SUBSPACE_MIN_GAP = 1.05
+"""Default threshold of :func:`subspace_ill_defined` (docs/metrics.md, the ill-defined subspace)."""
+
+
+def subspace_ill_defined(
+    gap: torch.Tensor, numerical: torch.Tensor | None, min_gap: float = SUBSPACE_MIN_GAP
+) -> torch.Tensor:
+    """Whether each block's top-K subspace is ill-defined: ``s_K / s_{K+1} < min_gap`` or numerical.
+
+    By Wedin's theorem (Stewart and Sun 1990, V.4), a perturbation ``E`` of
+    ``J`` turns the top-K singular subspaces by at most
+    ``sin theta <= ||E||_2 / (s_K - s_{K+1})``; with ``||E|| = eps s_K`` that
+    is ``eps / (1 - 1 / g)``, ``g = s_K / s_{K+1}``. At the default
+    ``min_gap = 1.05`` a 1% perturbation of the Jacobian (another document of
+    the task, the model's quantisation) may turn the subspace by up to
+    ``sin theta = 0.21``; below it the coupling at K reads a subspace the
+    spectrum does not pin down. ``numerical`` is the engine's flag (two of the
+    top K+1 singular values within ``jacobian_ill_gap * s_1``: what its routes
+    cannot separate); a NaN gap (``s_K = s_{K+1} = 0``) counts as ill-defined.
+
+    Args:
+        gap: ``[L]`` ``s_K / s_{K+1}`` (:func:`spectral_gap`).
+        numerical: ``[L]`` the engine's flag (bool or 0/1; NaN: unknown), or None.
+        min_gap: the threshold (> 1; 1 keeps the numerical flag alone).
+
+    Returns:
+        ``[L]`` float64, 1.0 where ill-defined, 0.0 elsewhere.
+    """
+    if not min_gap >= 1:
+        raise ValueError(f"min_gap must be >= 1, found {min_gap!r}")
+    gap = gap.detach().to("cpu", torch.float64)
+    flag = torch.isnan(gap) | (gap < min_gap)
+    if numerical is not None:
+        numerical = numerical.detach().to("cpu", torch.float64)
+        flag = flag | (torch.nan_to_num(numerical, nan=0.0) > 0)
+    return flag.to(torch.float64)
 
 
 def largest_gap_k(S: torch.Tensor, k_min: int, k_max: int) -> int:

@@ -16,6 +16,7 @@ from lm_coupling.report import figures as fig
 from lm_coupling.report.benchmarks import benchmark_of
 from lm_coupling.report.checkpoints import independent_rows, series_notes, series_table
 from lm_coupling.report.controls import controls_table
+from lm_coupling.report.distributions import add_distributions
 from lm_coupling.report.ill_defined import mark_ill_defined
 from lm_coupling.report.leaderboard import (
     benchmark_scores,
@@ -442,6 +443,7 @@ def build_report(
         formats,
         draws_per_model(per_model_figures, len(board)),
     )
+    add_distributions(loaded.runs, result, formats)
     result.summary = write_summary(
         out,
         result.primary_metric,

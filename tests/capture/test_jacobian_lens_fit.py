@@ -210,3 +210,17 @@ def test_reading_a_lens_without_state_zero_uses_the_states_it_covers(bridge, fit
     torch.testing.assert_close(profile[1:], full["profiles"]["jlens_entropy"][0][1:])
     assert float(partial["values"]["jlens_entropy"][0]) == pytest.approx(float(profile[1:].mean()))
     assert float(partial["values"]["jlens_fixation_depth"][0]) >= 1 / parts.n_layers
+
+
+def test_a_later_first_state_fits_the_same_rows(bridge):
+    """Rooting the graph at x^s (as TransformerLens's ``source_layers``) keeps states >= s."""
+    tl_bridge, model = bridge
+    parts = locate_model_parts(model)
+    ids = tl_bridge.to_tokens(PROMPTS[0])[0]
+    full = reference_lens_rows(model, parts, ids, dim_batch=5)
+    for first in (1, parts.n_layers - 1, parts.n_layers):
+        later = reference_lens_rows(model, parts, ids, dim_batch=5, first_state=first)
+        assert torch.isnan(later[:first]).all()
+        torch.testing.assert_close(later[first:], full[first:], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="first_state"):
+        reference_lens_rows(model, parts, ids, first_state=parts.n_layers + 1)

@@ -126,6 +126,7 @@ def test_defaults(registry):
         "pairs": "offdiag",
         "k_select": "fixed",
         "k_min": 2,
+        "subspace_min_gap": 1.05,
         "coupling_docs": 25,
         "sample_seed": 0,
         "jacobian_method": "auto",

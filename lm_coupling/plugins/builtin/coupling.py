@@ -75,6 +75,21 @@ K_SELECT = OptionSpec(
     choices=("fixed", "largest_gap"),
 )
 K_MIN = OptionSpec("k_min", 2, "smallest K that k_select=largest_gap considers", int)
+
+
+def _min_gap(text: str) -> float:
+    value = float(text)
+    if not value >= 1:
+        raise ValueError("a ratio s_K/s_K+1 >= 1 is needed (1: the numerical flag alone)")
+    return value
+
+
+MIN_GAP = OptionSpec(
+    "subspace_min_gap",
+    1.05,
+    "a block whose s_K/s_K+1 is below this is flagged ill-defined (docs/metrics.md)",
+    _min_gap,
+)
 PAIRS = OptionSpec(
     "pairs",
     "offdiag",
@@ -169,7 +184,7 @@ def lmc_declare_metrics():
             "coupling",
             "mean coupling 1 - m_K(l,l') of the blocks' top-K singular vectors at n",
             _NEEDS,
-            (K, NORM, ABS, PAIRS, K_SELECT, K_MIN, *shared),
+            (K, NORM, ABS, PAIRS, K_SELECT, K_MIN, MIN_GAP, *shared),
             ("coupling", "singular_values", "spectral_gap", "k_selected", *DIAGNOSTICS),
             matrices=("coupling",),
             k_option="k",
@@ -287,6 +302,7 @@ def lmc_aggregate_task(selected, profiles, options, documents) -> dict[str, Any]
             "route": per_layer,
             "iterations": profiles.get("jacobian_iterations", {}).get("mean"),
             "residual": profiles.get("jacobian_residual", {}).get("mean"),
+            "subspace_min_gap": options.get("subspace_min_gap"),
             "ill_defined": [
                 None if v is None else bool(v > 0)
                 for v in profiles.get("jacobian_ill_defined", {}).get("mean") or []
@@ -306,7 +322,11 @@ def _score(M: torch.Tensor, S: torch.Tensor, options) -> tuple[torch.Tensor, tor
 def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, torch.Tensor]:
     import torch
 
-    from lm_coupling.metrics.coupling import spectral_gap
+    from lm_coupling.metrics.coupling import (
+        SUBSPACE_MIN_GAP,
+        spectral_gap,
+        subspace_ill_defined,
+    )
 
     k = min(used_k(options["k"], d_model), factors.U.shape[-1])
     if options.get("k_select", "fixed") == "largest_gap" and factors.S.shape[1] > k:
@@ -323,7 +343,9 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
         "k_selected": torch.full((factors.S.shape[0],), float(k), dtype=torch.float64),
         "jacobian_iterations": torch.tensor(factors.iterations, dtype=torch.float64),
         "jacobian_residual": _per_layer(factors.residual, factors),
-        "jacobian_ill_defined": _per_layer(factors.ill_defined, factors),
+        "jacobian_ill_defined": subspace_ill_defined(
+            gap, factors.ill_defined, options.get("subspace_min_gap", SUBSPACE_MIN_GAP)
+        ),
     }
     if factors.B is not None:
         out["swapped"], out["swapped_matrix"] = _score(
