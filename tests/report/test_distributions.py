@@ -60,7 +60,7 @@ def _run(tmp_path: Path, rows: list[dict]) -> RunFile:
 def test_the_report_draws_and_counts_the_hidden_split(tmp_path):
     catalogue = Catalogue.installed()
     per_document = "prompt_entropy_min_layer"
-    task_level = next(iter(catalogue.task_level_metrics()))
+    task_level = next(name for name, entry in catalogue.metrics.items() if entry.task_level)
     assert not catalogue.metrics[per_document].task_level
     rows = []
     for doc_id in range(12):
