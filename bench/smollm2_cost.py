@@ -298,6 +298,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--per", choices=("metric", "group", "none"), default="metric")
     parser.add_argument("--coupling-docs", default="1,3", help="C1,C2 sampled documents")
     parser.add_argument("--no-plan", action="store_true", help="skip sweep --plan and its run")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default)")
     args = parser.parse_args(argv)
     args.sizes = tuple(int(x) for x in args.sizes.split(","))
     args.coupling_docs = tuple(int(x) for x in args.coupling_docs.split(","))
@@ -309,6 +310,9 @@ def main(argv=None) -> None:
     import torch
 
     args = parse_args(argv)
+    if args.threads:  # this process and the fresh run's (OMP_NUM_THREADS is inherited)
+        torch.set_num_threads(args.threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     loads = [load()]
