@@ -231,9 +231,14 @@ def check_architecture(header: GgufCheckpoint) -> None:
         return
     import transformers
 
+    what = (
+        "has no general.architecture field"
+        if name == "unknown"
+        else f"is a GGUF file of architecture {name!r} (its general.architecture)"
+    )
     raise ConfigurationError(
-        f"{header.path} is a GGUF file of architecture {name!r} (its general.architecture), "
-        f"which transformers {transformers.__version__} cannot load from GGUF; it reads "
+        f"{header.path} {what}, "
+        f"so transformers {transformers.__version__} cannot load it from GGUF; it reads "
         f"{', '.join(supported)}. Use the model's safetensors checkpoint instead "
         "(pretrained=<folder or hub id>, no gguf_file=), or a transformers release that "
         "lists this architecture"

@@ -81,7 +81,7 @@ def test_gguf_architecture_transformers_cannot_load_is_named(tmp_path):
     _write_gguf(tmp_path / "model.gguf", "Q4_1", architecture="rwkv6")
     code, err, unchanged = _refused(tmp_path, f"pretrained={tmp_path},gguf_file=model.gguf")
     assert code == 2 and unchanged, err[-2000:]
-    assert "architecture 'rwkv6'" in err and "cannot load from GGUF" in err, err[-2000:]
+    assert "architecture 'rwkv6'" in err and "cannot load it from GGUF" in err, err[-2000:]
     assert "llama" in err and "no gguf_file=" in err and "Traceback" not in err
 
 
