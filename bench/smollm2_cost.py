@@ -39,10 +39,15 @@ load (printed with each round and in the table's title).
   the in-process figures. The plan states it was checked within 3x
   (docs/sweep.md).
 
+On a CPU shared with other work give torch one thread (``--threads 1``):
+at load 7-9 on two cores, two threads made coupling ten times slower
+(docs/benchmarks.md).
+
 Usage::
 
     python bench/smollm2_cost.py                      # N 10,40; 3 rounds; coupling 1,3 docs
-    python bench/smollm2_cost.py --sizes 5,15 --repeats 2 --per group --coupling-docs 1,2
+    python bench/smollm2_cost.py --threads 1 --sizes 8,24 --repeats 3 --per group \
+        --coupling-docs 1,2                           # docs/benchmarks.md's table
 """
 
 from __future__ import annotations
