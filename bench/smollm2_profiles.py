@@ -11,7 +11,8 @@ on): linearity (windowed LSS, lower is straighter), alignment (the alignment
 ratio of block pairs within the phase, lower is more aligned), confidence
 (logit-lens entropy and TV to the target, lower is more confident), and the
 Layer by Layer profiles beside them. Equidistance is a per-document value
-(no per-layer profile is recorded), so it is printed for the whole depth.
+(no per-layer profile is recorded), so ``--equispacing`` recomputes it per
+phase from the model's states on the same ARC-Easy items (`equispacing`).
 
 Usage::
 
@@ -115,6 +116,62 @@ def phase_table(geometry: dict) -> tuple[str, list[str], list[tuple[str, list[fl
     return note, [name for name, _, _ in phases], rows
 
 
+def equispacing(data_dir: str | None, limit: int, phases: list[tuple[str, int, int]]) -> list:
+    """Per phase: equidistance of the steps within it, and their mean length, over the items.
+
+    Equidistance as the package defines it (``std_l ||d_l|| / mean_l ||d_l||``,
+    population std; Picking paper, eq. 2), over the steps ``d_l = x^l - x^{l-1}``
+    whose l lies in the phase (l >= 1), per context token 1..n of each ARC-Easy
+    prompt (``Question: ...\nAnswer:``, the trajectory metrics' default
+    ``tokens=all``), averaged over tokens, then over documents. States: the
+    embedding and every block's output, by forward hooks (no final norm).
+    Returns ``[(equidistance, mean step length) per phase]``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lm_coupling.fetch import fetch
+    from lm_coupling.metrics.trajectory import equidistance
+
+    path = fetch("smollm2")
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    folder = Path(data_dir) if data_dir else None
+    source = (folder / "arc_easy" / "test.jsonl") if folder else None
+    if source is None or not source.is_file():
+        from lm_coupling.demo.assets import bundled_tasks_data_path
+
+        source = bundled_tasks_data_path() / "arc_easy" / "test.jsonl"
+    rows = [json.loads(line) for line in source.read_text().splitlines() if line][:limit]
+    states: list[torch.Tensor] = []
+
+    def keep(_module, _inputs, output):
+        states.append((output[0] if isinstance(output, tuple) else output).detach())
+
+    inner = model.model
+    hooks = [inner.embed_tokens.register_forward_hook(keep)]
+    hooks += [layer.register_forward_hook(keep) for layer in inner.layers]
+    per_doc = []
+    with torch.no_grad():
+        for row in rows:
+            states.clear()
+            ids = tokenizer(f"Question: {row['question']}\nAnswer:", return_tensors="pt")
+            model(**ids)
+            x = torch.stack([s[0, 1:].double() for s in states])  # [L+1, n, d], tokens 1..n
+            lengths = torch.linalg.vector_norm(x[1:] - x[:-1], dim=-1)  # step l at index l-1
+            cells = []
+            for _, a, b in phases:
+                steps = lengths[max(a, 1) - 1 : b]  # steps l = max(a, 1)..b
+                cells.append((float(equidistance(steps.T).mean()), float(steps.mean())))
+            per_doc.append(cells)
+    for hook in hooks:
+        hook.remove()
+    return [
+        tuple(float(np.mean(v)) for v in zip(*column, strict=True))
+        for column in zip(*per_doc, strict=True)
+    ]
+
+
 def main() -> None:
     """Run (unless --read-only) and print the thought/fixation table per task."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -124,6 +181,9 @@ def main() -> None:
     parser.add_argument("--coupling-docs", type=int, default=3)
     parser.add_argument("--out", default="results-smollm2-profiles")
     parser.add_argument("--read-only", action="store_true", help="only read --out's files")
+    parser.add_argument(
+        "--equispacing", action="store_true", help="equidistance per phase (loads the model)"
+    )
     options = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -138,6 +198,13 @@ def main() -> None:
         print("|---|" + "---:|" * len(names))
         for label, values in rows:
             print(f"| {label} | {' | '.join(f'{v:.4g}' for v in values)} |")
+        if options.equispacing and geometry["task"] == "lmc_arc_easy_offline":
+            _, phases = _phases(_mean(geometry["profiles"].get("logit_lens_entropy")))
+            cells = equispacing(options.data_dir, options.limit, phases)
+            line = " | ".join(f"{e:.4g}" for e, _ in cells)
+            print(f"| equidistance of the phase's steps (lower = more equispaced) | {line} |")
+            line = " | ".join(f"{m:.4g}" for _, m in cells)
+            print(f"| mean step length ||x^l - x^(l-1)|| | {line} |")
         (results_file,) = sorted(Path(file).parent.glob("results_*.json"))[-1:]
         values = json.loads(results_file.read_text())["results"].get(geometry["task"], {})
         for name in ("acc", "equidistance", "lss", "fixation_depth", "coupling", "alignment_ratio"):

@@ -12,6 +12,10 @@ Before the model loads, a run with ``gguf_file=`` is refused, with the fix:
 - without the ``gguf`` package (the optional extra ``lm-coupling[gguf]``);
 - when the file is missing, or is not a GGUF file (its first four bytes are
   not ``GGUF``), or ``pretrained=`` names a file rather than a folder;
+- when its architecture (the header's ``general.architecture``) is one the
+  installed transformers cannot build from a GGUF file (not among the keys of
+  its GGUF config mapping, after the renames its loader applies), naming the
+  architecture, the ones it reads, and what to do;
 - when a tensor is stored in a type the installed ``gguf`` cannot dequantize
   (``gguf.dequantize`` raises ``NotImplementedError`` for it: Q8_1, Q8_K,
   the integer types, F64 in gguf 0.19), naming the type and the tensors.
@@ -186,6 +190,61 @@ def read_header(path: Path) -> GgufCheckpoint:
     return GgufCheckpoint(path, architecture, quantization, dict(sorted(counts.items())))
 
 
+# transformers' GGUF loader (``load_gguf_checkpoint`` in modeling_gguf_pytorch_utils,
+# transformers 4.56-5.24) maps these llama.cpp architecture names before it looks them up.
+_TRANSFORMERS_RENAMES = (
+    ("qwen2moe", "qwen2_moe"),
+    ("qwen3moe", "qwen3_moe"),
+    ("gpt-oss", "gpt_oss"),
+    ("minimax-m2", "minimax_m2"),
+    ("t5", "t5"),  # t5, t5encoder and umt5 files are all read as T5 (or UMT5)
+)
+
+
+def transformers_architectures() -> tuple[str, ...]:
+    """The GGUF architectures the installed transformers builds a model from, sorted.
+
+    The keys of its GGUF config mapping (``transformers.integrations.ggml``,
+    what ``GGUF_SUPPORTED_ARCHITECTURES`` lists) less ``general``, which
+    names no architecture.
+    """
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return tuple(sorted(name for name in GGUF_CONFIG_MAPPING if name != "general"))
+
+
+def check_architecture(header: GgufCheckpoint) -> None:
+    """Refuse a GGUF file whose architecture transformers cannot load.
+
+    transformers reads the architecture from ``general.architecture``, renames
+    a few llama.cpp names (``qwen2moe`` -> ``qwen2_moe``, ...) and stops with
+    "GGUF model with architecture X is not supported yet" when neither name is
+    in its mapping, after lm-eval's task index and the model's download.
+
+    Raises:
+        ConfigurationError: the architecture is missing or not supported, named.
+    """
+    supported = transformers_architectures()
+    name = header.architecture
+    renamed = next((new for old, new in _TRANSFORMERS_RENAMES if old in name), name)
+    if name in supported or renamed in supported:
+        return
+    import transformers
+
+    what = (
+        "has no general.architecture field"
+        if name == "unknown"
+        else f"is a GGUF file of architecture {name!r} (its general.architecture)"
+    )
+    raise ConfigurationError(
+        f"{header.path} {what}, "
+        f"so transformers {transformers.__version__} cannot load it from GGUF; it reads "
+        f"{', '.join(supported)}. Use the model's safetensors checkpoint instead "
+        "(pretrained=<folder or hub id>, no gguf_file=), or a transformers release that "
+        "lists this architecture"
+    )
+
+
 def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
     """Check a ``gguf_file=`` checkpoint before the model loads; None without one.
 
@@ -193,8 +252,9 @@ def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
     ``gguf_file``) is left to lm-eval once the reader is known to be there.
 
     Raises:
-        ConfigurationError: no gguf package, a file that is not GGUF, or a
-            tensor type the installed gguf cannot dequantize (named).
+        ConfigurationError: no gguf package, a file that is not GGUF, an
+            architecture transformers cannot load from GGUF, or a tensor type
+            the installed gguf cannot dequantize (each named).
         ModelNotFoundError: the file is missing (the folder's GGUF files listed).
     """
     check_pretrained_file(model_args.get("pretrained"))
@@ -211,6 +271,7 @@ def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
             f"absolute path); GGUF files in {path.parent}: {', '.join(found) or 'none'}"
         )
     header = read_header(path)
+    check_architecture(header)
     gguf = _require_reader()
     unreadable = sorted(name for name in header.tensor_types if not _readable(gguf, name))
     if unreadable:

@@ -46,14 +46,14 @@ def _refused(tmp_path: Path, model_args: str, *extra: str, python: list[str] | N
     return done.returncode, done.stderr, _snapshot(out) == before
 
 
-def _write_gguf(path: Path, quantization: str) -> Path:
-    """A small GGUF file (llama header) whose embedding is stored as ``quantization``."""
+def _write_gguf(path: Path, quantization: str, architecture: str = "llama") -> Path:
+    """A small GGUF file (``architecture`` header) whose embedding is stored as ``quantization``."""
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 
     qtype = GGMLQuantizationType[quantization]
     _, type_size = GGML_QUANT_SIZES[qtype]
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), architecture)
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((2, type_size), np.uint8), raw_dtype=qtype)
     writer.add_tensor("output_norm.weight", np.ones(4, dtype=np.float32))
@@ -71,6 +71,27 @@ def test_unreadable_gguf_quantization_is_named(tmp_path):
     assert code == 2 and unchanged, err[-2000:]
     assert "stores tensors as Q8_K" in err and "cannot dequantize" in err
     assert "llama-quantize" in err and "Traceback" not in err
+
+
+def test_gguf_architecture_transformers_cannot_load_is_named(tmp_path):
+    """An RWKV-6 GGUF (llama.cpp reads it, transformers' GGUF loader does not) is refused early."""
+    from lm_coupling.harness.gguf_checkpoint import transformers_architectures
+
+    assert "rwkv6" not in transformers_architectures() and "llama" in transformers_architectures()
+    _write_gguf(tmp_path / "model.gguf", "Q4_1", architecture="rwkv6")
+    code, err, unchanged = _refused(tmp_path, f"pretrained={tmp_path},gguf_file=model.gguf")
+    assert code == 2 and unchanged, err[-2000:]
+    assert "architecture 'rwkv6'" in err and "cannot load it from GGUF" in err, err[-2000:]
+    assert "llama" in err and "no gguf_file=" in err and "Traceback" not in err
+
+
+def test_renamed_gguf_architecture_passes_the_check(tmp_path):
+    """llama.cpp's ``qwen2moe`` is transformers' ``qwen2_moe``: the check follows the rename."""
+    from lm_coupling.harness.gguf_checkpoint import check_gguf
+
+    _write_gguf(tmp_path / "model.gguf", "Q4_1", architecture="qwen2moe")
+    header = check_gguf({"pretrained": str(tmp_path), "gguf_file": "model.gguf"})
+    assert header.architecture == "qwen2moe"
 
 
 def test_readable_quantization_passes_the_check(tmp_path):
