@@ -181,21 +181,8 @@ class GeometryRunner:
             method=methods.pop(),
             dense=any(a.dense for a in answers),
             pair_reduction=next(iter(reductions.values()), None),
+            settings={k: v for a in answers for k, v in a.settings.items()},
         )
-
-    def engine_settings(self) -> dict[str, Any]:
-        """The engine settings given as ``jacobian_<field>`` options (`JacobianConfig` fields).
-
-        Only the fields `USER_FIELDS` lists; the route is the request's.
-        """
-        from lm_coupling.jacobian.config import USER_FIELDS
-
-        options = self.selection.options
-        return {
-            field: options[f"jacobian_{field}"]
-            for field in USER_FIELDS
-            if field != "method" and f"jacobian_{field}" in options
-        }
 
     @property
     def engine(self):
@@ -226,7 +213,7 @@ class GeometryRunner:
                 swapped=request.swapped,
                 keep_dense=request.dense,
                 pair_reduction=request.pair_reduction,
-                **self.engine_settings(),
+                **request.settings,
             )
         return self._engine
 

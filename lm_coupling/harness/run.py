@@ -150,10 +150,6 @@ def run_evaluation(run: RunConfig, *, stream: TextIO | None = None) -> RunRecord
         LmCouplingError: a configuration, model or data problem, before the
             model loads where it can be known then.
     """
-    from lm_coupling.harness.task_names import check_task_names
-
-    if run.task_manager is None:  # an index given is already built: it resolves at once
-        check_task_names(run.evaluator.tasks, include_paths(run.evaluator.include_path))
     with exclusive_run():
         return _run(run, stream)
 
