@@ -182,6 +182,7 @@ class GeometryRunner:
             dense=any(a.dense for a in answers),
             pair_reduction=next(iter(reductions.values()), None),
             settings={k: v for a in answers for k, v in a.settings.items()},
+            lens_terms=next((a.lens_terms for a in answers if a.lens_terms is not None), None),
         )
 
     @property
@@ -404,7 +405,9 @@ class GeometryRunner:
             from lm_coupling.jacobian.lens_fit import model_identity
             from lm_coupling.jacobian_lens_terms import lens_terms
 
-            states.lens_jacobians = lens_terms(self, prompts, self.selection.options)
+            request = self.jacobian_request()
+            settings = request.lens_terms if request is not None else None
+            states.lens_jacobians = lens_terms(self, prompts, **(settings or {}))
             states.model_identity = model_identity(self.model, self.parts)
         if "authors_jacobian" in needs:  # the coupling authors' route (its own module)
             from lm_coupling.jacobian.authors import authors_jacobians

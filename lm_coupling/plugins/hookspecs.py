@@ -216,7 +216,8 @@ def lmc_jacobian_request(
     """Ask the Jacobian engine for block Jacobian factors at the target position.
 
     Called once per run, when the engine is built, if a selected metric needs
-    ``jacobian``. Not firstresult: the engine serves the union of the
+    ``jacobian`` (and, for the ``lens_jacobian`` need, before its fit terms are
+    computed: `JacobianRequest.lens_terms`). Not firstresult: the engine serves the union of the
     requests (the largest K; the swapped reduction and the dense Jacobians if
     any request wants them; the routes, and the pair reductions, must agree).
     The factors reach ``lmc_compute_batch`` as ``states.jacobians``

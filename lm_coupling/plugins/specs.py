@@ -303,6 +303,8 @@ class JacobianRequest:
             ``U_m^T J^l V_m``.
         settings: engine settings the metric's options set (fields of
             ``lm_coupling.jacobian.config.JacobianConfig``, e.g. ``tol``, ``seed``).
+        lens_terms: for the ``lens_jacobian`` need, the estimator's keywords
+            (``lm_coupling.jacobian_lens_terms.lens_terms``); None: not asked.
     """
 
     k: int
@@ -311,6 +313,7 @@ class JacobianRequest:
     dense: bool = False
     pair_reduction: PairReduction | None = field(default=None, compare=False)
     settings: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    lens_terms: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 def used_k(k: int | float, d_model: int) -> int:
