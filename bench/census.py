@@ -508,6 +508,7 @@ def check(model_type: str) -> Result:
 
     from lm_coupling.errors import UnsupportedModelError
     from lm_coupling.harness import preflight
+    from lm_coupling.model import checks
     from lm_coupling.model.architecture import locate_model_parts
     from lm_coupling.selection import make_selection
 
@@ -519,7 +520,7 @@ def check(model_type: str) -> Result:
     except Exception as error:  # noqa: BLE001 - the census's own build: a row, not lm-coupling's
         reason = f"tiny-config build: {type(error).__name__}: {_short(error, 240)}"
         return Result(model_type, "failed", reason, seconds=time.perf_counter() - start)
-    if not preflight.probe_model(model, locate_model_parts(model)).causal:
+    if not checks.probe_model(model, locate_model_parts(model)).causal:
         # BERT-style models in the causal-LM mapping run as decoders only with this flag.
         model = build(model_type, **DECODER)
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")

@@ -107,7 +107,7 @@ def authors_coupling(model, parts, ids, k: int, layers: int | None = None) -> to
 
 
 def route_summary(factors) -> str:
-    """The per-layer routes the engine took, e.g. ``gram x2 subspace x30 (ill-defined 1)``."""
+    """The per-layer routes the engine took, e.g. ``gram x2 krylov x30 (ill-defined 1)``."""
     counts = collections.Counter(factors.method)
     text = " ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
     ill = getattr(factors, "ill_defined", None)

@@ -195,21 +195,9 @@ class GeometryRunner:
             method=methods.pop(),
             dense=any(a.dense for a in answers),
             pair_reduction=next(iter(reductions.values()), None),
+            settings={k: v for a in answers for k, v in a.settings.items()},
+            lens_terms=next((a.lens_terms for a in answers if a.lens_terms is not None), None),
         )
-
-    def engine_settings(self) -> dict[str, Any]:
-        """The engine settings given as ``jacobian_<field>`` options (`JacobianConfig` fields).
-
-        Only the fields `USER_FIELDS` lists; the route is the request's.
-        """
-        from lm_coupling.jacobian.config import USER_FIELDS
-
-        options = self.selection.options
-        return {
-            field: options[f"jacobian_{field}"]
-            for field in USER_FIELDS
-            if field != "method" and f"jacobian_{field}" in options
-        }
 
     @property
     def engine(self):
@@ -240,7 +228,7 @@ class GeometryRunner:
                 swapped=request.swapped,
                 keep_dense=request.dense,
                 pair_reduction=request.pair_reduction,
-                **self.engine_settings(),
+                **request.settings,
             )
         return self._engine
 
@@ -441,7 +429,9 @@ class GeometryRunner:
             from lm_coupling.jacobian.lens_fit import model_identity
             from lm_coupling.jacobian_lens_terms import lens_terms
 
-            states.lens_jacobians = lens_terms(self, prompts, self.selection.options)
+            request = self.jacobian_request()
+            settings = request.lens_terms if request is not None else None
+            states.lens_jacobians = lens_terms(self, prompts, **(settings or {}))
             states.model_identity = model_identity(self.model, self.parts)
         if "authors_jacobian" in needs:  # the coupling authors' route (its own module)
             from lm_coupling.jacobian.authors import authors_jacobians

@@ -9,7 +9,7 @@ from jacobian/, which knows no metric code (docs/design.md, the module map).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,28 +27,36 @@ from lm_coupling.metrics.jacobian_lens import jacobian_products
 
 
 def lens_terms(
-    runner: Any, prompts: Sequence[torch.Tensor], options: Mapping[str, Any]
+    runner: Any,
+    prompts: Sequence[torch.Tensor],
+    estimator: str = REFERENCE,
+    skip_first: int = DEFAULT_SKIP_FIRST,
+    max_len: int = DEFAULT_MAX_SEQ_LEN,
+    dim_batch: int = DEFAULT_DIM_BATCH,
 ) -> list[torch.Tensor | None]:
-    """Each prompt's term of the Jacobian-lens fit, under the estimator ``options`` name.
+    """Each prompt's term of the Jacobian-lens fit, under ``estimator``.
 
-    ``jlens_estimator=reference`` (default): :func:`reference_lens_rows` with
-    ``jlens_skip_first``, ``jlens_max_len`` and ``jlens_dim_batch``;
-    ``last_position``: ``d x^L_n / d x^l_n`` at the target position n from the
-    engine's dense block Jacobians (``metrics.jacobian_lens.jacobian_products``).
+    ``reference`` (default): :func:`reference_lens_rows` with ``skip_first``,
+    ``max_len`` and ``dim_batch``; ``last_position``: ``d x^L_n / d x^l_n`` at
+    the target position n from the engine's dense block Jacobians
+    (``metrics.jacobian_lens.jacobian_products``). The J-lens plugin names
+    them from its options (``JacobianRequest.lens_terms``).
 
     Args:
         runner: the geometry runner (``model``, ``parts``, ``engine``).
         prompts: ``[T_b]`` token ids of each sampled document.
-        options: the run's options.
+        estimator: one of ``lens_fit.ESTIMATORS``.
+        skip_first: leading positions the reference estimator leaves out.
+        max_len: tokens the reference estimator keeps from a prompt's start.
+        dim_batch: cotangent directions per backward pass of the reference.
 
     Returns:
         Per prompt ``[L+1, d, d]`` on the CPU; None where the reference skips
         the prompt (too short); NaN where the engine could not reproduce the
         model's blocks (the document is then left out of the fit, counted).
     """
-    estimator = options.get("jlens_estimator", REFERENCE)
     if estimator not in ESTIMATORS:
-        raise ValueError(f"jlens_estimator must be one of {ESTIMATORS}, found {estimator!r}")
+        raise ValueError(f"the estimator must be one of {ESTIMATORS}, found {estimator!r}")
     out: list[torch.Tensor | None] = []
     for ids in prompts:
         if estimator == REFERENCE:
@@ -57,9 +65,9 @@ def lens_terms(
                     runner.model,
                     runner.parts,
                     ids,
-                    skip_first_positions=options.get("jlens_skip_first", DEFAULT_SKIP_FIRST),
-                    max_seq_len=options.get("jlens_max_len", DEFAULT_MAX_SEQ_LEN),
-                    dim_batch=options.get("jlens_dim_batch", DEFAULT_DIM_BATCH),
+                    skip_first_positions=skip_first,
+                    max_seq_len=max_len,
+                    dim_batch=dim_batch,
                 )
             )
             continue

@@ -260,7 +260,7 @@ class JacobianFactors:
             ``B[l, m] = V_m^T J^l U_m``), when a request asks ``swapped``;
             otherwise None.
         method: per layer, the route used (``"dense"``, ``"gram"``,
-            ``"krylov"``, ``"subspace"``, ``"randomized"``).
+            ``"krylov"``).
         spectral_gap: ``[L]`` ``s_K / s_{K+1}`` at K_max.
         iterations: per layer, iterations of the iterative route (0: direct).
         residual: ``[L]`` ``max_{i<=K} ||J v_i - s_i u_i|| / s_1`` of the

@@ -15,7 +15,6 @@ Every measurement's trajectory/lens part has one source
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -86,32 +85,10 @@ class MeasurementStore:
         if source is not None and not self.plans.sampled(key):
             self._fold_profiles(key, geometry)
 
-    def store_many(
-        self, measurements: list[tuple[GeometryKey, DocumentGeometry]], source: str
-    ) -> None:
-        """`store` several measurements of one source; their profiles folded in together.
-
-        The geometries are the caller's to give away (fresh from
-        `GeometryRunner.compute`, one object per key): a folded geometry's
-        profiles are dropped from it, not from a copy.
-        """
-        folded: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
-        emptied: list[DocumentGeometry] = []
-        for key, geometry in measurements:
-            geometry = self._keep(key, geometry, source)
-            if geometry.profiles and not self.plans.sampled(key):
-                for plan in self.plans.plans_by_key.get(key, ()):
-                    folded[plan.task_name].append((plan.doc_id, geometry.profiles))
-                emptied.append(geometry)
-        for task_name, documents in folded.items():
-            self.records.tasks[task_name].add_profiles_of(documents)
-        for geometry in emptied:
-            geometry.profiles = {}
-
     def _keep(
         self, key: GeometryKey, geometry: DocumentGeometry, source: str | None
     ) -> DocumentGeometry:
-        """`store`'s part shared with `store_many`: merge, keep, note the source, cache.
+        """Merge into an earlier part, keep, note the source, write to the cache.
 
         Returns the geometry now kept at ``key`` (an earlier part it was merged into).
         """

@@ -30,26 +30,10 @@ class SummaryLine:
     error: bool
 
 
-def measured_counts(document: Mapping[str, Any], sampled: Iterable[str] = ()) -> dict[str, int]:
-    """Documents each metric of a geometry document was computed on.
-
-    Reads ``n_measured`` when the file has it; older files fall back to
-    ``coupling.n_sampled`` for the sampled metrics and ``n_documents`` for the
-    rest.
-
-    Args:
-        document: one geometry file's content.
-        sampled: names of the metrics computed on a document sample.
-    """
-    metrics = list(document.get("metrics") or [])
-    recorded = document.get("n_measured")
-    if isinstance(recorded, Mapping):
-        return {m: int(recorded.get(m, 0) or 0) for m in metrics}
-    n_documents = int(document.get("n_documents") or 0)
-    coupling = document.get("coupling") or {}
-    n_sampled = int(coupling.get("n_sampled") or 0) if coupling else 0
-    sampled = set(sampled)
-    return {m: (n_sampled if m in sampled else n_documents) for m in metrics}
+def measured_counts(document: Mapping[str, Any]) -> dict[str, int]:
+    """Documents each metric of a geometry document was computed on (its ``n_measured``)."""
+    recorded = document.get("n_measured") or {}
+    return {m: int(recorded.get(m, 0) or 0) for m in document.get("metrics") or []}
 
 
 def task_line(
@@ -76,7 +60,7 @@ def task_line(
         return SummaryLine(
             task, f"{task}: no document measured: {names} computed on 0 documents", True
         )
-    counts = measured_counts(document, sampled)
+    counts = measured_counts(document)
     total = int(document.get("n_documents") or 0)
     sampled = set(sampled)
     parts = [

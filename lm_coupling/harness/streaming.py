@@ -1,9 +1,8 @@
 """Per-task running summaries, so that a run's memory does not grow with its documents.
 
 Each document's profiles are folded into running sums as soon as it is
-measured, its counts and timings as lm-eval scores it (profiles `CHUNK`
-documents at a time, one vectorised update each)
-(`lm_coupling.harness.session.TaskRecords.add_profiles`);
+measured, its counts and timings as lm-eval scores it
+(`lm_coupling.harness.task_records.TaskRecords.add_profiles`);
 only the documents that carry a sampled metric's values (at most the sample,
 ``coupling_docs`` per task) are kept whole, for the plugins' task aggregation
 (every other document's plugin ``summaries``, if any, are kept alone). Each
@@ -20,23 +19,13 @@ from typing import Any
 
 import numpy as np
 
-CHUNK = 256
-"""Profiles folded in at once (bounded memory, one vectorised update per chunk)."""
-
 
 @dataclass
 class RunningProfile:
     """Element-wise NaN-aware count, mean and sum of squared deviations of one profile.
 
-    Memory: the profiles waiting to be folded in are copied into one buffer
-    of `CHUNK` rows, made at the first profile and reused, and each fold
-    updates ``n``, ``mean`` and ``m2`` in place: nothing allocated for a
-    document or a chunk outlives its fold. Small arrays kept across a
-    benchmark's batches would sit between the batches' large temporaries in
-    the C heap and keep it from reusing their memory (issue 28: at
-    GPT-2-small shape, one small array per document held until its chunk
-    was folded left about 75 MiB of the heap free but unusable at 1100
-    documents).
+    Each document's profile is folded in as it comes (Welford's update, the
+    case ``n_b = 1`` of `_fold`), in place: nothing is kept per document.
 
     Attributes:
         n: finite values per element.
@@ -45,68 +34,28 @@ class RunningProfile:
         mixed: profiles of different shapes were added (the summary is then
             None; `ProfileByShape` keeps one `RunningProfile` per shape, so a
             run never mixes them).
-        pending: ``[CHUNK, ...]``: its first ``pending_rows`` rows are
-            profiles taken but not folded in yet (None before the first).
-        pending_rows: the documents in ``pending``.
     """
 
     n: np.ndarray | None = None
     mean: np.ndarray | None = None
     m2: np.ndarray | None = None
     mixed: bool = False
-    pending: np.ndarray | None = None
-    pending_rows: int = 0
 
     def add(self, array: Any) -> None:
-        """Take one document's profile; every `CHUNK` of them are folded in at once."""
-        self.add_block(np.asarray(array, dtype=np.float64)[None])
-
-    def add_block(self, block: np.ndarray) -> None:
-        """Take several documents' profiles at once, ``[n, ...]`` (copied, as float64)."""
-        shape = tuple(block.shape[1:])
-        known = self.n.shape if self.n is not None else None
-        if known is None and self.pending is not None:
-            known = self.pending.shape[1:]
-        if self.mixed or (known is not None and known != shape):
-            self._mix()
+        """Fold one document's profile in (non-finite elements are not counted)."""
+        value = np.asarray(array, dtype=np.float64)
+        if self.mixed or (self.n is not None and self.n.shape != value.shape):
+            self.mixed = True
             return
-        if self.pending is None:
-            self.pending = np.empty((CHUNK, *shape))
-        taken = 0
-        while taken < len(block):
-            count = min(CHUNK - self.pending_rows, len(block) - taken)
-            rows = self.pending_rows
-            self.pending[rows : rows + count] = block[taken : taken + count]
-            self.pending_rows, taken = rows + count, taken + count
-            if self.pending_rows == CHUNK:
-                self._flush()
-
-    def _mix(self) -> None:
-        """Profiles of two shapes came: no summary (`mixed`), nothing more kept."""
-        self.mixed, self.pending, self.pending_rows = True, None, 0
-
-    def _flush(self) -> None:
-        """Fold the pending profiles in: their NaN-aware statistics, then `_fold`."""
-        rows, self.pending_rows = self.pending_rows, 0
-        if not rows:  # nothing taken (a mixed profile keeps nothing: `_mix`)
-            return
-        stack = self.pending[:rows]
-        finite = np.isfinite(stack)
-        n = finite.sum(axis=0)
-        values = np.where(finite, stack, 0.0)
-        mean = values.sum(axis=0) / np.maximum(n, 1)
-        m2 = np.where(finite, (stack - mean) ** 2, 0.0).sum(axis=0)
-        self._fold(n, mean, m2)
+        finite = np.isfinite(value)
+        self._fold(finite.astype(np.int64), np.where(finite, value, 0.0), np.zeros_like(value))
 
     def merge(self, other: RunningProfile) -> None:
         """Fold another summary in (Chan et al.'s pairwise update)."""
-        other._flush()
-        if other is not self:
-            self._flush()
         if other.mixed or (
             other.n is not None and self.n is not None and other.n.shape != self.n.shape
         ):
-            self._mix()
+            self.mixed = True
             return
         if other.n is not None:
             self._fold(other.n, other.mean, other.m2)
@@ -134,7 +83,6 @@ class RunningProfile:
 
     def summary(self) -> dict[str, Any] | None:
         """``{"mean", "stderr", "n"}`` lists (NaN as None), or None when mixed or empty."""
-        self._flush()
         if self.n is None or self.mixed:
             return None
         n = self.n
@@ -174,16 +122,6 @@ class ProfileByShape:
             self.runs[shape] = []
         profile.add(array)
         _extend_runs(self.runs[shape], position, position + 1)
-
-    def add_block(self, position: int, block: np.ndarray) -> None:
-        """Take the profiles ``block [n, ...]`` (float64) of the documents at ``position..+n``."""
-        shape = block.shape[1:]
-        profile = self.shapes.get(shape)
-        if profile is None:
-            profile = self.shapes[shape] = RunningProfile()
-            self.runs[shape] = []
-        profile.add_block(block)
-        _extend_runs(self.runs[shape], position, position + len(block))
 
     def merge(self, other: ProfileByShape, offset: int) -> None:
         """Fold another rank's profile in; its positions come ``offset`` after this one's."""

@@ -19,8 +19,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from lm_coupling.harness.plan import DocumentId, DocumentPlan
 from lm_coupling.harness.run_plans import RunPlans
 from lm_coupling.harness.streaming import ProfileByShape, RunningTimings
@@ -105,26 +103,6 @@ class TaskRecords:
         self.profiled_ids.append(doc_id)
         for name, array in profiles.items():
             self.profiles[name].add(position, array)
-
-    def add_profiles_of(self, documents: list[tuple[int, dict[str, Any]]]) -> None:
-        """`add_profiles` of several documents ``(doc_id, profiles)``, in order.
-
-        A profile every document has, in one shape, is folded in as one block.
-        """
-        start = len(self.profiled_ids)
-        names = documents[0][1].keys() if documents else ()
-        if any(profiles.keys() != names for _, profiles in documents):
-            for doc_id, profiles in documents:  # documents without some profile: one at a time
-                self.add_profiles(doc_id, profiles)
-            return
-        self.profiled_ids.extend(doc_id for doc_id, _ in documents)
-        for name in names:
-            arrays = [np.asarray(profiles[name], dtype=np.float64) for _, profiles in documents]
-            if len({array.shape for array in arrays}) == 1:
-                self.profiles[name].add_block(start, np.stack(arrays))
-            else:
-                for position, array in enumerate(arrays, start=start):
-                    self.profiles[name].add(position, array)
 
     def n_measured(self, metrics: Iterable[str]) -> dict[str, int]:
         """Documents with a finite value of each metric."""

@@ -23,7 +23,7 @@ DENSE_MAX_D = 1024
 ILL_GAP = 1e-3
 """Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
 
-METHODS = ("auto", "dense", "gram", "krylov", "subspace", "randomized")
+METHODS = ("auto", "dense", "gram", "krylov")
 """The routes (``jacobian.engine`` module docstring)."""
 
 USER_FIELDS = (
@@ -79,7 +79,6 @@ class JacobianConfig:
             the plain forward pass that also gives the frozen prefix (no extra pass).
         dense_max_d: ``auto`` takes the exact ``gram`` route for every layer
             when d <= this.
-        power_iters: power iterations of the ``randomized`` route.
         oversample: extra columns of the iterated block (None: K + 1, i.e. a
             block of 2(K + 1) columns, which converges fast on flat spectra).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
@@ -108,7 +107,6 @@ class JacobianConfig:
     ill_gap: float = ILL_GAP
     check: bool = True
     dense_max_d: int = DENSE_MAX_D
-    power_iters: int = 2
     oversample: int | None = None
     chunk_size: int | None = None
     docs_per_batch: int | None = None
@@ -123,7 +121,6 @@ class JacobianConfig:
             )
         _int("k_max", self.k_max, 1)
         _int("seed", self.seed, 0)
-        _int("power_iters", self.power_iters, 0)
         _int("dense_max_d", self.dense_max_d, 0)
         _int("oversample", self.oversample, 0, optional=True)
         _int("max_iters", self.max_iters, 1, optional=True)

@@ -19,11 +19,6 @@ Routes (per layer, recorded in ``JacobianFactors.method``):
   ``J^T J`` with Rayleigh-Ritz, a residual-based convergence test and a warm
   start from the previous layer's V (``jacobian.krylov``); converges
   like ``exp(-2 t sqrt(gap))``, fast on flat spectra.
-- ``subspace``: the same test on plain block subspace iteration
-  (``jacobian.linalg.subspace_svd``); converges like
-  ``(s_{p+1}/s_i)^(2t)``, kept for comparison.
-- ``randomized``: the same iteration with a fixed number of power iterations
-  and no test (Halko et al. 2011); fast, accurate only where the gap is clear.
 - ``auto``: ``gram`` when ``d <= DENSE_MAX_D`` (1024; d products of one
   token are cheap and exact there); otherwise ``krylov`` with at most as
   many steps as cost as much as the exact route, and ``gram`` for a document
@@ -208,7 +203,6 @@ class JacobianEngine:
             dense_max_d=c.dense_max_d,
             block=c.block,
             max_iters=iters,
-            power_iters=c.power_iters,
             tol=tol,
             ill_gap=c.ill_gap,
             keep_bytes=math.inf if c.keep_dense else self._keep_budget(),

@@ -77,8 +77,10 @@ def block_krylov_svd(
 ) -> TopK:
     """Top K+1 singular triplets by restarted block Krylov iteration on ``J^T J``.
 
-    Convergence, stagnation and ill-definedness tests as in
-    ``jacobian_linalg.subspace_svd``, with the residual
+    Convergence, stagnation and ill-definedness tests of ``jacobian.linalg.StopTest``
+    (the error of ``v_i`` is about ``r_i`` over the distance of ``s_i`` to its
+    neighbours; converged or stopped documents are frozen while the others
+    iterate), with the residual
     ``r_i = ||J^T u_i - s_i v_i||`` (``J v_i = s_i u_i`` holds by construction).
 
     Reference: Musco and Musco, NeurIPS 2015 (block Krylov); Golub and Van

@@ -14,8 +14,9 @@ relative residual ``max_i ||J v_i - s_i u_i|| / s_1`` over the top K):
 - :func:`gram_top`: top K+1 eigenpairs of ``J^T J`` formed and solved in
   float64 (a partial symmetric eigensolver, :func:`top_eigh`), ``U = J V / S``;
   cheaper than a full SVD on either device, as accurate.
-- :func:`subspace_svd`: block subspace iteration with Rayleigh-Ritz and a
-  residual-based convergence test; never forms J.
+- ``jacobian.krylov.block_krylov_svd``: restarted block Krylov iteration on
+  ``J^T J`` with the residual-based convergence test :class:`StopTest`;
+  never forms J.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ __all__ = [
     "gram_top",
     "start_block",
     "jvp_columns",
-    "subspace_svd",
     "svd_top",
     "top_eigh",
     "vjp_rows",
@@ -45,7 +45,7 @@ __all__ = [
 Map = Callable[[torch.Tensor], torch.Tensor]
 
 STALL = 6
-"""``subspace_svd`` stops a document whose residual has not halved in this many iterations."""
+"""`StopTest` stops a document whose residual has not halved in this many iterations."""
 
 
 @dataclass
@@ -390,87 +390,3 @@ class StopTest:
         self.best = torch.where(improved, worst, self.best)
         self.since = torch.where(improved, 0, self.since + 1)
         return good, good | bad | (self.since >= STALL), worst
-
-
-def subspace_svd(
-    f: Map,
-    x: torch.Tensor,
-    k: int,
-    *,
-    block: int,
-    max_iters: int,
-    tol: float,
-    ill_gap: float,
-    chunk: int,
-    generator: torch.Generator,
-    warm_start: torch.Tensor | None = None,
-    fixed_iters: bool = False,
-    clock: Clock | None = None,
-) -> TopK:
-    """Top K+1 singular triplets by block subspace iteration with Rayleigh-Ritz.
-
-    One iteration: ``Q = orth(Y)``, ``Z = Q^T J`` (p VJPs), ``Z = U_Z S V^T``,
-    ``U = Q U_Z``, then ``Y = J V`` (p JVPs), which also gives the residuals
-    ``r_i = ||J v_i - s_i u_i||`` (``u_i^T J = s_i v_i^T`` holds exactly by
-    construction). A document has converged when, for every i < K,
-    ``r_i <= max(tol * delta_i, floor)`` with ``delta_i`` the distance of
-    ``s_i`` to its nearest other Ritz value (the error of ``v_i`` is about
-    ``r_i / delta_i``), and ``r_{K+1} <= max(sqrt(tol) s_1, floor)`` (the error
-    of ``s_{K+1}`` is about ``r^2 / gap``); ``floor = 8 sqrt(d) eps s_1`` is the
-    round-off level any route reaches. A document whose residual stagnates
-    (``STALL``; e.g. a model computing in lower precision inside) stops
-    unconverged. A document whose top K+1 values are
-    resolved (they moved less than ``ill_gap s_1 / 10`` in one iteration)
-    and ill-defined (:func:`ill_defined`) stops there. Converged or stopped
-    documents are frozen while the others iterate, so a document's result
-    does not depend on the batch. The start block holds ``warm_start`` (the
-    neighbouring layer's V), then Gaussian columns.
-
-    Reference: Halko, Martinsson and Tropp, SIAM Review 2011, Algorithm 4.4;
-    Saad, "Numerical Methods for Large Eigenvalue Problems" (2011), ch. 5
-    (subspace iteration with Rayleigh-Ritz and residual tests).
-
-    Args:
-        f: batched block map ``[B, d] -> [B, d]``.
-        x: ``[B, d]`` point.
-        k: K; K+1 triplets are returned.
-        block: p, columns of the iterated block (>= K+1).
-        max_iters: iterations at most.
-        tol: vector accuracy target.
-        ill_gap: see :func:`ill_defined`.
-        chunk: tangents per vectorized batch.
-        generator: random generator (on x's device).
-        warm_start: ``[B, d, r]`` start columns, or None.
-        fixed_iters: run exactly ``max_iters`` iterations (no test; the
-            classic randomized SVD with power iterations).
-        clock: adds the products' seconds under ``PRODUCTS``.
-
-    Returns:
-        :class:`TopK`.
-    """
-    B, d = x.shape
-    p, r = min(d, max(block, k + 1)), k + 1
-    clock = clock or Clock(x.device)
-    with clock.span(PRODUCTS):
-        Y = jvp_columns(f, x, start_block(x, p, generator, warm_start), chunk)
-    out = TopK.empty(B, d, r, x)
-    active = torch.ones(B, dtype=torch.bool, device=x.device)
-    test = StopTest(k, tol, ill_gap, x)
-    for it in range(1, max(1, max_iters) + 1):
-        Q = _orthonormal(Y)
-        with clock.span(PRODUCTS):
-            Z = vjp_rows(f, x, Q, chunk)
-        U_Z, S, Vh = torch.linalg.svd(Z, full_matrices=False)
-        U, V = Q @ U_Z, Vh.transpose(-2, -1)
-        with clock.span(PRODUCTS):
-            Y = jvp_columns(f, x, V, chunk)
-        res = _residuals(Y[:, :, :r], U[:, :, :r], S[:, :r])
-        good, done, worst = test.step(S, res)
-        last = it >= max_iters
-        stop = active & (torch.ones_like(good) if last else done & (not fixed_iters))
-        if bool(stop.any()):
-            out.record(stop, U, S, V, it, worst, good, k, ill_gap)
-            active &= ~stop
-        if not bool(active.any()):
-            break
-    return out

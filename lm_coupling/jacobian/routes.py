@@ -29,7 +29,6 @@ from lm_coupling.jacobian.linalg import (
     dense_jacobian,
     gram_top,
     jvp_columns,
-    subspace_svd,
     svd_top,
 )
 
@@ -96,7 +95,6 @@ class RouteSettings:
     dense_max_d: int
     block: int
     max_iters: int
-    power_iters: int
     tol: float
     ill_gap: float
     keep_bytes: int
@@ -144,29 +142,24 @@ def _layer_top(call: BlockCall, chunk: int, rs: RouteSettings, generator, warm) 
     if method in ("dense", "gram"):
         top, J = _exact(f, x, chunk, rs, method, clock)
         return LayerTop(top, [method] * B, clock, J)
-    fixed = method == "randomized"
-    common = dict(block=rs.block, tol=rs.tol, ill_gap=rs.ill_gap, chunk=chunk, generator=generator)
     with clock.span("route"):
-        if method in ("krylov", "auto"):
-            top = block_krylov_svd(
-                f, x, rs.k, max_iters=rs.max_iters, warm_start=warm, clock=clock, **common
-            )
-        else:
-            iters = rs.power_iters + 1 if fixed else rs.max_iters
-            top = subspace_svd(
-                f,
-                x,
-                rs.k,
-                max_iters=iters,
-                warm_start=warm,
-                fixed_iters=fixed,
-                clock=clock,
-                **common,
-            )
+        top = block_krylov_svd(
+            f,
+            x,
+            rs.k,
+            block=rs.block,
+            max_iters=rs.max_iters,
+            tol=rs.tol,
+            ill_gap=rs.ill_gap,
+            chunk=chunk,
+            generator=generator,
+            warm_start=warm,
+            clock=clock,
+        )
     clock.seconds[FACTORISATION] = clock.seconds.pop("route") - clock.get(PRODUCTS)
-    routes = [method if method != "auto" else "krylov"] * B
+    routes = ["krylov"] * B
     redo = ~top.converged & ~top.ill_defined
-    if fixed or not bool(redo.any()):  # randomized: fixed iterations, no test (documented)
+    if not bool(redo.any()):
         return LayerTop(top, routes, clock)
     # Not converged (within an exact route's cost, for auto) and well-defined: the
     # exact route, recorded as such, never unconverged triplets.

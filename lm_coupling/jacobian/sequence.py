@@ -28,7 +28,6 @@ docs/engine.md, "Replays".
 from __future__ import annotations
 
 import contextlib
-import inspect
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from lm_coupling.jacobian.calls import (
     recording_last_token_outputs,
 )
 from lm_coupling.model.architecture import ModelParts
+from lm_coupling.model.block_calls import accepts_argument
 
 __all__ = [
     "CACHE",
@@ -72,15 +72,6 @@ PROBE_TOKENS = 8
 
 _CHOSEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """model -> (replay, why): the probe runs once per model."""
-
-
-def accepts_argument(model: nn.Module, name: str) -> bool:
-    """Whether the model's ``forward`` takes the argument ``name`` (or ``**kwargs``)."""
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):  # no introspectable signature: assume it does
-        return True
-    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _layer_kind(layer) -> str:

@@ -521,7 +521,7 @@ def _head_transforms(
     first when the unembedding width differs from the state width or the
     module is named as a head or prediction, except modules holding
     ``excluded`` (the decoder, the embedding). The first-batch check
-    (``harness.preflight.readout_problems``) verifies that the read-out
+    (``model.checks.readout_problems``) verifies that the read-out
     through them is the model's; otherwise the run is refused with the reason.
     """
     path = next((name for name, m in model.named_modules() if m is head), None)

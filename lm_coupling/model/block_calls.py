@@ -234,12 +234,13 @@ def _top_lists(decoder: nn.Module) -> list[nn.ModuleList]:
     return [m for _, m in found]
 
 
-def _accepts_use_cache(model: nn.Module) -> bool:
+def accepts_argument(model: nn.Module, name: str) -> bool:
+    """Whether the model's ``forward`` takes the argument ``name`` (or ``**kwargs``)."""
     try:
         params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # no introspectable signature: assume it does
         return True
-    return any(p.name == "use_cache" or p.kind is p.VAR_KEYWORD for p in params)
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
 
 
 def _call_order(model: nn.Module, decoder: nn.Module) -> list[nn.Module]:
@@ -259,7 +260,7 @@ def _call_order(model: nn.Module, decoder: nn.Module) -> list[nn.Module]:
     try:
         model.eval()
         with torch.no_grad():
-            model(ids, **({"use_cache": False} if _accepts_use_cache(model) else {}))
+            model(ids, **({"use_cache": False} if accepts_argument(model, "use_cache") else {}))
     except Exception:  # noqa: BLE001 - a model the probe cannot run: the generic rule decides
         order = []
     finally:
@@ -375,7 +376,7 @@ class AltUpCollapse(nn.Module):
     is; stream i through ``altup_unembed_projections[i - 1]``, rescaled to
     stream 0's root-mean-square (``sqrt(max(mean(p^2), 1e-5))`` below); the
     mean of the k. The first-batch check verifies that it reproduces the
-    model's logits (``harness.preflight.readout_problems``).
+    model's logits (``model.checks.readout_problems``).
     """
 
     EPS = 1e-5

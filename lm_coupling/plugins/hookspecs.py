@@ -161,6 +161,9 @@ def lmc_jacobian_request(
 ) -> JacobianRequest | None:
     """What the Jacobian engine computes for this plugin (the engine serves the union).
 
+    For the ``lens_jacobian`` need it is also asked before the lens's fit
+    terms are computed (`JacobianRequest.lens_terms`).
+
     Args:
         selected: every selected metric name (answer only for your own).
         options: parsed ``--metric_args``.

@@ -300,8 +300,7 @@ class JacobianRequest:
         k: singular vectors per block the metric reads (already resolved
             with `used_k` on the model's width).
         swapped: also reduce the swapped products (``JacobianFactors.B``).
-        method: the engine route (``auto``, ``dense``, ``gram``, ``krylov``,
-            ``subspace``, ``randomized``).
+        method: the engine route (``auto``, ``dense``, ``gram``, ``krylov``).
         dense: also hand over the dense block Jacobians ``JacobianFactors.dense
             [L, d, d]`` (the exact ``dense`` route then runs on every layer).
         pair_reduction: the per-layer-pair reduction of the engine's products
@@ -309,6 +308,10 @@ class JacobianRequest:
             ``[L, L, d, K]`` products are never held; None: no pair products
             (``A`` and ``B`` stay None). The coupling plugin hands its
             ``U_m^T J^l V_m``.
+        settings: engine settings the metric's options set (fields of
+            ``lm_coupling.jacobian.config.JacobianConfig``, e.g. ``tol``, ``seed``).
+        lens_terms: for the ``lens_jacobian`` need, the estimator's keywords
+            (``lm_coupling.jacobian_lens_terms.lens_terms``); None: not asked.
     """
 
     k: int
@@ -316,6 +319,8 @@ class JacobianRequest:
     method: str = "auto"
     dense: bool = False
     pair_reduction: PairReduction | None = field(default=None, compare=False)
+    settings: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    lens_terms: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 def used_k(k: int | float, d_model: int) -> int:

@@ -63,7 +63,7 @@ def test_engine_rows_cover_every_route_and_k(quick_run):
 
     rows = _table(quick_run)
     routes = _header_list(quick_run, "routes")
-    assert set(routes) >= set(getattr(jacobian, "METHODS", ("auto", "dense", "randomized")))
+    assert set(routes) >= set(getattr(jacobian, "METHODS", ("auto", "dense", "gram")))
     ks = _header_list(quick_run, "K")
     assert len(ks) == 2
     for k in ks:

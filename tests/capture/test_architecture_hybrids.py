@@ -21,9 +21,9 @@ from fixtures.transformers_range import require_fixed, require_model_type
 from torch import nn
 
 from lm_coupling.errors import UnsupportedModelError
-from lm_coupling.harness.preflight import readout_problems
 from lm_coupling.jacobian.sequence import CACHE, SEQUENCE, choose_replay
 from lm_coupling.model.architecture import locate_model_parts
+from lm_coupling.model.checks import readout_problems
 
 SIZES = dict(
     vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,

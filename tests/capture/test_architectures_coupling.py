@@ -44,13 +44,13 @@ from fixtures.transformers_range import (
 
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
-from lm_coupling.harness.preflight import readout_problems
 from lm_coupling.jacobian.calls import _truncated_prefix
 from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.jacobian.engine_mode import engine_mode
 from lm_coupling.jacobian.sequence import _is_resource_failure, choose_replay
 from lm_coupling.metrics.coupling import coupling_matrices_dense, coupling_score, miscoupling
 from lm_coupling.model.architecture import locate_model_parts
+from lm_coupling.model.checks import readout_problems
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 from lm_coupling.selection import make_selection
 

@@ -37,12 +37,13 @@ from lm_coupling.capture.collector import StateCollector
 from lm_coupling.capture.lens import LogitLens
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
-from lm_coupling.harness.preflight import readout_problems
 from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.metrics.coupling import coupling_matrices_dense, coupling_score, miscoupling
 from lm_coupling.metrics.trajectory import line_shape_score
+from lm_coupling.model import checks
 from lm_coupling.model.architecture import block_output_hidden, locate_model_parts
 from lm_coupling.model.block_calls import CallSite, is_unrolled
+from lm_coupling.model.checks import readout_problems
 from lm_coupling.plugins.builtin.coupling import pair_reduction
 from lm_coupling.selection import make_selection
 
@@ -400,7 +401,7 @@ def test_several_streams_are_one_flattened_state(model_type, models):
     assert [b.block for b in parts.blocks] == list(model.model.layers)
     assert readout_problems(model, parts, PROMPTS[-1]) == []  # read-out and composition
     probe = preflight.check_model(model, parts, make_selection("coupling,lss"))
-    assert probe.hidden_shape == (1, preflight.PROBE_TOKENS, k * d)
+    assert probe.hidden_shape == (1, checks.PROBE_TOKENS, k * d)
     if model_type == "gemma3n_text":
         require_fixed("gemma3n shared cache")  # before it, the cache replay serves
     assert probe.replay[0] == "sequence"

@@ -95,16 +95,16 @@ def test_used_k_is_the_k_the_coupling_plugin_computes(k, d_model, expected):
     assert used_k(k, d_model) == expected
 
 
-def test_running_profile_equals_the_whole_stack_across_chunks_and_ranks():
-    from lm_coupling.harness.streaming import CHUNK, RunningProfile
+def test_running_profile_equals_the_whole_stack_across_ranks():
+    from lm_coupling.harness.streaming import RunningProfile
 
     rng = np.random.default_rng(0)
-    stack = rng.normal(size=(3 * CHUNK + 7, 5))
+    stack = rng.normal(size=(775, 5))
     stack[rng.random(stack.shape) < 0.1] = np.nan
     first, second = RunningProfile(), RunningProfile()
-    for row in stack[: 2 * CHUNK + 3]:
+    for row in stack[:515]:
         first.add(row)
-    for row in stack[2 * CHUNK + 3 :]:
+    for row in stack[515:]:
         second.add(row)
     first.merge(second)
     summary = first.summary()
@@ -114,38 +114,12 @@ def test_running_profile_equals_the_whole_stack_across_chunks_and_ranks():
     assert summary["n"] == n.tolist()
 
 
-def test_running_profile_reuses_its_memory_and_folds_blocks_across_chunk_boundaries():
-    """Nothing a run keeps is allocated per document or per chunk (issue 28: the C heap).
+def test_running_profile_of_another_shape_gives_no_summary():
+    from lm_coupling.harness.streaming import RunningProfile
 
-    The pending profiles go into one buffer made at the first profile; each
-    fold updates n, mean and m2 in place; blocks that straddle a chunk's end
-    give the statistics of the whole stack.
-    """
-    from lm_coupling.harness.streaming import CHUNK, RunningProfile
-
-    rng = np.random.default_rng(2)
-    stack = rng.normal(size=(4 * CHUNK + 11, 3, 2))
-    stack[rng.random(stack.shape) < 0.05] = np.nan
     profile = RunningProfile()
-    profile.add_block(stack[:5])
-    buffer = profile.pending
-    profile.add_block(stack[5 : CHUNK + 9])  # past the first chunk: folded, then refilled
-    arrays = (profile.n, profile.mean, profile.m2)
-    assert profile.pending is buffer and profile.pending_rows == 9
-    start = CHUNK + 9
-    for size in (CHUNK - 1, 2 * CHUNK + 1, 2):  # blocks ending before, across and after a fold
-        profile.add_block(stack[start : start + size])
-        start += size
-    assert start == len(stack)
-    assert profile.pending is buffer
-    now = (profile.n, profile.mean, profile.m2)
-    assert all(a is b for a, b in zip(now, arrays, strict=True))  # updated in place
-    summary = profile.summary()
-    n = np.isfinite(stack).sum(axis=0)
-    np.testing.assert_allclose(summary["mean"], np.nanmean(stack, axis=0))
-    np.testing.assert_allclose(summary["stderr"], np.nanstd(stack, axis=0, ddof=1) / np.sqrt(n))
-    assert summary["n"] == n.tolist()
-    profile.add_block(stack[:1, :2])  # another shape: no summary rather than a wrong one
+    profile.add(np.ones((3, 2)))
+    profile.add(np.ones((2, 2)))  # another shape: no summary rather than a wrong one
     assert profile.mixed and profile.summary() is None
 
 
@@ -183,50 +157,3 @@ def test_profiles_of_one_shape_keep_one_run_of_positions():
         records.add(doc_id, DocumentGeometry({}, {"norm": np.zeros(3)}))
     assert records.profiles["norm"].runs == {(3,): [[0, 300]]}
     assert records.profiles["norm"].odd(records.doc_ids) == []
-
-
-def _profiles_state(records: TaskRecords) -> dict:
-    """Every running summary, odd document and position of ``records``, comparable."""
-    out = {"ids": records.profiled_ids}
-    for name, by_shape in records.profiles.items():
-        out[name] = {
-            "summary": by_shape.summary(),
-            "runs": by_shape.runs,
-            "odd": by_shape.odd(records.profiled_ids),
-        }
-    return out
-
-
-@pytest.mark.parametrize("case", ["one shape", "odd shapes", "a profile missing"])
-def test_profiles_folded_as_a_block_equal_profiles_folded_one_by_one(case):
-    """A pool's documents' profiles go in as one block each (`add_profiles_of`); the same sums."""
-    from lm_coupling.harness.streaming import CHUNK
-
-    rng = np.random.default_rng(1)
-    documents = []
-    for doc_id in range(CHUNK + 40):  # across a CHUNK boundary
-        norm = rng.normal(size=5)
-        norm[rng.random(5) < 0.2] = np.nan
-        if case == "odd shapes" and doc_id in (3, 70):
-            norm = rng.normal(size=4)
-        profiles = {"norm": norm, "windowed_lss": rng.normal(size=4)}
-        if case == "a profile missing" and doc_id == 10:
-            del profiles["windowed_lss"]
-        documents.append((1000 + doc_id, profiles))
-    one_by_one, blocks = TaskRecords(), TaskRecords()
-    for doc_id, profiles in documents:
-        one_by_one.add_profiles(doc_id, profiles)
-    for start in range(0, len(documents), 62):  # pools of 62 documents
-        blocks.add_profiles_of(documents[start : start + 62])
-    expected, got = _profiles_state(one_by_one), _profiles_state(blocks)
-    assert got["ids"] == expected["ids"]
-    for name in ("norm", "windowed_lss"):
-        assert got[name]["runs"] == expected[name]["runs"]
-        assert got[name]["odd"] == expected[name]["odd"]
-        for part in ("mean", "stderr"):
-            np.testing.assert_allclose(
-                np.array(got[name]["summary"][part], dtype=float),
-                np.array(expected[name]["summary"][part], dtype=float),
-                rtol=1e-12,
-            )
-        assert got[name]["summary"]["n"] == expected[name]["summary"]["n"]

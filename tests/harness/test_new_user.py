@@ -210,21 +210,32 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     assert 0 < done < total
 
 
-# -- 5. unknown task and a missing model, before lm-eval's task index --------------------
+# -- 5. unknown task and a missing model, before the model loads -------------------------
 
 
-def test_unknown_task_is_reported_before_the_index(harness_setup, index_and_seconds):
-    _, index_seconds = index_and_seconds
-    start = time.perf_counter()
+def test_unknown_task_is_reported_before_the_model_loads(harness_setup, index_and_seconds):
+    index, _ = index_and_seconds
     with pytest.raises(lm_coupling.ConfigurationError, match="lmc_arc_easy_offline") as caught:
         lm_coupling.evaluate(
             model_args={"pretrained": str(harness_setup.models["gpt2"])},
             tasks="lmc_arc_eazy_offline",
             metrics="lss",
+            task_manager=index,
         )
-    seconds = time.perf_counter() - start
     assert "task(s) not found: lmc_arc_eazy_offline" in str(caught.value)
-    assert seconds < index_seconds / 3, (seconds, index_seconds)
+
+
+def test_unknown_task_is_named_from_the_task_files_without_an_index():
+    """The early check reads the task YAMLs as text: a typo is named with close names."""
+    from lm_coupling.harness.run import include_paths
+    from lm_coupling.harness.task_names import check_task_names, lm_eval_tasks_dir, task_names
+
+    folders = [lm_eval_tasks_dir(), *map(Path, include_paths(None))]
+    known = task_names(folders)
+    assert {"lmc_arc_easy_offline", "arc_easy", "winogrande"} <= known
+    with pytest.raises(lm_coupling.ConfigurationError, match="lmc_arc_easy_offline"):
+        check_task_names(["lmc_arc_eazy_offline"], include_paths(None))
+    check_task_names(["lmc_arc_easy_offline", "mmlu_*"], include_paths(None))  # no error
 
 
 def test_no_model_args_is_a_clear_early_error(tmp_path, capsys, monkeypatch):

@@ -11,7 +11,7 @@ import transformers
 
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
-from lm_coupling.model import architecture
+from lm_coupling.model import architecture, checks
 from lm_coupling.model.architecture import locate_model_parts, register_override
 from lm_coupling.selection import make_selection
 
@@ -72,7 +72,7 @@ def test_decoders_pass_both_checks(model_type, tiny_model, prompt_ids):
     probe = preflight.check_model(model, parts, ALL)
     assert probe.causal and probe.max_change == 0.0
     assert probe.cache_has_layers and probe.cache == "DynamicCache"
-    assert preflight.readout_problems(model, parts, prompt_ids) == []
+    assert checks.readout_problems(model, parts, prompt_ids) == []
     preflight.check_readout(model, parts, prompt_ids, ALL)
 
 
@@ -111,7 +111,7 @@ def test_several_residual_streams_are_named_by_architecture(tokenizer):
     model = _from_config(config)
     parts = locate_model_parts(model)
     probe = preflight.check_model(model, parts, TRAJECTORY)
-    assert probe.hidden_shape == (1, preflight.PROBE_TOKENS, 2 * 32) and parts.d_model == 64
+    assert probe.hidden_shape == (1, checks.PROBE_TOKENS, 2 * 32) and parts.d_model == 64
     # the model's own layers, streams apart ([k, B, T, d]): no metric is defined on them
     apart = dataclasses.replace(parts, blocks=list(model.model.layers), hidden_size=32)
     with pytest.raises(UnsupportedModelError) as info:
@@ -133,17 +133,17 @@ def test_a_type_error_inside_a_model_that_takes_use_cache_propagates(tiny_model)
     handle = model.register_forward_pre_hook(broken, with_kwargs=True)
     try:
         with pytest.raises(TypeError, match="a bug inside the model"):
-            preflight.probe_model(model, parts)
+            checks.probe_model(model, parts)
     finally:
         handle.remove()
-    assert preflight.probe_model(model, parts).cache == "DynamicCache"
+    assert checks.probe_model(model, parts).cache == "DynamicCache"
 
 
 def test_wrong_final_norm_override_is_caught(tiny_model, prompt_ids, restore_overrides):
     model = tiny_model("llama")
     register_override("llama", final_norm=())  # the real model applies model.norm
     parts = locate_model_parts(model)
-    (problem,) = preflight.readout_problems(model, parts, prompt_ids)
+    (problem,) = checks.readout_problems(model, parts, prompt_ids)
     assert problem.startswith("unembed(final_norm(x^L)) differs from the model's logits")
     with pytest.raises(UnsupportedModelError) as info:
         preflight.check_readout(model, parts, prompt_ids, ALL)
@@ -158,7 +158,7 @@ def test_wrong_final_norm_override_is_caught(tiny_model, prompt_ids, restore_ove
 
 def test_gemma2_soft_capping_is_part_of_the_read_out(tokenizer, prompt_ids, restore_overrides):
     model = _gemma2(tokenizer)
-    assert preflight.readout_problems(model, locate_model_parts(model), prompt_ids) == []
+    assert checks.readout_problems(model, locate_model_parts(model), prompt_ids) == []
     register_override("gemma2", logit_softcap=0)  # an override that forgets the cap
     parts = locate_model_parts(model)
     assert parts.logit_softcap is None
@@ -171,7 +171,7 @@ def test_logit_scale_override_is_applied(tiny_model, prompt_ids, restore_overrid
     register_override("gpt2", logit_scale=2.0)  # gpt2 has no logit scale
     parts = locate_model_parts(model)
     assert parts.logit_scale == 2.0
-    assert preflight.readout_problems(model, parts, prompt_ids)
+    assert checks.readout_problems(model, parts, prompt_ids)
 
 
 def test_blocks_that_do_not_compose_are_caught(tiny_model, prompt_ids):
@@ -186,7 +186,7 @@ def test_blocks_that_do_not_compose_are_caught(tiny_model, prompt_ids):
 
     handle = parts.blocks[1].register_forward_pre_hook(adapter, with_kwargs=True)
     try:
-        problems = preflight.readout_problems(model, parts, prompt_ids)
+        problems = checks.readout_problems(model, parts, prompt_ids)
         with pytest.raises(UnsupportedModelError, match="block 2 does not consume block 1"):
             preflight.check_readout(model, parts, prompt_ids, ALL)
         # Trajectory metrics alone do not need the blocks to compose.

@@ -18,14 +18,13 @@ def _document(**extra):
         "task": TASK,
         "metrics": ["lss", "logit_lens_entropy", "coupling"],
         "n_documents": 5,
-        "coupling": {"n_sampled": 2},
         **extra,
     }
 
 
 def test_counts_come_from_n_measured():
     document = _document(n_measured={"lss": 5, "logit_lens_entropy": 4, "coupling": 2})
-    assert measured_counts(document, ["coupling"]) == {
+    assert measured_counts(document) == {
         "lss": 5,
         "logit_lens_entropy": 4,
         "coupling": 2,
@@ -37,14 +36,6 @@ def test_counts_come_from_n_measured():
     )
 
 
-def test_counts_fall_back_to_documents_and_sample():
-    assert measured_counts(_document(), ["coupling"]) == {
-        "lss": 5,
-        "logit_lens_entropy": 5,
-        "coupling": 2,
-    }
-
-
 def test_a_metric_on_no_document_is_an_error_line():
     document = _document(n_measured={"lss": 5, "logit_lens_entropy": 5, "coupling": 0})
     (line,) = summary_lines([TASK], {TASK: (GEOMETRY_FILE, document)}, ["coupling"])
@@ -53,7 +44,8 @@ def test_a_metric_on_no_document_is_an_error_line():
 
 
 def test_a_task_without_geometry_is_an_error_line():
-    lines = summary_lines(["other", TASK], {TASK: (GEOMETRY_FILE, _document())}, [], ["lss"])
+    document = _document(n_measured={"lss": 5, "logit_lens_entropy": 5, "coupling": 2})
+    lines = summary_lines(["other", TASK], {TASK: (GEOMETRY_FILE, document)}, [], ["lss"])
     assert [line.task for line in lines] == ["other", TASK]
     assert (
         lines[0].error

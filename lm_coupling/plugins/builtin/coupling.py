@@ -105,9 +105,9 @@ DOCS = OptionSpec(
 METHOD = OptionSpec(
     "jacobian_method",
     "auto",
-    "Jacobian route: auto, dense (exact), gram (exact, J^T J eigensolver), krylov and "
-    "subspace (matrix-free, to tolerance), randomized (matrix-free, fixed iterations)",
-    choices=("auto", "dense", "gram", "krylov", "subspace", "randomized"),
+    "Jacobian route: auto, dense (exact), gram (exact, J^T J eigensolver), krylov "
+    "(matrix-free, to tolerance)",
+    choices=("auto", "dense", "gram", "krylov"),
 )
 # The engine's settings a user could want (lm_coupling.jacobian.config.USER_FIELDS),
 # each as a jacobian_<field> option; None lets the engine choose.
@@ -248,6 +248,11 @@ def lmc_jacobian_request(selected, options, d_model: int) -> JacobianRequest | N
         swapped="coupling_swapped" in wanted,
         method=options.get("jacobian_method", METHOD.default),
         pair_reduction=pair_reduction,
+        settings={
+            spec.name.removeprefix("jacobian_"): options[spec.name]
+            for spec in ENGINE_OPTIONS
+            if spec.name in options
+        },
     )
 
 

@@ -38,7 +38,7 @@ from lm_coupling.plugins.builtin.jacobian_lens_file import FORMAT, load_lens, sa
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_at_least, parse_doc_count
 from lm_coupling.plugins.short import AtN
-from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, OptionSpec
+from lm_coupling.plugins.specs import UNIT_INTERVAL, JacobianRequest, MetricSpec, OptionSpec
 
 if TYPE_CHECKING:
     import torch
@@ -244,6 +244,22 @@ def _fit_batch(states) -> dict[str, Any]:
             SKIPPED: torch.tensor(skipped, dtype=torch.uint8),
         },
     }
+
+
+@hookimpl
+def lmc_jacobian_request(selected, options) -> JacobianRequest | None:
+    """The fit's terms under the estimator this plugin's options name (need ``lens_jacobian``)."""
+    if FIT not in selected:
+        return None
+    return JacobianRequest(
+        k=1,
+        lens_terms={
+            "estimator": options.get(ESTIMATOR.name, ESTIMATOR.default),
+            "skip_first": options.get(SKIP.name, SKIP.default),
+            "max_len": options.get(MAX_LEN.name, MAX_LEN.default),
+            "dim_batch": options.get(DIM_BATCH.name, DIM_BATCH.default),
+        },
+    )
 
 
 @hookimpl
