@@ -118,7 +118,10 @@ def draw(profiles: dict[str, torch.Tensor], ratio: torch.Tensor, path: Path, n: 
         gridspec_kw={"height_ratios": [3, 2]},
     )  # fmt: skip
     for label, values in profiles.items():
-        top.plot(range(len(values)), values.tolist(), marker=".", ms=4, label=label)
+        # skean2025 and "final norm left out" differ at the last state only: the preset is
+        # drawn dashed on top, so both stay visible.
+        style = dict(ls="--", lw=2.0, zorder=3) if label == "skean2025" else {}
+        top.plot(range(len(values)), values.tolist(), marker=".", ms=4, label=label, **style)
     top.set_ylabel("prompt entropy (nats)")
     top.set_title(f"SmolLM2-135M, {n} ARC-Easy contexts: prompt entropy per state", fontsize=9)
     top.legend(fontsize=7)
