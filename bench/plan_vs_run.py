@@ -54,8 +54,9 @@ def plan_jacobian(checkout: Path, study: Path, data_dir: Path, limit: int, coupl
     command = [sys.executable, "-m", "lm_coupling", "sweep", "--study", str(study), "--plan",
                "--output_path", str(out), "--device", "cpu", "--batch_size", "4",
                "--limit", str(limit), "--metric_args", f"coupling_docs={coupled}"]  # fmt: skip
-    done = subprocess.run(command, env=environment(checkout, data_dir), text=True,
-                          capture_output=True)  # fmt: skip
+    done = subprocess.run(
+        command, env=environment(checkout, data_dir), text=True, capture_output=True, cwd=checkout
+    )  # fmt: skip (-m: cwd comes first)
     if done.returncode != 0:
         raise SystemExit(f"sweep --plan failed:\n{done.stderr[-3000:]}")
     plan = json.loads((out / "sweep_plan.json").read_text())

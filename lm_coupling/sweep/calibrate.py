@@ -16,7 +16,8 @@ device is a small model with random weights:
   device's measured rates (a GEMM and a memory copy, `device_rates`); one
   layer's Jacobian is timed on one block of the model's own width when
   ``d <= REAL_BLOCK_D`` (`block_jacobian`: one block, a small vocabulary,
-  the engine's exact route), else on one ``PROXY_D``-wide block
+  the engine's exact route, the study's prompt length up to
+  ``REAL_BLOCK_TOKENS``), else on one ``PROXY_D``-wide block
   (`proxy_jacobian`) scaled by the ratio of their work (`_calibrate_proxy`).
   Each Jacobian figure is the median of ``JACOBIAN_REPEATS`` calls after a
   warm-up call at the same prompt.
@@ -51,6 +52,10 @@ PROXY_TOKENS = 128
 """The longest prompt of the timed proxy block."""
 REAL_BLOCK_D = 1024
 """The widest shape whose Jacobian is timed on one block of its own width (see `block_jacobian`)."""
+REAL_BLOCK_TOKENS = 1024
+"""The longest prompt of the block timed at the model's own width (longer: scaled by the law)."""
+BLOCK_VOCAB = 512
+"""Vocabulary of that block's model (its head is no part of a layer's Jacobian)."""
 JACOBIAN_REPEATS = 3
 """Timed calls of a block's Jacobian (their median is kept), after one warm-up call."""
 
@@ -342,16 +347,21 @@ def block_jacobian(shape: Shape, device: str, dtype: str, tokens: int, k: int) -
     """``(seconds, tokens)`` of one block's Jacobian at ``shape``'s width, one block built.
 
     The model's config (or the recorded shape's) with one block and a
-    vocabulary of at most ``PROXY_VOCAB`` (the head is no part of a layer's
-    Jacobian), random weights, timed by the engine as it runs (`_timed_jacobian`)
-    at the last of ``min(tokens, PROXY_TOKENS)`` tokens.
+    vocabulary of at most ``BLOCK_VOCAB``, random weights, timed by the
+    engine as it runs (`_timed_jacobian`) at the last of ``min(tokens,
+    REAL_BLOCK_TOKENS)`` tokens (and no more than the model's positions): the
+    prompt's length matters more than the work law says (d = 768, K = 76, on
+    a CPU: 654 tokens took 1.9x the seconds of 128, the law says 1.08x).
     """
     import torch
 
-    n = min(tokens, PROXY_TOKENS)
+    longest = getattr(shape.config, "max_position_embeddings", None) or getattr(
+        shape.config, "n_positions", None
+    )
+    n = min(tokens, REAL_BLOCK_TOKENS, int(longest) if longest else tokens)
     key = (shape.key, device, dtype, n, k)
     if key not in _BLOCK:
-        vocab = min(shape.vocab, PROXY_VOCAB)
+        vocab = min(shape.vocab, BLOCK_VOCAB)
         small = dataclasses.replace(shape, vocab=vocab, config=_small_vocab(shape.config, vocab))
         model, parts = _build(small, 1, n, device, getattr(torch, dtype))
         ids = _ids(vocab, 1, n, device)
