@@ -13,9 +13,14 @@ device is a small model with random weights:
   block's Jacobian by the package's ``JacobianEngine`` (its default route,
   K as the study asks) at the last of ``tokens`` tokens (seconds per layer);
 - a larger shape is not built: its time is its floating-point work at the
-  device's measured rates (a GEMM and a memory copy, `device_rates`), and
-  one layer's Jacobian the time of one ``PROXY_D``-wide block's Jacobian
+  device's measured rates (a GEMM and a memory copy, `device_rates`); one
+  layer's Jacobian is timed on one block of the model's own width when
+  ``d <= REAL_BLOCK_D`` (`block_jacobian`: one block, a small vocabulary,
+  the engine's exact route, the study's prompt length up to
+  ``REAL_BLOCK_TOKENS``), else on one ``PROXY_D``-wide block
   (`proxy_jacobian`) scaled by the ratio of their work (`_calibrate_proxy`).
+  Each Jacobian figure is the median of ``JACOBIAN_REPEATS`` calls after a
+  warm-up call at the same prompt.
 
 So a plan costs seconds and megabytes whatever the models' sizes
 (docs/sweep.md, "Named studies", states the factor it was checked within).
@@ -45,6 +50,14 @@ PROXY_VOCAB = 8192
 """The largest vocabulary of a shape built whole."""
 PROXY_TOKENS = 128
 """The longest prompt of the timed proxy block."""
+REAL_BLOCK_D = 1024
+"""The widest shape whose Jacobian is timed on one block of its own width (see `block_jacobian`)."""
+REAL_BLOCK_TOKENS = 1024
+"""The longest prompt of the block timed at the model's own width (longer: scaled by the law)."""
+BLOCK_VOCAB = 512
+"""Vocabulary of that block's model (its head is no part of a layer's Jacobian)."""
+JACOBIAN_REPEATS = 3
+"""Timed calls of a block's Jacobian (their median is kept), after one warm-up call."""
 
 
 @dataclass(frozen=True)
@@ -242,18 +255,24 @@ def _calibrate_proxy(shape, device, tokens, batch, k, dtype) -> Calibration:
     keys on average, the head) at the device's measured GEMM rate. Per
     generated token (batch b): ``max(F_1 / rate, bytes of the weights / b /
     bandwidth)``, the weights read once per step. One layer's Jacobian: the
-    time of a proxy block (width ``PROXY_D``) scaled by the ratio of
-    ``d (2 P_b + 4 T d) + 4 d^3`` (d products of the block on one token
-    against T keys, then the Gram matrix and its eigensolver) at the two
-    shapes; ``auto`` takes a cheaper Krylov route above d = 1024, so this
-    is an upper bound there.
+    time of one block of the model's own width and feed-forward size
+    (`block_jacobian`) where ``d <= REAL_BLOCK_D``, else of a proxy block
+    (width ``PROXY_D``), scaled by the ratio of ``d (2 P_b + 4 T d) + 4 d^3``
+    (d products of the block on one token against T keys, then the Gram
+    matrix and its eigensolver) at the two shapes and prompts; ``auto``
+    takes a cheaper Krylov route above d = 1024, so this is an upper bound
+    there. The law is used across widths only above ``REAL_BLOCK_D``: on a
+    CPU at d = 256 to 576 the engine's per-layer time grows about half as
+    fast as this work (fixed costs per product), so scaling the d = 256
+    block's time overestimated SmolLM2's (d = 576) by 2x at load 1 and by
+    5x at load 10, where a single timed call of ~30 ms, multiplied by the
+    ratio (8.8), also carried the load's noise (docs/sweep.md).
     """
     import torch
 
     from lm_coupling.plugins.specs import used_k
 
     flops_per_s, bytes_per_s = device_rates(device, dtype)
-    proxy_seconds, proxy_tokens = proxy_jacobian(device, dtype, tokens, k)
     d, V, L = shape.d_model, shape.vocab, shape.n_layers
     d_ff = shape.d_ff or 4 * d
 
@@ -268,21 +287,29 @@ def _calibrate_proxy(shape, device, tokens, batch, k, dtype) -> Calibration:
     def jacobian_flops(width: int, ff: int, T: int) -> float:
         return width * (2 * block(width, ff) + 4 * T * width) + 4 * width**3
 
-    ratio = jacobian_flops(d, d_ff, tokens) / jacobian_flops(PROXY_D, 4 * PROXY_D, proxy_tokens)
+    if d <= REAL_BLOCK_D:
+        timed, timed_tokens = block_jacobian(shape, device, dtype, tokens, k)
+        ratio = jacobian_flops(d, d_ff, tokens) / jacobian_flops(d, d_ff, timed_tokens)
+        how = f"one block's Jacobian (d={d}, random weights) at {timed_tokens} tokens timed"
+    else:
+        timed, timed_tokens = proxy_jacobian(device, dtype, tokens, k)
+        ratio = jacobian_flops(d, d_ff, tokens) / jacobian_flops(PROXY_D, 4 * PROXY_D, timed_tokens)
+        how = f"a d={PROXY_D} block's Jacobian at {timed_tokens} tokens timed and scaled"
     return Calibration(
         forward,
         decode,
-        proxy_seconds * ratio,
+        timed * ratio,
         tokens,
         batch,
         used_k(k, d),
         f"not built: {flops_per_s / 1e9:.3g} GFLOP/s and {bytes_per_s / 1e9:.3g} GB/s measured, "
-        f"a d={PROXY_D} block's Jacobian at {proxy_tokens} tokens timed and scaled",
+        + how,
     )
 
 
 _RATES: dict[tuple, tuple[float, float]] = {}
 _PROXY: dict[tuple, tuple[float, int]] = {}
+_BLOCK: dict[tuple, tuple[float, int]] = {}
 
 
 def device_rates(device: str, dtype: str) -> tuple[float, float]:
@@ -316,6 +343,48 @@ def proxy_jacobian(device: str, dtype: str, tokens: int, k: int) -> tuple[float,
     return _PROXY[key]
 
 
+def block_jacobian(shape: Shape, device: str, dtype: str, tokens: int, k: int) -> tuple[float, int]:
+    """``(seconds, tokens)`` of one block's Jacobian at ``shape``'s width, one block built.
+
+    The model's config (or the recorded shape's) with one block and a
+    vocabulary of at most ``BLOCK_VOCAB``, random weights, timed by the
+    engine as it runs (`_timed_jacobian`) at the last of ``min(tokens,
+    REAL_BLOCK_TOKENS)`` tokens (and no more than the model's positions): the
+    prompt's length matters more than the work law says (d = 768, K = 76, on
+    a CPU: 654 tokens took 1.9x the seconds of 128, the law says 1.08x).
+    """
+    import torch
+
+    longest = getattr(shape.config, "max_position_embeddings", None) or getattr(
+        shape.config, "n_positions", None
+    )
+    n = min(tokens, REAL_BLOCK_TOKENS, int(longest) if longest else tokens)
+    key = (shape.key, device, dtype, n, k)
+    if key not in _BLOCK:
+        vocab = min(shape.vocab, BLOCK_VOCAB)
+        small = dataclasses.replace(shape, vocab=vocab, config=_small_vocab(shape.config, vocab))
+        model, parts = _build(small, 1, n, device, getattr(torch, dtype))
+        ids = _ids(vocab, 1, n, device)
+        _BLOCK[key] = (_timed_jacobian(model, parts, ids, k, shape.d_model, device), n)
+        del model
+    return _BLOCK[key]
+
+
+def _small_vocab(config, vocab: int):
+    """A copy of ``config`` (None stays None) with ``vocab`` tokens and no special id beyond it."""
+    import copy
+
+    if config is None:
+        return None
+    config = copy.deepcopy(config)
+    config.vocab_size = vocab
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value >= vocab:
+            setattr(config, name, None)
+    return config
+
+
 def _median_seconds(fn, device: str, repeats: int = 5) -> float:
     fn()  # warm-up
     times = []
@@ -336,18 +405,27 @@ def _ids(vocab: int, batch: int, tokens: int, device: str):
 
 
 def _timed_jacobian(model, parts, ids, k: int, d_model: int, device: str) -> float:
-    """Seconds of one block's top-K factors at the last of ``ids[0]``'s tokens."""
+    """Seconds of one block's top-K factors at the last of ``ids[0]``'s tokens.
+
+    The median of ``JACOBIAN_REPEATS`` calls after a warm-up call on the same
+    prompt (the route, the replay's probes and the first call's allocations
+    are not a layer's work; one call of tens of milliseconds on a loaded
+    machine is mostly noise).
+    """
     from lm_coupling.jacobian.engine import JacobianEngine
     from lm_coupling.plugins.specs import used_k
 
     one_block = dataclasses.replace(parts, blocks=parts.blocks[:1])
     engine = JacobianEngine(model, one_block, k_max=used_k(k, d_model))
-    engine.factors(ids[0, : min(ids.shape[1], 4)])  # warm-up: route and replay probes
-    _sync(device)
-    start = time.perf_counter()
-    engine.factors(ids[0])
-    _sync(device)
-    return time.perf_counter() - start
+    engine.factors(ids[0])  # warm-up: route, replay probes, first allocations
+    times = []
+    for _ in range(JACOBIAN_REPEATS):
+        _sync(device)
+        start = time.perf_counter()
+        engine.factors(ids[0])
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 STARTUP_CACHE_ENV = "LM_COUPLING_CACHE_DIR"

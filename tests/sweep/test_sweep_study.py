@@ -147,3 +147,31 @@ def test_a_large_shape_is_planned_from_its_work_without_being_built():
     assert result.jacobian_per_layer == pytest.approx(proxy_seconds * ratio, rel=1e-12)
     assert result.layers_built.startswith("not built: ")
     assert proxy_tokens == cal.PROXY_TOKENS  # the proxy block's prompt is capped
+
+
+def test_a_shape_up_to_real_block_d_is_timed_on_one_block_of_its_own_width():
+    """SmolLM2's width class: one block at d itself, not the d=256 proxy scaled by flops.
+
+    Scaling the proxy overestimated SmolLM2-135M's per-layer Jacobian 2-5x
+    (calibrate.py, `_calibrate_proxy`); the block is built with a small
+    vocabulary (a config's special ids beyond it dropped) at the study's
+    prompt length (up to ``REAL_BLOCK_TOKENS``).
+    """
+    import transformers
+
+    from lm_coupling.sweep import calibrate as cal
+
+    config = transformers.LlamaConfig(
+        vocab_size=49152, hidden_size=320, intermediate_size=864, num_attention_heads=5,
+        num_key_value_heads=5, num_hidden_layers=30, pad_token_id=49151, bos_token_id=1,
+    )  # fmt: skip
+    mid = Shape("llama", 30, 320, 5, 49152, 864, None, "config", config)
+    assert not cal.is_whole(mid) and mid.d_model <= cal.REAL_BLOCK_D
+    result = cal.calibrate(mid, "cpu", tokens=40, batch=1, k=10)
+    seconds, timed_tokens = cal.block_jacobian(mid, "cpu", "float32", 40, 10)  # kept: same
+    assert timed_tokens == 40 < cal.REAL_BLOCK_TOKENS
+    assert result.jacobian_per_layer == pytest.approx(seconds, rel=1e-12)
+    assert "one block's Jacobian (d=320, random weights) at 40 tokens" in result.layers_built
+    assert config.vocab_size == 49152 and config.pad_token_id == 49151  # the model's own kept
+    small = cal._small_vocab(config, cal.BLOCK_VOCAB)
+    assert (small.vocab_size, small.pad_token_id, small.bos_token_id) == (cal.BLOCK_VOCAB, None, 1)
