@@ -124,6 +124,17 @@ def task_level_value(document: dict[str, Any], name: str) -> float | None:
     return None
 
 
+def _task_rows(results: dict[str, Any], documents: dict[str, Any]):
+    """Each task's ``(name, geometry document, lm-eval's row, its metric keys, first filter)``."""
+    table = results.get("results") or {}
+    for task_name, document in documents.items():
+        row = table.get(task_name)
+        if not isinstance(row, dict):
+            continue
+        keys = [k for k in row if "," in k and "_stderr" not in k]
+        yield task_name, document, row, keys, keys[0].split(",", 1)[1] if keys else "none"
+
+
 def add_task_level_values(
     results: dict[str, Any], documents: dict[str, Any], session: GeometrySession
 ) -> None:
@@ -136,13 +147,7 @@ def add_task_level_values(
     stderr ``"N/A"`` (one number: no spread over documents), before the
     results are printed, saved or logged. Groups do not aggregate it.
     """
-    table = results.get("results") or {}
-    for task_name, document in documents.items():
-        row = table.get(task_name)
-        if not isinstance(row, dict):
-            continue
-        keys = [k for k in row if "," in k and "_stderr" not in k]
-        filter_key = keys[0].split(",", 1)[1] if keys else "none"
+    for task_name, document, row, _keys, filter_key in _task_rows(results, documents):
         for name, spec in session.selection.specs.items():
             if not spec.task_level:
                 continue
@@ -167,14 +172,8 @@ def add_undefined_rows(
     its plugin failed, NaN is an answer its spec expects
     (`MetricSpec.nan_expected`), or the geometry is undefined.
     """
-    table = results.get("results") or {}
     config = (results.get("config") or {}).get("lm_coupling")
-    for task_name, document in documents.items():
-        row = table.get(task_name)
-        if not isinstance(row, dict):
-            continue
-        keys = [k for k in row if "," in k and "_stderr" not in k]
-        filter_key = keys[0].split(",", 1)[1] if keys else "none"
+    for task_name, document, row, keys, filter_key in _task_rows(results, documents):
         present = {k.split(",", 1)[0] for k in keys}
         errors = {m: f["error"] for f in document["failures"] for m in f.get("metrics", ())}
         for name, spec in session.selection.specs.items():
