@@ -11,7 +11,7 @@ acc_norm across the checkpoints.
 The checkpoints are one training run, not independent models: r describes how
 the measures move together over training, it is not a test (no p-value).
 
-    python bench/train_family.py --out /tmp/fam --sizes tiny
+    python bench/train_family.py --out /tmp/fam --sizes tiny  # from git: docs/family.md
     python bench/family_layer_measures.py --family /tmp/fam --size tiny \
         --csv docs/family/layer_measures.csv --figure docs/family/layer_measures.png
 
