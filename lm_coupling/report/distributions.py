@@ -5,9 +5,10 @@ groups far apart (SmolLM2-135M's ``prompt_entropy_min_layer``: every document's
 lowest state sits at l/L = 0.10 or 0.97, the mean 0.48 is no document's), the
 mean describes none of them. The rule (:func:`two_groups`) reads the values
 alone: sorted, the widest step between neighbours covers at least
-`GAP_SHARE` of their range, the mean lies inside that step (no document is
-nearer the mean than the step's ends), and each side holds at least
-`MIN_GROUP` documents (one far document is an outlier). Which values are examined
+`GAP_SHARE` of their range and `MIN_RELATIVE_GAP` of their magnitude, the
+mean lies inside that step (no document is nearer the mean than the step's
+ends), and each side holds at least `MIN_GROUP` documents (one far document
+is an outlier). Which values are examined
 comes from the run's catalogue (every per-document metric it declares, not
 task-level; its label and bounds from the declaration), never from a list of
 names: a plugin's metric gets the same treatment.
@@ -30,6 +31,10 @@ __all__ = ["GAP_SHARE", "MIN_DOCUMENTS", "TwoGroups", "add_distributions", "two_
 
 GAP_SHARE = 0.5
 """The widest step between sorted document values must cover this share of their range."""
+
+MIN_RELATIVE_GAP = 0.1
+"""The step must also be this share of the values' magnitude ``max(|v_1|, |v_n|)``: a split
+of 0.92 against 0.95 is a narrow distribution, not two values."""
 
 MIN_DOCUMENTS = 4
 """Fewest documents whose values are examined (two or three documents make no distribution)."""
@@ -57,8 +62,9 @@ def two_groups(values: Sequence[float], gap_share: float = GAP_SHARE) -> TwoGrou
 
     Sorted values ``v_1 <= ... <= v_n`` (NaN left out), the widest step
     ``v_{i+1} - v_i`` at i; two-valued when ``n >= MIN_DOCUMENTS``, the step
-    is at least ``gap_share * (v_n - v_1) > 0``, ``v_i < mean < v_{i+1}``
-    and each side holds at least `MIN_GROUP` documents.
+    is at least ``gap_share * (v_n - v_1) > 0`` and `MIN_RELATIVE_GAP` of
+    ``max(|v_1|, |v_n|)``, ``v_i < mean < v_{i+1}`` and each side holds at
+    least `MIN_GROUP` documents.
 
     Args:
         values: one value per document.
@@ -74,6 +80,8 @@ def two_groups(values: Sequence[float], gap_share: float = GAP_SHARE) -> TwoGrou
     i = max(range(len(steps)), key=steps.__getitem__)
     mean = sum(kept) / len(kept)
     if steps[i] < gap_share * (kept[-1] - kept[0]) or not kept[i] < mean < kept[i + 1]:
+        return None
+    if steps[i] < MIN_RELATIVE_GAP * max(abs(kept[0]), abs(kept[-1])):
         return None
     if min(i + 1, len(kept) - i - 1) < MIN_GROUP:
         return None
