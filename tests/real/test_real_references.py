@@ -34,6 +34,7 @@ import warnings
 
 import pytest
 import torch
+from fixtures.benchmarks import EVAL_SPLITS
 
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.jacobian.lens_fit import reference_lens_rows
@@ -48,9 +49,10 @@ SOURCE_LAYERS = list(range(25, 29))  # block outputs 25..28 = states 26..29 (L =
 
 def _documents(folder) -> list[str]:
     """The first ARC-Easy item (question and gold answer) and the first WinoGrande sentence."""
-    arc = json.loads((folder / "arc_easy" / "validation.jsonl").read_text().splitlines()[0])
+    arc_split, wino_split = EVAL_SPLITS["arc_easy"], EVAL_SPLITS["winogrande"]
+    arc = json.loads((folder / "arc_easy" / f"{arc_split}.jsonl").read_text().splitlines()[0])
     answer = arc["choices"]["text"][arc["choices"]["label"].index(arc["answerKey"])]
-    wino = json.loads((folder / "winogrande" / "validation.jsonl").read_text().splitlines()[0])
+    wino = json.loads((folder / "winogrande" / f"{wino_split}.jsonl").read_text().splitlines()[0])
     option = wino["option1"] if wino["answer"] == "1" else wino["option2"]
     return [
         f"Question: {arc['question']}\nAnswer: {answer}",
