@@ -114,6 +114,9 @@ class GeometryRunner:
         Every lens is read in the same forward pass, side by side; a plugin's
         lens (``lmc_lens``) never replaces the logit lens.
 
+        A deferred metric may read a lens no plugin supplies during the run:
+        its plugin reads it once the task is measured (a lens fitted on the task).
+
         Raises:
             ConfigurationError: two lenses share a name, an answer is no lens,
                 or a selected metric reads a lens no plugin supplies.
@@ -131,10 +134,12 @@ class GeometryRunner:
         for name, lens in answers.items():
             if lens is None:
                 continue
-            if not callable(getattr(lens, "logits", None)) or not getattr(lens, "name", None):
+            readable = any(callable(getattr(lens, m, None)) for m in ("transform", "logits"))
+            if not readable or not getattr(lens, "name", None):
                 raise ConfigurationError(
                     f"plugin {name!r} answered lmc_lens with {lens!r}; a lens has a name and a "
-                    "logits(layer, hidden [B, d]) -> [B, V] method (lm_coupling.states.Lens)"
+                    "transform(layer, hidden [B, d]) -> [B, d] or logits(layer, hidden [B, d]) "
+                    "-> [B, V] method (lm_coupling.states.Lens)"
                 )
             if lens.name in lenses:
                 raise ConfigurationError(
@@ -145,7 +150,7 @@ class GeometryRunner:
         read = {self.selection.specs[m].lens for m in self.streamed_metrics}
         for metric in self.streamed_metrics:
             spec = self.selection.specs[metric]
-            if "lens" in spec.needs and spec.lens not in lenses:
+            if "lens" in spec.needs and spec.lens not in lenses and not spec.deferred:
                 raise ConfigurationError(
                     f"metric {metric!r} (plugin {spec.plugin!r}) reads the lens {spec.lens!r}, "
                     f"which no plugin supplies (lenses: {', '.join(lenses)})"

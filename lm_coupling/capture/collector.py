@@ -199,12 +199,12 @@ class _Run:
                 continue
             if reducer is not None:
                 self.reducers[name] = reducer
-        if self.collector.lenses:
-            self.whole_lens = [
-                name
-                for name, reducer in self.reducers.items()
-                if callable(getattr(reducer, "update_lens", None))
-            ]
+        self.whole_lens = [
+            name
+            for name, reducer in self.reducers.items()
+            if callable(getattr(reducer, "update_lens", None))
+            and self.lens_of[name] in self.collector.lenses
+        ]
 
     def _info(self, batch: int, n_tokens: int, dtype: torch.dtype) -> BatchInfo:
         collector = self.collector
@@ -274,7 +274,8 @@ class _Run:
         for name, reducer in list(self.reducers.items()):
             lens = self.lens_of[name]
             if lens not in views:
-                read = (lambda lens=lens: self._lens(lens, layer, at_n)) if lens else None
+                served = lens in self.collector.lenses
+                read = (lambda lens=lens: self._lens(lens, layer, at_n)) if served else None
                 views[lens] = LayerView(**fields, lens=read)
             try:
                 self._call(name, reducer.update, views[lens])
@@ -398,8 +399,8 @@ class StateCollector:
         lenses = lens if isinstance(lens, Mapping) else {getattr(lens, "name", ""): lens}
         self.lenses = {name: one for name, one in lenses.items() if one is not None}
         for one in self.lenses.values():
-            if not callable(getattr(one, "logits", None)):
-                raise TypeError(f"lens must have a logits(layer, hidden) method, got {one!r}")
+            if not any(callable(getattr(one, m, None)) for m in ("transform", "logits")):
+                raise TypeError(f"a lens has a transform or logits(layer, hidden), got {one!r}")
         self.model, self.parts = model, parts
         self.hidden_states, self.attentions = bool(hidden_states), bool(attentions)
         self.attention_modules = attention_modules(parts.blocks) if self.attentions else []

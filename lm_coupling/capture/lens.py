@@ -10,8 +10,8 @@ a batch in one read-out call on the stacked transformed rows (`read_all`),
 whatever the lens, and one state's alone where a reducer asks for it
 (`read_one`).
 
-A lens that only has ``logits(layer, hidden)`` (the protocol) is called
-once per state; so is a `TransformLens` subclass that overrides ``logits``.
+A lens with a ``transform`` is read through the shared read-out; one that
+only has ``logits(layer, hidden)`` is called once per state.
 
 Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
 Belrose et al., "Eliciting Latent Predictions from Transformers with the
@@ -71,11 +71,9 @@ class LogitLens(TransformLens):
 
 
 def _transforms(lens: Any):
-    """The lens's ``transform`` when its logits are the shared read-out of it, else None."""
+    """The lens's ``transform`` (its logits are the shared read-out of it), or None."""
     transform = getattr(lens, "transform", None)
-    if transform is None or getattr(type(lens), "logits", None) is not TransformLens.logits:
-        return None
-    return transform
+    return transform if callable(transform) else None
 
 
 def read_one(

@@ -294,8 +294,7 @@ class PluginCalls:
                 wide = kind == "profiles"  # summaries keep float32: never written, half the memory
                 shape = None
                 if wide and n_layers is not None:
-                    axis = self.selection.specs[declared[name]].profile(name).axis
-                    shape = {"states": (n_layers + 1,), "blocks": (n_layers,)}.get(axis, ("2-D",))
+                    shape = self.selection.specs[declared[name]].profile(name).shape(n_layers)
                 rows, error = _rows(tensor, size, f"{kind[:-1]} {name!r}", shape, wide)
                 if error is not None:
                     owner = [declared[name]] if kind == "profiles" else list(own)
@@ -467,8 +466,7 @@ def _rows(
     """``(float64 rows on the host, None)``, or ``(None, error)`` for a wrong shape.
 
     ``per_row``: the shape of each row (``()``: one number per row, ``[B]``; a
-    profile's length ``(L + 1,)`` or ``(L,)``, its first dimension; ``("2-D",)``:
-    a matrix, two dimensions or more); None: any per-row shape.
+    profile's `ProfileSpec.shape`, None entries of any length); None: any shape.
     ``wide=False`` (plugin summaries) keeps float32 (and narrower floats) as float32.
     """
     import numpy as np
@@ -496,13 +494,14 @@ def _rows(
     if per_row == () and np.isinf(array).any():
         return None, f"{what} are infinite (a value is finite, or NaN where undefined)"
     found = array.shape[1:]
-    if per_row == ("2-D",):
-        bad = len(found) < 2
-    else:
-        bad = per_row is not None and per_row != () and found[:1] != per_row
-    if bad:
-        needs = "two dimensions (a matrix)" if per_row == ("2-D",) else f"{per_row[0]} entries"
-        return None, f"{what} has shape {found} per document where its declared axis needs {needs}"
+    if per_row and (
+        len(found) != len(per_row)
+        or any(want is not None and want != got for want, got in zip(per_row, found, strict=True))
+    ):
+        needs = " x ".join("any" if want is None else str(want) for want in per_row)
+        needs += "" if len(per_row) > 1 else " entries"
+        where = "axes need" if len(per_row) > 1 else "axis needs"
+        return None, f"{what} has shape {found} per document where its declared {where} {needs}"
     return array, None
 
 

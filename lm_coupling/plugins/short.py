@@ -2,7 +2,7 @@
 
 ``@metric(...)`` declares it; the function receives, whole for the batch, the
 tensors its arguments name and returns its per-document values (``[B]``),
-or ``(values [B], profile [B, L+1 or L])``:
+or ``(values [B], profile [B, L+1 or L, or the declared axes])``:
 
 - ``states``: ``[B, L+1, d]``, ``x^l_n`` for l = 0..L (before the final norm);
 - ``logits``: ``[B, L+1, V]``, the lens logits at n of the lens the metric
@@ -49,7 +49,7 @@ def metric(
     description: str,
     *,
     name: str | None = None,
-    profile: str | None = None,
+    profile: str | tuple[str | int | None, ...] | None = None,
     lens: str = "logit",
     **fields: Any,
 ) -> Callable[[Callable[..., Any]], ShortMetric]:
@@ -59,7 +59,9 @@ def metric(
         description: one line for ``lm-coupling metrics``.
         name: the metric's public name (default: the function's name).
         profile: ``"states"`` (the function returns a ``[B, L+1]`` profile
-            beside its values), ``"blocks"`` (``[B, L]``, blocks 1..L), or None.
+            beside its values), ``"blocks"`` (``[B, L]``, blocks 1..L), the
+            axes of a matrix (``("blocks", "blocks")``: ``[B, L, L]``; see
+            `ProfileSpec.axes`), or None.
         lens: the lens whose logits ``logits`` holds (``"logit"``, or the name
             of a plugin's lens).
         **fields: any other `MetricSpec` field (``label``, ``unit``, ``bounds``,
@@ -81,7 +83,10 @@ def metric(
             )
         own = name or function.__name__
         label, bounds = fields.get("label", ""), fields.get("bounds")
-        profiles = (ProfileSpec(own, profile, label, bounds),) if profile else ()
+        if isinstance(profile, tuple):
+            profiles = (ProfileSpec(own, "matrix", label, bounds, axes=profile),)
+        else:
+            profiles = (ProfileSpec(own, profile, label, bounds),) if profile else ()
         needs = frozenset(ARGUMENTS[arg] for arg in reads) - {""}
         spec = MetricSpec(own, description, needs, profiles=profiles, lens=lens, **fields)
         return ShortMetric(spec, function, reads)

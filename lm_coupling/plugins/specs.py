@@ -37,6 +37,8 @@ ProfileAxis = Literal["states", "blocks", "matrix"]
 """What a profile's values are indexed by (`ProfileSpec.axis`)."""
 
 PROFILE_AXES: tuple[str, ...] = ("states", "blocks", "matrix")
+LAYER_AXES = ("states", "blocks")
+"""The dimensions of `ProfileSpec.axes` counted in layers: L + 1 states, L blocks."""
 UNIT_INTERVAL = (0.0, 1.0)
 
 DEFAULT_SAMPLE_OPTION = "coupling_docs"
@@ -83,6 +85,12 @@ class ProfileSpec:
         plot: drawn in the report's profile figures (False for diagnostics
             that are kept in the files only, such as the Jacobian engine's
             iteration counts).
+        axes: the shape of one document's answer, one entry per dimension:
+            ``"states"`` (L + 1), ``"blocks"`` (L), an int (that length) or
+            None (any length). Default: ``(axis,)`` for a per-layer vector,
+            ``("blocks", "blocks")`` (L x L) for a matrix; e.g.
+            ``("blocks", None)`` for ``[L, K+1]`` singular values. Every
+            answer is checked against it.
     """
 
     name: str
@@ -92,9 +100,10 @@ class ProfileSpec:
     min_blocks: int = 0
     boundary: bool = False
     plot: bool = True
+    axes: tuple[str | int | None, ...] = ()
 
     def __post_init__(self) -> None:
-        """Check the axis and bounds; default the label to the name."""
+        """Check the axis, axes and bounds; default the label and the axes."""
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a profile needs a non-empty name, found {self.name!r}")
         if self.axis not in PROFILE_AXES:
@@ -106,11 +115,26 @@ class ProfileSpec:
         object.__setattr__(self, "bounds", _check_bounds(f"profile {self.name!r}", self.bounds))
         if isinstance(self.min_blocks, bool) or not isinstance(self.min_blocks, int):
             raise ValueError(f"profile {self.name!r}: min_blocks must be an int")
+        vector = self.axis in LAYER_AXES
+        axes = tuple(self.axes) or ((self.axis,) if vector else ("blocks", "blocks"))
+        known = all(a is None or a in LAYER_AXES or (type(a) is int and a > 0) for a in axes)
+        if not known or (vector and axes[0] != self.axis) or (not vector and len(axes) < 2):
+            raise ValueError(
+                f"profile {self.name!r}: axes must be 'states', 'blocks', a positive int or "
+                f"None per dimension, starting with its axis {self.axis!r} (a matrix: at least "
+                f"two), found {self.axes!r}"
+            )
+        object.__setattr__(self, "axes", axes)
 
     @property
     def first_layer(self) -> int:
         """The number of its first value: 0 over states, 1 over blocks (and matrix rows)."""
         return 0 if self.axis == "states" else 1
+
+    def shape(self, n_layers: int) -> tuple[int | None, ...]:
+        """One document's shape on a model of L = ``n_layers`` blocks (None: any length)."""
+        lengths = {"states": n_layers + 1, "blocks": n_layers}
+        return tuple(lengths.get(a, a) if isinstance(a, str) else a for a in self.axes)
 
 
 @dataclass(frozen=True)

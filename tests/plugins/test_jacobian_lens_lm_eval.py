@@ -10,7 +10,9 @@ of dense autograd Jacobians ``d x^L_n / d x^l_n`` through the whole sequence,
 and every document's values must equal an independent read-out through that
 lens from the model's own states and head. ``dataset_entropy`` is one value
 per task in lm-eval's results, no per-document value, no warning. Run 2 loads
-the lens (``jlens_path``), with the logit lens beside it: the same values, no fit.
+the lens (``jlens_path``), read out in the forward passes beside the logit lens
+(a named lens, ``MetricSpec.lens``): the same values, no fit, and the
+logit-lens metrics identical to run 1's, which had no lens beside them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ pytestmark = pytest.mark.slow
 
 TASK = "lmc_arc_easy_offline"
 READ = ("jlens_entropy", "jlens_tv_to_target", "jlens_fixation_depth")
+LOGIT = ("logit_lens_entropy", "tv_to_target", "fixation_depth")
 
 
 def _run(root, model_dir, metrics: str, metric_args: str, out: str):
@@ -70,12 +73,12 @@ def runs(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("jlens")
     model_dir = save_tiny_model(root / "gpt2", "gpt2", tokenizer=tokenizer, init_std=0.2, seed=1)
     one = _run(
-        root, model_dir, ",".join((*READ, "dataset_entropy")),
+        root, model_dir, ",".join((*READ, *LOGIT, "dataset_entropy")),
         "jlens_docs=3,jlens_estimator=last_position", "one",
     )  # fmt: skip
     (lens_file,) = one["folder"].glob(f"jlens_{TASK}_*.pt")  # saved beside the geometry file
     loaded = _run(
-        root, model_dir, ",".join((*READ, "logit_lens_entropy")), f"jlens_path={lens_file}", "load"
+        root, model_dir, ",".join((*READ, *LOGIT)), f"jlens_path={lens_file}", "load"
     )  # fmt: skip
     return model_dir, lens_file, one, loaded
 
@@ -189,6 +192,13 @@ def test_loaded_lens_reads_the_same_values_beside_the_logit_lens(runs):
         assert math.isfinite(row["logit_lens_entropy"])
         for name in READ:
             assert row[name] == pytest.approx(one["rows"][doc_id][name], abs=1e-6)
+        for name in LOGIT:  # the J-lens is read beside the logit lens, which it leaves alone
+            assert row[name] == one["rows"][doc_id][name], (doc_id, name)
+    catalogue = loaded["results"]["config"]["lm_coupling"]["catalogue"]["metrics"]
+    assert all(catalogue[name]["lens"] == "jacobian" for name in READ)
+    assert "lens" not in catalogue["logit_lens_entropy"]
+    seconds = loaded["geometry"]["timings"]["seconds_per_document"]
+    assert seconds["plugin:builtin.jacobian_lens"] > 0  # its read-out in the forward passes
 
 
 def test_selection_brings_the_fit_in_unless_a_lens_is_loaded(tmp_path):

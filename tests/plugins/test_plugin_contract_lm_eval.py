@@ -41,7 +41,8 @@ LIMIT = 5
 TOL = 1e-5
 LENS_METRICS = ("logit_lens_entropy", "tv_to_target")
 PROBES = ("no_norm_entropy", "short_profile", "never_crossed", "always_nan")
-METRICS = (*LENS_METRICS, "cosine_to_last", *PROBES, "hand_norm")
+MATRICES = ("block_gram", "short_matrix")
+METRICS = (*LENS_METRICS, "cosine_to_last", *PROBES, "hand_norm", *MATRICES)
 
 PROBE_SOURCE = '''
 """A norm-free lens and metrics of the states at n, some answering wrongly on purpose."""
@@ -89,6 +90,24 @@ def always_nan(states):
     return states[:, 0, 0] * float("nan")
 '''
 
+MATRIX_SOURCE = '''
+"""Matrices of the states at n declared with their axes (blocks x blocks), one a column short."""
+
+from lm_coupling import metric
+
+
+@metric("mean Gram matrix of the block outputs at n", profile=("blocks", "blocks"))
+def block_gram(states):
+    gram = states[:, 1:] @ states[:, 1:].transpose(1, 2)
+    return gram.mean(dim=(1, 2)), gram
+
+
+@metric("a blocks x blocks matrix one column short", profile=("blocks", "blocks"))
+def short_matrix(states):
+    gram = states[:, 1:] @ states[:, 1:].transpose(1, 2)
+    return gram.mean(dim=(1, 2)), gram[:, :, :-1]
+'''
+
 HAND_REGISTERING_LM_EVAL = '''
 """lm_eval, after registering two plugins by hand (a typo one and a good one)."""
 
@@ -122,6 +141,7 @@ def probe_site(tmp_path_factory) -> Path:
     """The probe plugin, and an ``lm_eval`` script that registers plugins by hand."""
     site = tmp_path_factory.mktemp("probe")
     write_plugin(site, "lmc_contract_probe", "lmc_probe", PROBE_SOURCE)
+    write_plugin(site, "lmc_contract_matrix", "lmc_matrix_probe", MATRIX_SOURCE)
     (site / "bin").mkdir()
     (site / "bin" / "lm_eval").write_text(HAND_REGISTERING_LM_EVAL, encoding="utf-8")
     return site
@@ -237,6 +257,26 @@ def test_a_short_profile_is_refused_on_every_document(runs):
     for row in run["samples"].values():  # the probe's other metrics keep their values
         assert math.isfinite(row["no_norm_entropy"])
     assert f"failed on {LIMIT} documents" in run["stderr"]
+
+
+@pytest.mark.slow
+def test_a_matrix_is_checked_against_its_declared_axes(runs, reference):
+    run = runs["every"]
+    failures = [f for f in run["geometry"]["failures"] if f.get("plugin") == "lmc_matrix_probe"]
+    assert sorted(f["doc_id"] for f in failures) == list(range(LIMIT))
+    assert all(f["metrics"] == ["short_matrix"] for f in failures)
+    assert all("(4, 3) per document where its declared axes need 4 x 4" in f["error"]
+               for f in failures)  # fmt: skip
+    assert "short_matrix" not in run["geometry"]["matrices"]
+    grams = []
+    for doc_id, row in run["samples"].items():
+        assert math.isnan(row.get("short_matrix", math.nan))
+        blocks = reference[doc_id]["states"][1:]
+        grams.append(blocks @ blocks.T)
+        assert row["block_gram"] == pytest.approx(float(grams[-1].mean()), rel=TOL)
+    mean = torch.stack(grams).mean(dim=0)
+    written = torch.tensor(run["geometry"]["matrices"]["block_gram"]["mean"], dtype=torch.float64)
+    torch.testing.assert_close(written, mean, rtol=TOL, atol=TOL)
 
 
 @pytest.mark.slow

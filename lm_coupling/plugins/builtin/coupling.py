@@ -168,7 +168,12 @@ DIAGNOSTICS = ("jacobian_iterations", "jacobian_residual", "jacobian_ill_defined
 
 _COUPLING_PROFILES = (
     ProfileSpec("coupling", "matrix", "coupling c_K(l, l')", UNIT_INTERVAL),
-    ProfileSpec("singular_values", "blocks", "top singular values s_1..s_{K+1} of J^l"),
+    ProfileSpec(
+        "singular_values",
+        "blocks",
+        "top singular values s_1..s_{K+1} of J^l",
+        axes=("blocks", None),
+    ),
     ProfileSpec("spectral_gap", "blocks", "spectral gap s_K / s_{K+1}"),
     ProfileSpec("k_selected", "blocks", "K used (k_select)", plot=False),
     *(ProfileSpec(name, "blocks", name.replace("_", " "), plot=False) for name in DIAGNOSTICS),

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import torch
 
     from lm_coupling.model.architecture import ModelParts
-    from lm_coupling.states import BatchInfo
+    from lm_coupling.states import BatchInfo, LensStates
 
 FIT = "jlens_fit"
 READ = {  # each J-lens metric and the lens metric whose definition it shares
@@ -117,6 +117,35 @@ SAVE = OptionSpec(
 )
 
 
+class JacobianLens:
+    """The Jacobian lens, ``W_U N(J_l x) + b``: a transform and the model's shared read-out.
+
+    A lens like any other (`lm_coupling.capture.lens`): capture reads it out
+    once per batch beside the logit lens. A state without a transport (NaN
+    ``J_l``) reads as NaN.
+
+    Args:
+        jacobians: ``[L+1, d, d]`` the fitted ``J_l``.
+        parts: the model's parts (its final norm and unembedding).
+    """
+
+    name = "jacobian"
+
+    def __init__(self, jacobians: torch.Tensor, parts: ModelParts):
+        self.jacobians, self.parts = jacobians, parts
+
+    def transform(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """``J_layer x`` of ``hidden [B, d]`` (``x^layer_n``), float32 (float64 stays)."""
+        import torch
+
+        dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        return hidden.to(dtype) @ self.jacobians[layer].to(device=hidden.device, dtype=dtype).T
+
+    def logits(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """``[B, V]`` logits of ``hidden [B, d]``."""
+        return self.parts.unembed_fp32(self.parts.final_norm_fp32(self.transform(layer, hidden)))
+
+
 def _fit_unless_loaded(options) -> tuple[str, ...]:
     """The reading metrics need the fit in the run unless a fitted lens is loaded."""
     return () if options.get(PATH.name) else (FIT,)
@@ -126,7 +155,7 @@ def _reading_spec(name: str, description: str, label: str, profile: bool) -> Met
     return MetricSpec(
         name,
         description,
-        frozenset({"hidden_states"}),
+        frozenset({"lens"}),
         options=(PATH, DOCS, SAVE, ESTIMATOR, SKIP, MAX_LEN, DIM_BATCH),
         profiles=(name,) if profile else (),
         higher_is_better=False if profile else None,
@@ -135,6 +164,7 @@ def _reading_spec(name: str, description: str, label: str, profile: bool) -> Met
         bounds=UNIT_INTERVAL,
         deferred=True,
         requires=_fit_unless_loaded,
+        lens=JacobianLens.name,
     )
 
 
@@ -174,42 +204,84 @@ def lmc_declare_metrics():
     ]
 
 
-class JacobianLens:
-    """The Jacobian lens as a `lm_coupling.states.Lens`: ``W_U N(J_l x) + b``.
-
-    Args:
-        jacobians: ``[L+1, d, d]`` the fitted ``J_l``.
-        parts: the model's parts (its final norm and unembedding).
-    """
-
-    name = "jacobian"
-
-    def __init__(self, jacobians: torch.Tensor, parts: ModelParts):
-        self.jacobians = jacobians
-        self.parts = parts
-
-    def logits(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        """``[B, V]`` logits of ``hidden [B, d]`` (``x^layer_n``), float32 (float64 stays)."""
-        import torch
-
-        dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        J = self.jacobians[layer].to(device=hidden.device, dtype=dtype)
-        moved = hidden.to(dtype) @ J.T
-        return self.parts.unembed_fp32(self.parts.final_norm_fp32(moved))
-
-
 def _reading(selected) -> list[str]:
     return [name for name in READ if name in selected]
 
 
 STATES, TARGET = "jlens_states", "jlens_target"
-"""The per-document summaries the read needs: ``x^l_n`` for l = 0..L, and the gold token."""
+"""Per document, what a lens fitted in the run reads: ``x^l_n`` (l = 0..L), the gold token."""
+
+
+def _loaded(options) -> bool:
+    return bool(options.get(PATH.name))
+
+
+def _on_model(J: torch.Tensor, parts: ModelParts) -> JacobianLens:
+    """The lens on the model's device, in the dtype capture reduces in (float64 stays)."""
+    import torch
+
+    weight = next(parts.blocks[0].parameters(), None)
+    wide = weight is not None and weight.dtype == torch.float64
+    return JacobianLens(J.to(parts.input_device, torch.float64 if wide else torch.float32), parts)
 
 
 @hookimpl
-def lmc_layer_reducer(selected, batch: BatchInfo):
-    """Keep what the read needs: the states at n and the gold token (the short route's `AtN`)."""
-    return AtN({"states"}, batch) if _reading(selected) else None
+def lmc_lens(selected, options, parts: ModelParts) -> JacobianLens | None:
+    """A loaded lens (``jlens_path``), read beside the logit lens in the run's forward passes."""
+    if not (_reading(selected) and _loaded(options)):
+        return None
+    from lm_coupling.jacobian.lens_fit import unembedding_fingerprint
+
+    J = load_lens(options[PATH.name], parts.n_layers, parts.d_model, unembedding_fingerprint(parts))
+    return _on_model(J["jacobians"], parts)
+
+
+@hookimpl
+def lmc_layer_reducer(selected, options, batch: BatchInfo):
+    """A loaded lens: the lens plugin's reducer; one fitted in the run: keep the states at n."""
+    if not _reading(selected):
+        return None
+    if _loaded(options):
+        from lm_coupling.plugins.builtin.lens import LensReducer
+
+        return LensReducer(batch, top1="jlens_fixation_depth" in selected)
+    return AtN({"states"}, batch)
+
+
+def _read(selected, lens: LensStates) -> dict[str, dict[str, torch.Tensor]]:
+    """The J-lens metrics of the lens quantities at n, with the lens plugin's own reduction.
+
+    States the lens has no transport for (NaN: a TransformerLens file has
+    none for state 0) count for nothing: entropy and TV are the mean over the
+    other states, the top-1 token never changes there, and the fixation
+    depth is not below the first covered state.
+    """
+    import dataclasses
+
+    import torch
+
+    from lm_coupling.plugins.builtin import lens as lens_plugin
+
+    missing = lens.entropy.isnan()
+    top1 = lens.top1.clone()
+    for layer in range(top1.shape[1] - 2, -1, -1):
+        top1[:, layer] = torch.where(missing[:, layer], top1[:, layer + 1], top1[:, layer])
+    shared = lens_plugin.lmc_compute_batch(
+        selected=[READ[name] for name in selected], reduced=dataclasses.replace(lens, top1=top1)
+    )
+    partial = missing.any(dim=1)
+    out: dict[str, dict[str, torch.Tensor]] = {"values": {}, "profiles": {}}
+    for name in selected:
+        value = shared["values"][READ[name]]
+        profile = shared["profiles"].get(READ[name])
+        if profile is not None:
+            out["profiles"][name] = profile
+            value = torch.where(partial, profile.nanmean(dim=1), value)
+        else:
+            first = (~missing).float().argmax(dim=1) / (top1.shape[1] - 1)
+            value = torch.maximum(value, first.to(value.dtype))
+        out["values"][name] = value
+    return out
 
 
 IDENTITY, SKIPPED = "jlens_identity", "jlens_skipped"
@@ -263,13 +335,17 @@ def lmc_jacobian_request(selected, options) -> JacobianRequest | None:
 
 
 @hookimpl
-def lmc_compute_batch(selected, states, reduced):
-    """The fit's per-document products; for the read, the states it needs (as summaries)."""
+def lmc_compute_batch(selected, states, options, reduced):
+    """The fit's per-document terms; a loaded lens's read; for a lens fitted later, the states."""
     out: dict[str, dict] = {"values": {}, "profiles": {}, "summaries": {}}
     if FIT in selected and states.lens_jacobians:
         out.update(_fit_batch(states))
-    if _reading(selected) and reduced is not None:
-        out["summaries"].update({STATES: reduced["states"], TARGET: reduced["targets"]})
+    reading = _reading(selected)
+    if reading and reduced is not None:
+        if _loaded(options):
+            out.update(_read(reading, reduced))
+        else:
+            out["summaries"].update({STATES: reduced["states"], TARGET: reduced["targets"]})
     return out
 
 
@@ -307,111 +383,71 @@ def fit_counts(documents) -> tuple[int, dict[str, Any]]:
     return skipped, identity
 
 
-def _covered_only(out: dict, covered: list[bool]) -> None:
-    """Values over the states the lens covers (a TransformerLens lens has no state 0).
+def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 16) -> dict:
+    """The J-lens metrics of documents read through a lens fitted in the run.
 
-    The profiles are NaN at uncovered states; entropy and TV are the mean over
-    covered states; fixation depth cannot be below the first covered state.
-    """
-    import torch
-
-    keep = torch.tensor(covered)
-    first = covered.index(True) / (len(covered) - 1)
-    for name in ("jlens_entropy", "jlens_tv_to_target"):
-        if name in out["values"]:
-            out["values"][name] = out["profiles"][name][:, keep].mean(dim=1)
-    if "jlens_fixation_depth" in out["values"]:
-        out["values"]["jlens_fixation_depth"] = out["values"]["jlens_fixation_depth"].clamp(
-            min=first
-        )
-
-
-def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 64) -> dict:
-    """The lens metrics of documents read through ``lens``, with the lens plugin's own code.
+    The same read-out as capture's (`lm_coupling.capture.lens.read_all`: one
+    call per chunk of documents) and the same reduction as a loaded lens's.
 
     Args:
         lens: the fitted lens.
         states: ``[N, L+1, d]`` ``x^l_n`` of each document (host or device).
         targets: ``[N]`` the gold tokens (-1: none).
         selected: the J-lens metrics wanted.
-        chunk: documents read at once (bounds the ``[chunk, V]`` logits).
+        chunk: documents read at once (bounds the ``[chunk, L+1, V]`` logits).
 
     Returns:
         ``{"values": {name: [N]}, "profiles": {name: [N, L+1]}}``.
     """
     import torch
 
+    from lm_coupling.capture.lens import read_all
     from lm_coupling.metrics.lens import lens_summary
-    from lm_coupling.plugins.builtin import lens as lens_plugin
     from lm_coupling.states import LensStates
 
-    parts = lens.parts
-    covered = [bool(torch.isfinite(J).all()) for J in lens.jacobians]
-    if not any(covered):
+    if not torch.isfinite(lens.jacobians).all(dim=(1, 2)).any():
         raise ValueError("the lens has no finite transport on any state")
-    shared = [READ[name] for name in selected]
-    back = {lens_name: name for name, lens_name in READ.items()}
     out: dict[str, dict[str, list]] = {"values": {}, "profiles": {}}
     for start in range(0, states.shape[0], chunk):
-        rows = states[start : start + chunk].to(parts.input_device)
-        target = targets[start : start + chunk].to(torch.long)
-        columns = []
-        with torch.no_grad():  # one state at a time: [chunk, V] logits, not [chunk, L+1, V]
-            for layer in range(rows.shape[1]):
-                logits = lens.logits(layer, rows[:, layer])
-                columns.append(
-                    lens_summary(logits[:, None], target.to(logits.device), check_target=False)
-                )
-        entropy, target_prob, top1 = (torch.cat(c, dim=1) for c in zip(*columns, strict=True))
-        for layer in range(len(covered) - 1, -1, -1):  # uncovered: NaN, never a top-1 change
-            if not covered[layer]:
-                entropy[:, layer] = target_prob[:, layer] = float("nan")
-                top1[:, layer] = top1[:, layer + 1]
-        reduced = LensStates(entropy=entropy, target_prob=target_prob, top1=top1)
-        answer = lens_plugin.lmc_compute_batch(selected=shared, reduced=reduced)
-        for kind in ("values", "profiles"):
-            for name, tensor in answer.get(kind, {}).items():
-                out[kind].setdefault(back[name], []).append(tensor.detach().cpu())
-    result = {kind: {k: torch.cat(v) for k, v in part.items()} for kind, part in out.items()}
-    if not all(covered):
-        _covered_only(result, covered)
-    return result
+        rows = states[start : start + chunk].to(lens.parts.input_device)
+        with torch.no_grad():
+            logits = read_all(lens, lens.parts, list(rows.unbind(dim=1)))
+        target = targets[start : start + chunk].to(device=logits.device, dtype=torch.long)
+        entropy, target_prob, top1 = lens_summary(logits, target, check_target=False)
+        answer = _read(selected, LensStates(entropy=entropy, target_prob=target_prob, top1=top1))
+        for kind, part in answer.items():
+            for name, tensor in part.items():
+                out[kind].setdefault(name, []).append(tensor.detach().cpu())
+    return {kind: {k: torch.cat(v) for k, v in part.items()} for kind, part in out.items()}
 
 
 @hookimpl
 def lmc_complete_task(selected, options, documents, parts: ModelParts):
-    """Fit the task's lens from its sample (or load it), then read every document through it.
+    """Fit the task's lens from its sample, then read every document through it.
+
+    A loaded lens (``jlens_path``) was read in the run's forward passes: nothing to do.
 
     Raises:
         ValueError: no sampled document gave a finite fit (the read is then NaN
             on the task, reported as this plugin's failure).
     """
     reading = _reading(selected)
-    if not reading:
+    if not reading or _loaded(options):
         return None
     import numpy as np
     import torch
 
-    from lm_coupling.jacobian.lens_fit import unembedding_fingerprint
-
-    path = options.get(PATH.name)
-    if path is not None:
-        J = load_lens(path, parts.n_layers, parts.d_model, unembedding_fingerprint(parts))
-        J = J["jacobians"]
-    else:
-        J, fitted, _ = fitted_lens(documents)
-        if J is None:
-            skipped, _ = fit_counts(documents)
-            raise ValueError(
-                "no document of the fit's sample (jlens_docs) gave finite Jacobians, so no "
-                f"lens was fitted ({skipped} were too short for the reference estimator: it "
-                "needs more than jlens_skip_first + 1 tokens; lower jlens_skip_first, raise "
-                "jlens_docs, or set jlens_estimator=last_position)"
-            )
-    weight = next(parts.blocks[0].parameters(), None)
-    wide = weight is not None and weight.dtype == torch.float64
-    dtype = torch.float64 if wide else torch.float32  # as capture reduces: float64 stays
-    lens = JacobianLens(J.to(parts.input_device, dtype), parts)
+    J, _, _ = fitted_lens(documents)
+    if J is None:
+        skipped, _ = fit_counts(documents)
+        raise ValueError(
+            "no document of the fit's sample (jlens_docs) gave finite Jacobians, so no "
+            f"lens was fitted ({skipped} were too short for the reference estimator: it "
+            "needs more than jlens_skip_first + 1 tokens; lower jlens_skip_first, raise "
+            "jlens_docs, or set jlens_estimator=last_position)"
+        )
+    lens = _on_model(J, parts)
+    dtype = lens.jacobians.dtype
     blank = np.full((parts.n_layers + 1, parts.d_model), np.nan)
     states, targets = [], []
     for doc in documents:  # the read's inputs leave the documents: they are not kept

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from lm_coupling.plugins.builtin.coupling import ABS, NORM
 from lm_coupling.plugins.markers import hookimpl
 from lm_coupling.plugins.options import parse_at_least, parse_doc_count, parse_k
-from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, OptionSpec, used_k
+from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, OptionSpec, ProfileSpec, used_k
 
 if TYPE_CHECKING:  # the math (and torch) load when a batch is computed, not on declaring
     from lm_coupling.states import GeometryStates
@@ -114,8 +114,7 @@ def lmc_declare_metrics():
             description,
             _NEEDS,
             _OPTIONS,
-            profiles=(name,),
-            matrices=(name,),
+            profiles=(ProfileSpec(name, "matrix", axes=(None,) * (2 if name == SELF else 3)),),
             k_option="tokenwise_k",
             sample_option="tokenwise_docs",
             sampled=True,
