@@ -20,7 +20,7 @@ import torch
 
 from lm_coupling.errors import ConfigurationError, LmCouplingError
 from lm_coupling.model.architecture import ModelParts, locate_model_parts
-from lm_coupling.plugins.calls import PluginCalls
+from lm_coupling.plugins.calls import PluginCalls, answers
 from lm_coupling.plugins.manager import get_plugin_manager
 from lm_coupling.plugins.specs import JacobianRequest
 from lm_coupling.selection import Selection
@@ -124,22 +124,21 @@ class GeometryRunner:
         from lm_coupling.capture.lens import LogitLens
 
         lenses: dict[str, Any] = {"logit": LogitLens(self.parts)}
-        answers = self.plugins.each(
+        supplied = answers(
+            self.pm,
             "lmc_lens",
             selected=self.selection.metrics,
             options=self.selection.options,
             model=self.model,
             parts=self.parts,
         )
-        for name, lens in answers.items():
+        for name, lens in supplied.items():
             if lens is None:
                 continue
-            readable = any(callable(getattr(lens, m, None)) for m in ("transform", "logits"))
-            if not readable or not getattr(lens, "name", None):
+            if not callable(getattr(lens, "logits", None)) or not getattr(lens, "name", None):
                 raise ConfigurationError(
                     f"plugin {name!r} answered lmc_lens with {lens!r}; a lens has a name and a "
-                    "transform(layer, hidden [B, d]) -> [B, d] or logits(layer, hidden [B, d]) "
-                    "-> [B, V] method (lm_coupling.states.Lens)"
+                    "logits(layer, hidden [B, d]) -> [B, V] method (lm_coupling.states.Lens)"
                 )
             if lens.name in lenses:
                 raise ConfigurationError(
@@ -172,23 +171,24 @@ class GeometryRunner:
             ConfigurationError: two plugins ask for different named routes or
                 hand different pair reductions.
         """
-        asked = self.plugins.each(
+        asked = answers(
+            self.pm,
             "lmc_jacobian_request",
             selected=self.selection.metrics,
             options=self.selection.options,
             d_model=self.parts.d_model,
         )
-        answers = [a for a in asked.values() if a is not None]
-        if not answers:
+        given = [a for a in asked.values() if a is not None]
+        if not given:
             return None
-        methods = {a.method for a in answers} - {"auto"} or {"auto"}
+        methods = {a.method for a in given} - {"auto"} or {"auto"}
         if len(methods) > 1:
             raise ConfigurationError(
                 f"the selected metrics ask the Jacobian engine for different routes "
                 f"({', '.join(sorted(methods))}); select metrics that agree, or set "
                 "jacobian_method"
             )
-        reductions = {id(a.pair_reduction): a.pair_reduction for a in answers if a.pair_reduction}
+        reductions = {id(a.pair_reduction): a.pair_reduction for a in given if a.pair_reduction}
         if len(reductions) > 1:
             raise ConfigurationError(
                 "the selected metrics hand the Jacobian engine different pair reductions "
@@ -196,13 +196,13 @@ class GeometryRunner:
                 "; the engine applies one: select metrics of one plugin"
             )
         return JacobianRequest(
-            k=max(a.k for a in answers),
-            swapped=any(a.swapped for a in answers),
+            k=max(a.k for a in given),
+            swapped=any(a.swapped for a in given),
             method=methods.pop(),
-            dense=any(a.dense for a in answers),
+            dense=any(a.dense for a in given),
             pair_reduction=next(iter(reductions.values()), None),
-            settings={k: v for a in answers for k, v in a.settings.items()},
-            lens_terms=next((a.lens_terms for a in answers if a.lens_terms is not None), None),
+            settings={k: v for a in given for k, v in a.settings.items()},
+            lens_terms=next((a.lens_terms for a in given if a.lens_terms is not None), None),
         )
 
     @property
@@ -335,7 +335,8 @@ class GeometryRunner:
         """
         if "tokenwise_jacobian" not in self.selection.needs:
             return {}
-        asked = self.plugins.each(
+        asked = answers(
+            self.pm,
             "lmc_position_jacobian_keys",
             selected=self.selection.metrics,
             options=self.selection.options,

@@ -1,37 +1,19 @@
 """Streaming forward hooks: one batched forward pass, served layer by layer to reducers.
 
-A forward pre-hook on block 1 takes x^0 (the block's input hidden states) and
-a forward hook on every block l takes x^l (its output, before the final norm).
-Each state is handed at once, as one `LayerView`, to the reducers the run
-started for the batch (the plugins' ``lmc_layer_reducer``), then dropped:
-capture holds one layer's states (plus, with attentions, that block's
-probabilities), never the ``L x B x T x d`` stack. What a view carries is what
-the selected metrics declared (`lm_coupling.states.Need`): the states
-(``hidden_states``), the rows at the target position n and their lens logits
-(``lens``, from the lens each reducer names), the block's attention
-probabilities (``attentions``).
-
-Lenses are named and side by side: the collector holds every lens the run
-reads (`lm_coupling.capture.lens`), each reducer reads the one its plugin's
-metrics name, and one forward pass serves them all. A lens at n is read
-two ways, both computed only when a reducer asks: ``view.normed`` and
-``view.logits`` of one state when a reducer reads them in ``update``; and,
-for a reducer with ``update_lens``, the logits of every state at once, after
-x^L (``update_lens(logits [B, L+1, V])``), from one read-out of the stacked
-transformed rows ``[(L+1) B, d]`` (`lm_coupling.capture.lens.read_all`).
-
-Every hook lives for one forward call: `StateCollector.capture` registers
-them on entry and removes every handle in ``finally``, as lm-eval's
-``hf_steered.py`` does.
-
-Capture knows no metric: reducers are named objects with ``update`` and
-``finalize``. One that raises is dropped from the batch and its error kept
-under its name (``CaptureHandle.errors``); every other reducer goes on.
-
-Padding conventions (lm-eval): loglikelihood batches are padded on the right
-(``first_index = 0``); generation batches are padded on the left with an
-attention mask (``first_index`` = number of pads). In both cases the values of
-a document equal those of its prompt alone.
+A forward pre-hook on block 1 takes x^0 (its input) and a forward hook on
+every block l takes x^l (its output, before the final norm). Each state goes
+at once, as one `LayerView`, to the reducers started for the batch (the
+plugins' ``lmc_layer_reducer``), then is dropped: capture never holds the
+``L x B x T x d`` stack. A view carries what the selected metrics declared
+(`lm_coupling.states.Need`). Every lens the run reads is held by name
+(`lm_coupling.capture.lens`); a reducer with ``update_lens`` receives, after
+x^L, the logits of every state at n through the lens its metrics name, from
+one read-out per lens and batch. The hooks live for one forward call
+(registered on entry, removed in ``finally``, as lm-eval's ``hf_steered.py``).
+A reducer that raises is dropped from the batch, its error kept under its
+name (``CaptureHandle.errors``). Right padding (loglikelihood) has
+``first_index = 0``, left padding (generation) the number of pads; either way
+a document's values equal those of its prompt alone.
 """
 
 from __future__ import annotations
@@ -98,10 +80,6 @@ def _as_list(values, name: str) -> list[int]:
     return tensor.tolist()
 
 
-def _as_tensor(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
-
-
 def forward_shape(hidden, last_index: list[int], rows: list[int] | None) -> tuple[int, int]:
     """``(rows measured, positions measured)`` of a forward pass, checked against its indices.
 
@@ -166,14 +144,14 @@ class _Run:
             name: (lens_of or {}).get(name, next(iter(collector.lenses), "")) for name in factories
         }  # per reducer, the name of the lens it reads
         self.rows = rows  # the forward's rows measured (None: every row)
-        self.rows_on: dict[torch.device, torch.Tensor] = {}
-        self.last, self.first, self.target = _as_tensor(last), _as_tensor(first), _as_tensor(target)
-        self.last_list, self.rows_list = last, rows
+        self.last_list = last
+        self.last, self.first, self.target = (
+            torch.tensor(v, dtype=torch.int64) for v in (last, first, target)
+        )
         self.factories, self.documents, self.handle = factories, documents, handle
         self.phase = "waiting"  # -> "running" -> "done"
         self.reducers: dict[str, LayerReducer] = {}
         self.attentions: dict[int, torch.Tensor | None] = {}
-        self.row_index: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         self.whole_lens: list[str] = []  # reducers served every state's lens at once
         self.rows_at_n: list[torch.Tensor] = []  # x^l_n of l = 0.., for their read-out
 
@@ -182,7 +160,7 @@ class _Run:
         if self.phase != "waiting":
             return None
         hidden = args[0] if args else kwargs.get("hidden_states")
-        batch, n_tokens = forward_shape(hidden, self.last_list, self.rows_list)
+        batch, n_tokens = forward_shape(hidden, self.last_list, self.rows)
         self.begin(batch, n_tokens, work_dtype(hidden))
         self.serve(0, hidden)
         return None
@@ -261,7 +239,8 @@ class _Run:
         device = collector.device
         hidden = self._measured(hidden.detach())[:, : self.handle.info.n_tokens]
         dtype = work_dtype(hidden)
-        at_n = hidden[self._index_at_n(hidden.device)].to(device=device, dtype=dtype)
+        rows = torch.arange(len(self.last), device=hidden.device)
+        at_n = hidden[rows, self.last.to(hidden.device)].to(device=device, dtype=dtype)
         if self.whole_lens:
             self.rows_at_n.append(at_n)
         fields = dict(
@@ -329,18 +308,7 @@ class _Run:
         """The measured rows of a ``[B, ...]`` tensor of the forward (all rows: itself)."""
         if self.rows is None:
             return tensor
-        rows = self.rows_on.get(tensor.device)
-        if rows is None:
-            rows = self.rows_on[tensor.device] = _as_tensor(self.rows).to(tensor.device)
-        return tensor.index_select(0, rows)
-
-    def _index_at_n(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(arange(B), last)`` on ``device``, made once per device (blocks may be spread)."""
-        index = self.row_index.get(device)
-        if index is None:
-            batch = torch.arange(len(self.last), device=device)
-            index = self.row_index[device] = (batch, self.last.to(device))
-        return index
+        return tensor.index_select(0, torch.tensor(self.rows, device=tensor.device))
 
     def _call(self, name: str, method: Callable[..., Any], *args: Any) -> Any:
         """``method(*args)``, its wall seconds added to reducer ``name``'s (``handle.seconds``)."""
@@ -399,8 +367,8 @@ class StateCollector:
         lenses = lens if isinstance(lens, Mapping) else {getattr(lens, "name", ""): lens}
         self.lenses = {name: one for name, one in lenses.items() if one is not None}
         for one in self.lenses.values():
-            if not any(callable(getattr(one, m, None)) for m in ("transform", "logits")):
-                raise TypeError(f"a lens has a transform or logits(layer, hidden), got {one!r}")
+            if not callable(getattr(one, "logits", None)):
+                raise TypeError(f"lens must have a logits(layer, hidden) method, got {one!r}")
         self.model, self.parts = model, parts
         self.hidden_states, self.attentions = bool(hidden_states), bool(attentions)
         self.attention_modules = attention_modules(parts.blocks) if self.attentions else []

@@ -10,8 +10,8 @@ a batch in one read-out call on the stacked transformed rows (`read_all`),
 whatever the lens, and one state's alone where a reducer asks for it
 (`read_one`).
 
-A lens with a ``transform`` is read through the shared read-out; one that
-only has ``logits(layer, hidden)`` is called once per state.
+A lens that only has ``logits(layer, hidden)`` (the protocol) is called
+once per state; so is a `TransformLens` subclass that overrides ``logits``.
 
 Reference: nostalgebraist, "interpreting GPT: the logit lens" (2020);
 Belrose et al., "Eliciting Latent Predictions from Transformers with the
@@ -27,7 +27,7 @@ import torch
 
 from lm_coupling.model.architecture import ModelParts
 
-__all__ = ["LogitLens", "TransformLens", "read_all", "read_one", "read_out"]
+__all__ = ["JacobianLens", "LogitLens", "TransformLens", "read_all", "read_one", "read_out"]
 
 
 def read_out(parts: ModelParts, states: torch.Tensor) -> torch.Tensor:
@@ -70,10 +70,34 @@ class LogitLens(TransformLens):
     name = "logit"
 
 
+class JacobianLens(TransformLens):
+    """The Jacobian lens, ``W_U N(J_l x) + b`` (Gurnee et al. 2026): ``transform = J_l x``.
+
+    A state without a transport (NaN ``J_l``) reads as NaN.
+
+    Args:
+        jacobians: ``[L+1, d, d]`` the fitted ``J_l`` (rows: output coordinates).
+        parts: the model's located parts.
+    """
+
+    name = "jacobian"
+
+    def __init__(self, jacobians: torch.Tensor, parts: ModelParts):
+        super().__init__(parts)
+        self.jacobians = jacobians
+
+    def transform(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """``J_layer x`` of ``hidden [B, d]``, float32 (float64 stays)."""
+        dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        return hidden.to(dtype) @ self.jacobians[layer].to(device=hidden.device, dtype=dtype).T
+
+
 def _transforms(lens: Any):
-    """The lens's ``transform`` (its logits are the shared read-out of it), or None."""
+    """The lens's ``transform`` when its logits are the shared read-out of it, else None."""
     transform = getattr(lens, "transform", None)
-    return transform if callable(transform) else None
+    if transform is None or getattr(type(lens), "logits", None) is not TransformLens.logits:
+        return None
+    return transform
 
 
 def read_one(

@@ -34,16 +34,6 @@ class _Specs(Protocol):
     specs: Mapping[str, MetricSpec]
 
 
-__all__ = [
-    "PluginCalls",
-    "answers",
-    "call",
-    "implementers",
-    "isolated_answers",
-    "plugin_name",
-    "warn_failures",
-]
-
 _SHOWN_DOCUMENTS = 5
 """Documents a warning names before it says how many more."""
 
@@ -94,14 +84,6 @@ class PluginCalls:
             for m in own
             if "lens" in self.selection.specs[m].needs
         }
-
-    def each(self, hook: str, **kwargs: Any) -> dict[str, Any]:
-        """``{plugin name: answer}`` of every implementation of a run-level hook.
-
-        Errors propagate: run-level hooks run before any forward pass, where a
-        failing plugin stops the run with its name.
-        """
-        return answers(self.pm, hook, **kwargs)
 
     def factories(
         self, hook: str, metrics: Sequence[str], needs: set[str], **kwargs: Any
@@ -375,11 +357,6 @@ def plugin_name(pm: pluggy.PluginManager, impl: pluggy.HookImpl) -> str:
 def call(impl: pluggy.HookImpl, kwargs: Mapping[str, Any]) -> Any:
     """Call one implementation with the arguments it takes (as pluggy does)."""
     return impl.function(**{name: kwargs[name] for name in impl.argnames})
-
-
-def implementers(pm: pluggy.PluginManager, hook: str) -> list[str]:
-    """The plugins implementing ``hook``, in registration order."""
-    return [plugin_name(pm, impl) for impl in getattr(pm.hook, hook).get_hookimpls()]
 
 
 def answers(pm: pluggy.PluginManager, hook: str, **kwargs: Any) -> dict[str, Any]:

@@ -8,9 +8,8 @@ from functools import lru_cache
 import pluggy
 
 from lm_coupling.errors import PluginError
-from lm_coupling.plugins import hookspecs
+from lm_coupling.plugins import calls, hookspecs
 from lm_coupling.plugins.builtin import BUILTIN_PLUGINS
-from lm_coupling.plugins.calls import answers, implementers
 from lm_coupling.plugins.markers import PROJECT_NAME
 from lm_coupling.plugins.short import ShortRoutePlugin, short_metrics
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec
@@ -28,8 +27,8 @@ class MetricRegistry:
         self.metrics: dict[str, MetricSpec] = {}
         self.options: dict[str, OptionSpec] = {}
         option_owner: dict[str, str] = {}
-        reducers = set(implementers(pm, "lmc_layer_reducer"))
-        for plugin_name, declared in answers(pm, "lmc_declare_metrics").items():
+        reducers = {calls.plugin_name(pm, i) for i in pm.hook.lmc_layer_reducer.get_hookimpls()}
+        for plugin_name, declared in calls.answers(pm, "lmc_declare_metrics").items():
             lenses = {spec.lens for spec in declared or () if "lens" in getattr(spec, "needs", ())}
             if len(lenses) > 1:
                 raise PluginError(

@@ -90,7 +90,7 @@ class ProfileSpec:
             None (any length). Default: ``(axis,)`` for a per-layer vector,
             ``("blocks", "blocks")`` (L x L) for a matrix; e.g.
             ``("blocks", None)`` for ``[L, K+1]`` singular values. Every
-            answer is checked against it.
+            answer is checked against it (not recorded in the catalogue).
     """
 
     name: str
@@ -100,7 +100,7 @@ class ProfileSpec:
     min_blocks: int = 0
     boundary: bool = False
     plot: bool = True
-    axes: tuple[str | int | None, ...] = ()
+    axes: tuple[str | int | None, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         """Check the axis, axes and bounds; default the label and the axes."""

@@ -183,7 +183,8 @@ def test_the_runner_fits_the_reference_by_default_and_skips_short_prompts(bridge
 
 def test_reading_a_lens_without_state_zero_uses_the_states_it_covers(bridge, fits, tmp_path):
     """A TransformerLens lens has no state 0: its read is over states 1..L, state 0 NaN."""
-    from lm_coupling.plugins.builtin.jacobian_lens import JacobianLens, read_through
+    from lm_coupling.capture.lens import JacobianLens
+    from lm_coupling.plugins.builtin.jacobian_lens import read_through
 
     tl_bridge, model = bridge
     theirs, ours, parts = fits

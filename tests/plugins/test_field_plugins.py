@@ -9,12 +9,12 @@ import pytest
 import torch
 from fixtures.jacobians import states_at_last
 
-from lm_coupling.capture.lens import LogitLens
+from lm_coupling.capture.lens import JacobianLens, LogitLens
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.metrics import layer_by_layer as lbl
 from lm_coupling.model.architecture import block_output_hidden, locate_model_parts
-from lm_coupling.plugins.builtin.jacobian_lens import JacobianLens, load_lens, save_lens
+from lm_coupling.plugins.builtin.jacobian_lens import load_lens, save_lens
 from lm_coupling.selection import make_selection
 
 TEXT = "Question: which gas do plants take in from the air? Answer:"

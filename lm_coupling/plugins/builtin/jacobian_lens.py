@@ -43,6 +43,7 @@ from lm_coupling.plugins.specs import UNIT_INTERVAL, JacobianRequest, MetricSpec
 if TYPE_CHECKING:
     import torch
 
+    from lm_coupling.capture.lens import JacobianLens
     from lm_coupling.model.architecture import ModelParts
     from lm_coupling.states import BatchInfo, LensStates
 
@@ -53,6 +54,8 @@ READ = {  # each J-lens metric and the lens metric whose definition it shares
     "jlens_fixation_depth": "fixation_depth",
 }
 DEFAULT_DOCS = 8
+LENS = "jacobian"
+"""The name its reading metrics read the lens by (`lm_coupling.capture.lens.JacobianLens`)."""
 
 
 def _optional_path(text: str) -> str | None:
@@ -117,35 +120,6 @@ SAVE = OptionSpec(
 )
 
 
-class JacobianLens:
-    """The Jacobian lens, ``W_U N(J_l x) + b``: a transform and the model's shared read-out.
-
-    A lens like any other (`lm_coupling.capture.lens`): capture reads it out
-    once per batch beside the logit lens. A state without a transport (NaN
-    ``J_l``) reads as NaN.
-
-    Args:
-        jacobians: ``[L+1, d, d]`` the fitted ``J_l``.
-        parts: the model's parts (its final norm and unembedding).
-    """
-
-    name = "jacobian"
-
-    def __init__(self, jacobians: torch.Tensor, parts: ModelParts):
-        self.jacobians, self.parts = jacobians, parts
-
-    def transform(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        """``J_layer x`` of ``hidden [B, d]`` (``x^layer_n``), float32 (float64 stays)."""
-        import torch
-
-        dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        return hidden.to(dtype) @ self.jacobians[layer].to(device=hidden.device, dtype=dtype).T
-
-    def logits(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        """``[B, V]`` logits of ``hidden [B, d]``."""
-        return self.parts.unembed_fp32(self.parts.final_norm_fp32(self.transform(layer, hidden)))
-
-
 def _fit_unless_loaded(options) -> tuple[str, ...]:
     """The reading metrics need the fit in the run unless a fitted lens is loaded."""
     return () if options.get(PATH.name) else (FIT,)
@@ -164,7 +138,7 @@ def _reading_spec(name: str, description: str, label: str, profile: bool) -> Met
         bounds=UNIT_INTERVAL,
         deferred=True,
         requires=_fit_unless_loaded,
-        lens=JacobianLens.name,
+        lens=LENS,
     )
 
 
@@ -219,6 +193,8 @@ def _loaded(options) -> bool:
 def _on_model(J: torch.Tensor, parts: ModelParts) -> JacobianLens:
     """The lens on the model's device, in the dtype capture reduces in (float64 stays)."""
     import torch
+
+    from lm_coupling.capture.lens import JacobianLens
 
     weight = next(parts.blocks[0].parameters(), None)
     wide = weight is not None and weight.dtype == torch.float64
