@@ -19,7 +19,7 @@ import pluggy
 import torch
 
 from lm_coupling.errors import ConfigurationError, LmCouplingError
-from lm_coupling.model.architecture import ModelParts, locate_model_parts
+from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.calls import PluginCalls, answers
 from lm_coupling.plugins.manager import get_plugin_manager
 from lm_coupling.plugins.specs import JacobianRequest
@@ -31,18 +31,6 @@ from lm_coupling.states import (
     GeometryStates,
     JacobianFactors,
 )
-
-
-class _EmptyCapture:
-    """Stands in for a capture handle when no selected metric reads the forward pass."""
-
-    def __init__(self, parts: ModelParts, size: int, documents):
-        self.states = GeometryStates(
-            parts.n_layers, parts.d_model, parts.vocab_size, size=size, documents=documents
-        )
-        self.reduced: dict[str, Any] = {}
-        self.errors: dict[str, str] = {}
-        self.lens_errors: dict[str, str] = {}
 
 
 class GeometryRunner:
@@ -256,27 +244,28 @@ class GeometryRunner:
         documents: Sequence[Sequence[DocumentRef]] | None = None,
         rows: Sequence[int] | torch.Tensor | None = None,
     ) -> Iterator:
-        """Capture the first forward pass run inside the block.
+        """Capture the first forward pass run inside the block (`StateCollector.capture`).
 
         Args:
             last_index: ``[B]`` target position n of each row.
             first_index: ``[B]`` first real token of each row (left padding).
             target_tokens: ``[B]`` gold token id at n+1 for the lens, -1 if none.
-            documents: per row, the documents it measures (`DocumentRef`s),
-                handed to the plugins (``BatchInfo.documents``,
-                ``GeometryStates.documents``).
-            rows: the forward's rows to measure, increasing (default: all); the
-                arguments above then have one entry per measured row
-                (``StateCollector.capture``).
+            documents: per row, the documents it measures (`DocumentRef`s).
+            rows: the forward's rows to measure, increasing (default: all).
 
         Yields:
-            A handle (``capture.collector.CaptureHandle``) whose ``states``,
-            ``reduced`` and ``errors`` are set once the block exits; pass it to
-            :meth:`compute`.
+            A ``CaptureHandle``, filled once the block exits; pass it to :meth:`compute`.
         """
         if self.collector is None:
+            from lm_coupling.capture.collector import CaptureHandle
+
             refs = tuple(tuple(DocumentRef(*r) for r in row) for row in documents or ())
-            yield _EmptyCapture(self.parts, len(last_index), refs)
+            parts = self.parts
+            yield CaptureHandle(
+                GeometryStates(
+                    parts.n_layers, parts.d_model, parts.vocab_size, len(last_index), refs
+                )
+            )
             return
         with self.collector.capture(
             last_index,

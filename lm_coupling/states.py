@@ -1,10 +1,7 @@
-"""Containers that carry captured geometry from capture/ to the metric plugins.
+"""The plugin-facing records: capture/ and the engine fill them, plugins read them.
 
-These are plain data records: capture/ fills them, plugins read them, and the
-math in metrics/ never sees them. Shape symbols follow docs/design.md: B documents,
-T positions, L blocks (L+1 states x^0..x^L), d model width, V vocabulary, K
-number of singular vectors. Every tensor is float32 (float64 in tests) and on
-the model's device unless stated otherwise.
+Shapes as in docs/design.md (B documents, T positions, L blocks, d, V, K);
+tensors are float32 (float64 for a float64 model) on the model's device.
 """
 
 from __future__ import annotations
@@ -108,9 +105,8 @@ class BatchInfo:
 class LayerView:
     """One state ``x^l`` of a batch, as a reducer's ``update`` receives it.
 
-    A field is None when no selected metric's plugin declared the need that
-    fills it. The tensors are views of capture's own: a reducer keeps what
-    it reduces, never the view (the next layer replaces it).
+    A field is None when no selected metric declared the need that fills it.
+    A reducer keeps what it reduces, never the view.
 
     Attributes:
         layer: l, 0..L (0: the input of block 1; l: the output of block l).
@@ -167,13 +163,9 @@ class LayerReducer(Protocol):
     """What a plugin's ``lmc_layer_reducer`` returns: a reducer of one batch.
 
     ``update`` is called once per state, l = 0..L in order, during the
-    benchmark's forward pass; ``finalize`` once after ``x^L``. What
-    ``finalize`` returns reaches the same plugin's ``lmc_compute_batch`` as
-    its ``reduced`` argument. Memory: capture serves one layer's states; the
-    reducer holds what it keeps (keep reductions, not the states).
-
-    Optional: a method ``update_lens(logits)`` receives the lens logits of
-    every state at once, ``[B, L+1, V]``, after x^L and before ``finalize``.
+    forward pass; ``finalize`` once after ``x^L``, its answer reaching the
+    plugin's ``lmc_compute_batch`` as ``reduced``. Optional: ``update_lens(logits)``
+    receives the lens logits of every state, ``[B, L+1, V]``, before ``finalize``.
     """
 
     def update(self, view: LayerView) -> None:
@@ -244,9 +236,6 @@ class JacobianFactors:
     """Top-K factors of the block Jacobians ``J^l`` at n for one document.
 
     ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` (residual branch only).
-    The engine never holds ``J^l V_m`` for all pairs: it hands each group of
-    products to the requesting plugin's pair reduction as it goes
-    (``JacobianRequest.pair_reduction``) and keeps only what that returns.
 
     Attributes:
         U: ``[L, d, K_max]`` top left singular vectors of each ``J^l``.
@@ -268,24 +257,15 @@ class JacobianFactors:
         ill_defined: ``[L]`` bool; two of the top K+1 singular values are so
             close that the singular vectors are not determined (see
             ``jacobian.linalg.ill_defined``).
-        peak_bytes: peak memory the engine held for this document's batch
-            (tensors it keeps, or the CUDA allocator's peak on a GPU).
+        peak_bytes: peak memory the engine held for this document's batch.
         dense: ``[L, d, d]`` the Jacobians themselves (rows: output
             coordinates), when a request asks ``dense=True`` (the engine's
             ``keep_dense``: the dense route on every layer); otherwise None.
-        seconds: wall seconds of the engine's work on this document: its
-            share (batch time / documents in the batch) of ``"forward"``
-            (float: the prompt's plain forward pass, the recording of the
-            blocks' calls and the run-time check) and, one float per layer,
-            ``"jacobian_products"`` (the JVPs/VJPs through the block),
-            ``"factorisation"`` (pass one's linear algebra: SVD, eigensolver,
-            Rayleigh-Ritz) and ``"reduction"`` (pass two: ``A`` and ``B``
-            from the kept Jacobian or by JVPs). CUDA work is waited for at
-            the ends of each span.
-        replay: how the blocks were replayed at n: ``"cache"`` (token n against
-            the frozen prefix keys/values) or ``"sequence"`` (the whole prompt,
-            rows < n fixed: recurrent-state caches, no cache, indexer
-            attention); see ``jacobian.sequence`` and docs/engine.md.
+        seconds: this document's share of the engine's wall seconds:
+            ``"forward"`` (float) and, per layer, ``"jacobian_products"``,
+            ``"factorisation"`` and ``"reduction"`` (docs/engine.md).
+        replay: how the blocks were replayed at n: ``"cache"`` (token n
+            against the frozen prefix) or ``"sequence"`` (docs/engine.md).
     """
 
     U: torch.Tensor
@@ -307,9 +287,6 @@ class JacobianFactors:
 @dataclass
 class GeometryStates:
     """What a plugin's ``lmc_compute_batch`` reads for one batch of B documents.
-
-    Streamed needs (hidden states, lens, attentions) reach a plugin through its
-    own reducer (``lmc_compute_batch(reduced=...)``), not through this record.
 
     Attributes:
         n_layers: L.

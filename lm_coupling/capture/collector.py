@@ -41,22 +41,16 @@ ReducerFactory = Callable[[BatchInfo], "LayerReducer | None"]
 
 @dataclass
 class CaptureHandle:
-    """What :meth:`StateCollector.capture` yields.
+    """What :meth:`StateCollector.capture` yields, filled once the forward's last block ran.
 
     Attributes:
-        states: the batch's :class:`GeometryStates` (size, documents), set when
-            the context exits after a complete forward; None before, or if no
-            forward ran inside it.
+        states: the batch's :class:`GeometryStates` (None without a complete forward).
         reduced: per reducer name, what its ``finalize()`` returned.
-        errors: per reducer name, the error (text) that dropped it: raised
-            when it was started, in ``update`` or in ``finalize``.
+        errors: per reducer name, the error (text) that dropped it.
         info: the batch's :class:`BatchInfo` (None before the forward).
-        lens_errors: per lens name, the error (text) of that lens, which leaves
-            its ``normed`` and ``logits`` None from that layer on (its readers'
-            values are NaN); the other lenses are unaffected.
-        seconds: per reducer name, the wall seconds of its calls (start,
-            ``update``, its lens read, ``finalize``): its plugin's share of the
-            capture (on a GPU, the time to queue its work).
+        lens_errors: per lens name, its error (text); its readers' values are NaN.
+        seconds: per reducer name, the wall seconds of its calls (its plugin's
+            share of the capture).
     """
 
     states: GeometryStates | None = None
@@ -81,11 +75,7 @@ def _as_list(values, name: str) -> list[int]:
 
 
 def forward_shape(hidden, last_index: list[int], rows: list[int] | None) -> tuple[int, int]:
-    """``(rows measured, positions measured)`` of a forward pass, checked against its indices.
-
-    The positions measured are ``0 .. max(last_index)``: no row measures a
-    later one (an answer's tokens after every row's n), so the capture serves
-    only those.
+    """``(rows measured, positions 0 .. max(last_index))`` of a forward, checked.
 
     Args:
         hidden: what block 1 received as its hidden states.
@@ -386,33 +376,22 @@ class StateCollector:
         rows: Sequence[int] | torch.Tensor | None = None,
         lenses: Mapping[str, str] | None = None,
     ) -> Iterator[CaptureHandle]:
-        """Capture the first model forward run inside the context.
-
-        Later forwards (the decoding steps of ``model.generate``) pass through
-        untouched. Every hook handle is removed on exit, also when the forward
-        raises.
+        """Capture the first model forward run inside the context (later ones pass untouched).
 
         Args:
             last_index: ``[B]`` position n of each row's last context token.
             first_index: ``[B]`` position of each row's first real token (the
-                number of left pads; 0 for right padding). It is an attention
-                sink and excluded from the token mask.
+                number of left pads), excluded from the token mask.
             target_tokens: ``[B]`` gold next token at n, -1 for none (or None).
-            reducers: per name, a factory that starts a reducer when the batch's
-                shape is known (``factory(BatchInfo) -> LayerReducer | None``).
+            reducers: per name, ``factory(BatchInfo) -> LayerReducer | None``.
             documents: per row, the documents it measures (default: none).
-            rows: the rows of the forward to measure, increasing (default: every
-                row); the other rows are never reduced (a benchmark batch whose
-                other rows are the same documents' other answers). The indices,
-                targets and documents above then have one entry per measured
-                row, and so have the views and the handle's states.
+            rows: the forward's rows to measure, increasing (default: every
+                row); the arguments above then have one entry per measured row.
             lenses: per reducer name, the name of the lens its views read
                 (default: the collector's first lens).
 
         Yields:
-            A :class:`CaptureHandle` whose ``states``, ``reduced`` and ``errors``
-            are set once the forward's last block has run: the reducers finalize
-            inside the forward, before the model's head computes its logits.
+            A :class:`CaptureHandle`, filled once the forward's last block ran.
 
         Raises:
             ValueError: index shapes disagree, ``first_index > last_index``, or (in
@@ -428,11 +407,7 @@ class StateCollector:
 
     @contextmanager
     def _hooks(self, pre_hook, post_hook, attention_hook=None) -> Iterator[None]:
-        """The hooks of one forward call, every handle removed on exit (also when it raises).
-
-        ``pre_hook`` on block 1, ``post_hook(l, ...)`` on every block l, and
-        ``attention_hook(l, ...)`` on block l's attention where it serves attentions.
-        """
+        """The hooks of one forward call, every handle removed on exit (also when it raises)."""
         hooks = []
         try:
             hooks.append(self.parts.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
@@ -500,11 +475,7 @@ def _indices(
     documents: Sequence[Sequence[DocumentRef]] | None,
     rows: Sequence[int] | torch.Tensor | None,
 ) -> tuple[list[int], list[int], list[int], tuple, list[int] | None]:
-    """The capture's indices as lists of ints, checked (``StateCollector.capture``).
-
-    Lists: the indices are a few per batch, read in Python; no tensor is
-    made per batch until a capture needs one.
-    """
+    """The capture's indices as lists of ints, checked (``StateCollector.capture``)."""
     last = _as_list(last_index, "last_index")
     first = _as_list(first_index, "first_index")
     target = [-1] * len(last) if target_tokens is None else _as_list(target_tokens, "target_tokens")

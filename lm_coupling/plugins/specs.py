@@ -139,71 +139,39 @@ class ProfileSpec:
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """A metric a plugin provides: one entry of the catalogue of metrics.
+    """A metric a plugin provides: one entry of the catalogue (docs/plugins.md, its fields).
 
     Attributes:
         name: snake_case public identifier: lm-eval metric key, CSV column and
             command-line word. Never renamed once released.
         description: one line for ``lm-coupling metrics`` and the README.
-        needs: what it reads (``lm_coupling.states.Need``: ``hidden_states``,
-            ``lens``, ``attentions``, ``jacobian``, ``tokenwise_jacobian``);
-            checked when the plugin registers.
+        needs: what it reads (``lm_coupling.states.Need``), checked on registration.
         options: the options it reads.
-        profiles: the per-document profiles (per-layer vectors or L x L
-            matrices) it stores in the geometry file: `ProfileSpec` records,
-            or plain names. A plain name is described by ``profile_specs``
-            when listed there, else it is a profile over states 0..L
-            (``ProfileSpec(name)``; ``axis="matrix"`` when it is in
-            ``matrices``), and a profile named like the metric takes the
-            metric's label and bounds. After construction ``profiles``
-            holds the names and ``profile_specs`` one record per name.
-        matrices: the names in ``profiles`` that are matrices (L x L or any
-            2-D array) rather than per-layer vectors; the geometry file keeps
-            them under ``matrices``. Profiles with ``axis="matrix"`` are
-            added to it.
-        k_option: the option holding the number of singular vectors the
-            metric uses (``"k"``), for metrics that sample a top-K subspace;
-            the results record the K actually used on the model, and the
-            report names the metric's column after it (``coupling_k10``).
-        sample_option: for a sampled metric, the option holding how many
-            documents per task get it (default `DEFAULT_SAMPLE_OPTION`, set
-            on construction; None for a metric that is not sampled).
-        sampled: computed on the coupling sample of documents only.
+        profiles: its per-document profiles: `ProfileSpec` records or names
+            (a name not in ``profile_specs`` is a profile over states, a
+            matrix when in ``matrices``; one named like the metric takes its
+            label and bounds). After construction: the names.
+        matrices: the profiles that are matrices (kept under ``matrices``).
+        k_option: the option holding its K; the report names its column
+            after the K used (``coupling_k10``).
+        sample_option: a sampled metric's option sizing its sample
+            (default `DEFAULT_SAMPLE_OPTION`).
+        sampled: computed on a sample of documents by the Jacobian engine.
         higher_is_better: for lm-eval's table; None when neither is better.
-        opt_in: excluded from ``--metrics all`` (expensive, asks by name).
+        opt_in: excluded from ``--metrics all``.
         label: a short human name for figures and tables (default: the name).
         unit: the unit of its values (``"nats"``), "" when unitless.
-        bounds: ``(low, high)`` when the value is bounded, e.g.
-            ``UNIT_INTERVAL`` for a quantity in [0, 1] (the report then
-            draws it on a fixed [0, 1] axis); None when unbounded.
-        profile_specs: `ProfileSpec` records of the profiles named in
-            ``profiles`` (a record naming a profile not in ``profiles``
-            adds it).
-        task_level: one value per task, not per document (a dataset
-            entropy): the plugin returns no per-document value for it, and
-            its ``lmc_aggregate_task`` returns a section named like the metric
-            holding ``"value"``, which lm-eval's results and table get once
-            per task (docs/plugins.md, "Task-level and deferred metrics").
-        deferred: its per-document values and profiles are computed by the
-            plugin's ``lmc_complete_task`` once every document of the task is
-            measured, before lm-eval scores the first one (a read-out through
-            a quantity fitted on the task's own sample, such as the Jacobian
-            lens), instead of by ``lmc_compute_batch``.
-        reads_target: it reads the gold next token at n
-            (``BatchInfo.target_tokens``): a document without one (an empty
-            gold answer) leaves it NaN with that reason, not as undefined
-            geometry.
-        primary: the report's default primary metric (its test against the
-            average score comes first); one metric of the installed plugins
-            says so (the built-in ``coupling``).
-        lens: the lens its ``lens`` need reads, by name (``"logit"``, the
-            built-in logit lens, or the name of a plugin's ``lmc_lens``); every
-            named lens is read in the same forward pass, side by side.
-        nan_expected: NaN is one of its answers (a threshold never crossed),
-            counted as such rather than as undefined geometry.
-        requires: metrics added to the selection when this one is selected:
-            names, or a function of the parsed options returning names (the
-            J-lens needs its fit unless a fitted lens is loaded).
+        bounds: ``(low, high)`` when bounded (``UNIT_INTERVAL``), else None.
+        profile_specs: one `ProfileSpec` per profile (after construction).
+        task_level: one value per task from ``lmc_aggregate_task``, no
+            per-document value.
+        deferred: computed by ``lmc_complete_task`` once the task is measured.
+        reads_target: reads the gold token at n; NaN without one, with that reason.
+        primary: the report's default primary metric.
+        lens: the name of the lens its ``lens`` need reads (``"logit"``).
+        nan_expected: NaN is one of its answers, not undefined geometry.
+        requires: metrics brought into the selection with it: names, or a
+            function of the parsed options returning names.
     """
 
     name: str
