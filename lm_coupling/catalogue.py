@@ -1,25 +1,11 @@
 """The catalogue of metrics: what the rest of the package knows about each metric.
 
-Every metric is declared once, by its plugin, as a `MetricSpec` with one
-`ProfileSpec` per profile (`lm_coupling.plugins.specs`). A run records the
-catalogue of the metrics it computed in its results file, under
-``config.lm_coupling.catalogue`` (see docs/outputs.md)::
-
-    {"metrics": {"lss": {"label": "LSS", "unit": "", "bounds": null,
-                         "higher_is_better": false, "sampled": false,
-                         "k_option": null, "plugin": "builtin.trajectory",
-                         "profiles": ["norm", "windowed_lss"]}, ...},
-     "profiles": {"windowed_lss": {"axis": "blocks", "label": "windowed LSS (11 layers)",
-                                   "bounds": null, "min_blocks": 11,
-                                   "boundary": false, "plot": true}, ...}}
-
-The report, the harness and the tests read metric names, labels, bounds,
-profile axes and K options from a `Catalogue`, never from a list of their
-own. A results file written before the catalogue was recorded (lm-coupling
-0.x without ``catalogue``) is read with the catalogue of the installed
-plugins (`Catalogue.installed`), and the report says so.
-
-This module imports no torch and no plotting library.
+Every metric is declared once, by its plugin (`lm_coupling.plugins.specs`). A
+run records the catalogue of its metrics in its results file, under
+``config.lm_coupling.catalogue`` (docs/outputs.md); the report, the harness and
+the tests read names, labels, bounds, profile axes and K options from it. A
+results file without one is read with the installed plugins' catalogue
+(`Catalogue.installed`), and the report says so. No torch, no plotting.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Each plugin's per-batch hooks, called on their own: one plugin's failure is its own.
+"""Each plugin's hooks, called on their own (with the arguments it takes, as pluggy does).
 
-pluggy calls every implementation of a hook in one loop, so one plugin that
-raises would stop the others. The runner instead calls each plugin's
-implementation by itself (with only the arguments it takes, as pluggy does)
-and checks its answer: an exception, or a value or profile of the wrong
-shape, makes that plugin's metrics NaN on the documents it fails on (a
-failing batch is retried row by row where the plugin's reduction cuts into
-rows; otherwise on the batch's documents), recorded on each document
-(``DocumentGeometry.failures``, written to the geometry file's ``failures``)
-and reported by one `GeometryWarning` per plugin and cause,
-naming the plugin, the metrics and the documents. Every other value stands.
+An exception, or an answer that does not match its declaration, makes only
+that plugin's metrics NaN on the documents it fails on (a failing batch is
+retried row by row where its reduction cuts into rows), recorded in
+``DocumentGeometry.failures`` and reported by one `GeometryWarning` per
+plugin and cause. Every other value stands.
 """
 
 from __future__ import annotations

@@ -1,32 +1,21 @@
-"""Built-in Jacobian lens: fit ``J_l`` on a sample and read every document through it, in one run.
+"""Built-in Jacobian lens: fit ``J_l`` on a sample and read documents through it.
 
 Gurnee et al. (2026): ``lens_l(h) = W_U N(J_l h) + b``, ``J_l = E[d x^L_n / d x^l_n]``
-(math: ``lm_coupling.metrics.jacobian_lens``). Written against the public
-contract only:
+(math: ``lm_coupling.metrics.jacobian_lens``), written against the public contract:
 
-1. **Fit** (``jlens_fit``, a sampled metric, brought into the selection by
-   the reading metrics unless ``jlens_path`` is given): on ``jlens_docs``
-   documents of each task (the seeded sample), each document's term of the
-   estimator ``jlens_estimator`` names (need ``lens_jacobian``,
-   ``jacobian.lens_fit``): ``reference`` (default; Gurnee et al.
-   2026 as TransformerLens 4.3 ``JacobianLens.fit`` computes it: target
-   positions summed, source positions ``s .. T-2`` averaged) or
-   ``last_position`` (``d x^L_n / d x^l_n`` at the target position alone,
-   ``(I + J^L) ... (I + J^{l+1})`` from the engine's block Jacobians); the
-   task's lens is their average.
-2. **Read** (``jlens_entropy``, ``jlens_tv_to_target``,
-   ``jlens_fixation_depth``: deferred metrics): while lm-eval's batches run,
-   the reducer keeps per document only what the read needs, ``x^l_n`` for
-   l = 0..L (``(L+1) d`` numbers) and the gold token; once the task is
-   measured (``lmc_complete_task``, before lm-eval scores it) the fitted lens
-   reads every document, exactly as if it had been fitted before the run,
-   with the lens plugin's own reducer and reduction (not a copy). With
-   ``jlens_path=FILE`` the lens is loaded instead of fitted (fit once per
-   model, reuse across tasks).
+1. **Fit** (``jlens_fit``, sampled; brought in by the reading metrics unless
+   ``jlens_path`` is given): each of ``jlens_docs`` documents' term of the
+   estimator ``jlens_estimator`` (``reference``: TransformerLens 4.3
+   ``JacobianLens.fit``; ``last_position``: the target position alone), averaged.
+2. **Read** (``jlens_entropy``, ``jlens_tv_to_target``, ``jlens_fixation_depth``):
+   the lens named ``"jacobian"`` (`lm_coupling.capture.lens.JacobianLens`). A
+   loaded lens (``jlens_path``) is read in the forward passes beside the logit
+   lens; one fitted in the run is read once the task is measured (deferred),
+   from the states at n kept per document, through the same read-out. Both
+   reduce as the built-in lens metrics do.
 
-The fitted lens is saved beside the geometry file
-(``jlens_<task>_<timestamp>.pt``), or where ``jlens_save`` says, in
-TransformerLens's artifact format (``plugins.builtin.jacobian_lens_file``).
+The fitted lens is saved beside the geometry file (``jlens_<task>_<run_id>.pt``,
+or ``jlens_save``) in TransformerLens's format (``jacobian_lens_file``).
 """
 
 from __future__ import annotations

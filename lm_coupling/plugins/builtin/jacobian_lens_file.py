@@ -8,20 +8,12 @@ A lens file is the reference implementation's artifact, which TransformerLens
 
 with ``J[l]`` the transport of block l's output (0-based), i.e. state ``l + 1``
 here, rows the output coordinates, for ``l = 0 .. L-2`` (the last block's
-transport is the identity and is not stored). lm-coupling adds what that
-format has no place for, under keys TransformerLens ignores: the transport of
-state 0 (the embedding output) as the top-level ``"lm_coupling_state0"``, and
-``metadata["lm_coupling"]`` (format, version, task, L, the estimator and a
-fingerprint of the unembedding). ``metadata`` also carries the fields
-TransformerLens records and checks (``model_name``, ``model_revision``,
-``target_layer``, ``estimator``, ``corpus``, the fit's options).
-
-Reading (:func:`load_lens`) accepts that format whoever wrote it, a
-reference fit checkpoint (``jacobian_sum`` / ``n_done``), and lm-coupling's
-version-1 files (``{"format": "lm_coupling.jacobian_lens", "jacobians":
-[L+1, d, d]}``). States a file has no transport for (state 0 in a
-TransformerLens file, layers a partial fit left out) are NaN: the reading
-metrics leave them out (docs/metrics.md, "The Jacobian lens").
+transport is the identity and is not stored). lm-coupling adds, under keys
+TransformerLens ignores, the transport of state 0 (``"lm_coupling_state0"``)
+and ``metadata["lm_coupling"]`` (format, version, task, L, estimator, a
+fingerprint of the unembedding). :func:`load_lens` also reads a reference fit
+checkpoint (``jacobian_sum`` / ``n_done``) and lm-coupling's version-1 files;
+states without a transport are NaN (docs/metrics.md, "The Jacobian lens").
 """
 
 from __future__ import annotations
