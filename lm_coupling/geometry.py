@@ -360,11 +360,8 @@ class GeometryRunner:
     ) -> list[DocumentGeometry | LmCouplingError]:
         """The sampled metrics of several prompts, their Jacobian work batched.
 
-        The engine runs the prompts in groups sized to free memory (each keeps
-        its own frozen prefix); each document's values equal
-        :meth:`compute_sampled` of its prompt alone, up to round-off. Block
-        factors are computed only when one of ``metrics`` needs them, position
-        Jacobians only when a token-wise metric is among ``metrics``.
+        Each document's values equal :meth:`compute_sampled` of its prompt
+        alone, up to round-off.
 
         Args:
             prompts: ``[T_b]`` token ids of each prompt.
@@ -477,12 +474,7 @@ class GeometryRunner:
 
 
 def _jacobian_timings(factors: JacobianFactors | None, seconds: float) -> dict[str, Any]:
-    """The engine's seconds for one document: its share of the batch, and the split per layer.
-
-    ``jacobian`` is the document's share of the batched engine call (forward
-    pass, products, factorisation and reductions); where the engine reports
-    per-layer times (``JacobianFactors.seconds``), they are kept as well.
-    """
+    """The engine's seconds for one document: its share of the batch, and the split per layer."""
     out: dict[str, Any] = {"jacobian": seconds}
     split = getattr(factors, "seconds", None) or {}
     for part in ("jacobian_products", "factorisation", "reduction"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from functools import lru_cache
 
 import pluggy
@@ -47,7 +48,7 @@ class MetricRegistry:
                         "uninstall or disable one of them"
                     )
                 check_needs(spec, plugin_name, plugin_name in reducers)
-                spec = _with_plugin(spec, plugin_name)
+                spec = replace(spec, plugin=plugin_name)
                 self.metrics[spec.name] = spec
                 for option in spec.options:
                     known = self.options.get(option.name)
@@ -153,12 +154,6 @@ def check_needs(spec: MetricSpec, plugin_name: str, has_reducer: bool) -> None:
             f"{where} reads {', '.join(engine)} from the Jacobian engine, which runs on a "
             "document sample only: declare it with sampled=True"
         )
-
-
-def _with_plugin(spec: MetricSpec, plugin_name: str) -> MetricSpec:
-    from dataclasses import replace
-
-    return replace(spec, plugin=plugin_name)
 
 
 def new_plugin_manager(load_entry_points: bool | None = None) -> PluginManager:

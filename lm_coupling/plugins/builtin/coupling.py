@@ -11,15 +11,10 @@ coupling sample of documents (``coupling_docs``) only.
 - ``alignment_ratio``: mean |off-diagonal| / mean |diagonal| of A at K = 30.
 
 Per layer the coupling profiles also carry the engine's diagnostics
-(``jacobian_iterations``, ``jacobian_residual``, ``jacobian_ill_defined``;
-see ``lm_coupling.jacobian.engine``). The plugin asks the engine for its
-factors through ``lmc_jacobian_request``, handing the engine its per-layer-pair
-reduction (``pair_reduction``, ``U_m^T J^l V_m``), and writes the geometry
-file's ``coupling`` section through ``lmc_aggregate_task``, as a third-party
-plugin would.
-
-torch and the math are imported inside the hooks that compute, so that
-declaring the metrics (``lm-coupling metrics``) loads no torch.
+(``jacobian_iterations``, ``jacobian_residual``, ``jacobian_ill_defined``).
+The plugin hands the engine its pair reduction (``U_m^T J^l V_m``) through
+``lmc_jacobian_request`` and writes the geometry file's ``coupling`` section
+through ``lmc_aggregate_task``, as a third-party plugin would.
 """
 
 from __future__ import annotations
