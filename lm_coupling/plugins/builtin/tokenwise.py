@@ -114,7 +114,15 @@ def lmc_declare_metrics():
             description,
             _NEEDS,
             _OPTIONS,
-            profiles=(ProfileSpec(name, "matrix", axes=(None,) * (2 if name == SELF else 3)),),
+            profiles=(
+                ProfileSpec(
+                    name,
+                    "matrix",
+                    name.replace("_", " "),
+                    UNIT_INTERVAL,
+                    axes=(None,) * (2 if name == SELF else 3),  # [n_blocks P]^2, [n_blocks, P, P]
+                ),
+            ),
             k_option="tokenwise_k",
             sample_option="tokenwise_docs",
             sampled=True,
