@@ -40,13 +40,11 @@ def lmc_declare_metrics():
             "matrix, last block through the final norm (sugolov/coupling)",
             frozenset({"authors_jacobian"}),
             (DOCS,),
-            (name,),
-            matrices=(name,),
+            (ProfileSpec(name, "matrix", f"mis-coupling K={k} ({norm})"),),
             sampled=True,
             higher_is_better=False,
             opt_in=True,
             label=f"authors' mis-coupling K={k} ({norm})",
-            profile_specs=(ProfileSpec(name, "matrix", f"mis-coupling K={k} ({norm})"),),
         )
         for (k, norm), name in NAMES.items()
     ]

@@ -28,11 +28,7 @@ def lmc_declare_metrics():
             "logit_lens_entropy",
             "mean over layers of the logit-lens entropy H(P^l)/ln V at the target position",
             _NEEDS,
-            profiles=("logit_lens_entropy",),
-            higher_is_better=False,
-            label="logit-lens entropy H/ln V",
-            bounds=UNIT_INTERVAL,
-            profile_specs=(
+            profiles=(
                 ProfileSpec(
                     "logit_lens_entropy",
                     "states",
@@ -41,19 +37,21 @@ def lmc_declare_metrics():
                     boundary=True,
                 ),
             ),
+            higher_is_better=False,
+            label="logit-lens entropy H/ln V",
+            bounds=UNIT_INTERVAL,
         ),
         MetricSpec(
             "tv_to_target",
             "mean over layers of 1 - P^l(gold token): distance of the lens to the answer",
             _NEEDS,
-            profiles=("tv_to_target",),
+            profiles=(
+                ProfileSpec("tv_to_target", "states", "TV to target", UNIT_INTERVAL, boundary=True),
+            ),
             higher_is_better=False,
             label="TV to target",
             bounds=UNIT_INTERVAL,
             reads_target=True,
-            profile_specs=(
-                ProfileSpec("tv_to_target", "states", "TV to target", UNIT_INTERVAL, boundary=True),
-            ),
         ),
         MetricSpec(
             "fixation_depth",
