@@ -58,18 +58,8 @@ def parse_layers(text: str) -> tuple[int, ...] | None:
 
 
 DEFAULT_TOKENWISE_DOCS = 8
-"""Documents per task that get the token-wise metrics, by default.
-
-Chosen from the measured cost (``bench/tokenwise_cost.py``, docs/benchmarks.md):
-since ``JacobianEngine.position_jacobian`` runs a block on the rows
-``t_in..t_out`` alone, one document with the default options (18 position
-Jacobians, GPT-2-small shape, 64 tokens) costs 8.6 s on a 2-core CPU, about
-10x less than on the earlier whole-sequence route (2 documents were the
-default then, about 26 CPU-minutes each at the time). Eight documents cost
-about a minute per task at that shape, the same order as the coupling
-sample's default 25 documents (1.5 s each, about 40 s), and give a mean over
-pairs per task rather than over two documents.
-"""
+"""Documents per task that get the token-wise metrics, by default: about a minute
+per task at GPT-2-small shape on a 2-core CPU (``bench/tokenwise_cost.py``)."""
 
 DOCS = OptionSpec(
     "tokenwise_docs",
