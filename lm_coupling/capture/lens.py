@@ -1,14 +1,10 @@
 """Lenses as objects: a transform of the state, then one read-out shared by every lens.
 
 A lens maps a state ``x^l_n`` (before the final norm) to next-token logits
-(`lm_coupling.states.Lens`). As tuned-lens's ``Lens`` does, a `TransformLens`
-splits that map in two: its own ``transform(l, x)`` of the state (the
-identity for the logit lens; a learned or fitted map for a tuned or Jacobian
-lens), then the model's read-out, shared by every lens: the final norm N
-and the unembedding, ``W_U N(.) + b``. Capture reads every state's lens of
-a batch in one read-out call on the stacked transformed rows (`read_all`),
-whatever the lens, and one state's alone where a reducer asks for it
-(`read_one`).
+(`lm_coupling.states.Lens`). As tuned-lens's ``Lens``, a `TransformLens` is
+its own ``transform(l, x)`` (the identity for the logit lens, ``J_l x`` for
+the Jacobian lens) then the model's shared read-out ``W_U N(.) + b``, which
+capture applies once per batch to every state's transformed rows (`read_all`).
 
 A lens that only has ``logits(layer, hidden)`` (the protocol) is called
 once per state; so is a `TransformLens` subclass that overrides ``logits``.

@@ -1,19 +1,10 @@
 """The short route: a metric of the states at the measured token is one plain function.
 
 ``@metric(...)`` declares it; the function receives, whole for the batch, the
-tensors its arguments name and returns its per-document values (``[B]``),
-or ``(values [B], profile [B, L+1 or L, or the declared axes])``:
-
-- ``states``: ``[B, L+1, d]``, ``x^l_n`` for l = 0..L (before the final norm);
-- ``logits``: ``[B, L+1, V]``, the lens logits at n of the lens the metric
-  names (``lens="logit"`` by default);
-- ``attentions``: ``[B, L, H, T]``, the attention row of query n in blocks
-  1..L (eager attention);
-- ``targets``: ``[B]``, the gold next token at n (-1: none).
-
-A module holding such functions is a plugin (an entry point, or
-``get_plugin_manager().register(module)``); the manager serves it through
-the hooks (`ShortRoutePlugin`), checked like any other answer.
+tensors its arguments name (``states [B, L+1, d]``, ``logits [B, L+1, V]``,
+``attentions [B, L, H, T]``, ``targets [B]``; docs/plugins.md) and returns its
+values ``[B]``, or ``(values, profile)``. A module holding such functions is a
+plugin; the manager serves it through the hooks (`ShortRoutePlugin`).
 """
 
 from __future__ import annotations

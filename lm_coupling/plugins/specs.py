@@ -68,23 +68,15 @@ class ProfileSpec:
 
     Attributes:
         name: the key under the geometry file's ``profiles`` (or ``matrices``).
-        axis: what its values are indexed by. ``"states"``: one value per
-            state l = 0..L (L + 1 values, 0 = the embeddings, state l = the
-            output of block l); ``"blocks"``: one value per block l = 1..L
-            (L values); ``"matrix"``: a 2-D array per document (L x L over
-            blocks), kept under ``matrices``. The report numbers the layers
-            by it (figures, ``geometry_long.csv``), the same for every plugin.
+        axis: what its values are indexed by: ``"states"`` l = 0..L (0 = the
+            embeddings), ``"blocks"`` l = 1..L, or ``"matrix"`` (kept under
+            ``matrices``); the report numbers the layers by it.
         label: the title of its panel in the report (default: the name).
-        bounds: ``(low, high)`` when the quantity is bounded, e.g.
-            ``UNIT_INTERVAL``: the report draws it on that fixed axis; None
-            for an unbounded one (default).
-        min_blocks: the report draws it only for models with at least this
-            many blocks (windowed LSS: its window, 11), saying so.
-        boundary: the report reads the thought/fixation boundary from it
-            (a falling logit-lens profile; the first such in the catalogue).
-        plot: drawn in the report's profile figures (False for diagnostics
-            that are kept in the files only, such as the Jacobian engine's
-            iteration counts).
+        bounds: ``(low, high)`` when bounded (the report draws it on that
+            fixed axis), else None.
+        min_blocks: drawn only for models with at least this many blocks.
+        boundary: the report reads the thought/fixation boundary from it.
+        plot: drawn in the report's profile figures (False: kept in the files only).
         axes: the shape of one document's answer, one entry per dimension:
             ``"states"`` (L + 1), ``"blocks"`` (L), an int (that length) or
             None (any length). Default: ``(axis,)`` for a per-layer vector,
