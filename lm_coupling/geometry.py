@@ -226,15 +226,6 @@ class GeometryRunner:
             )
         return self._engine
 
-    def _reducer_factories(self) -> dict[str, Any]:
-        """Per plugin that owns a streamed metric and has a reducer: its ``lmc_layer_reducer``."""
-        return self.plugins.factories(
-            "lmc_layer_reducer",
-            self.streamed_metrics,
-            {need for need in STREAMED_NEEDS},
-            options=self.selection.options,
-        )
-
     @contextlib.contextmanager
     def capture(
         self,
@@ -271,7 +262,7 @@ class GeometryRunner:
             last_index,
             first_index,
             target_tokens,
-            self._reducer_factories(),
+            self.plugins.reducers(self.streamed_metrics, self.selection.options),
             documents,
             rows,
             self.plugins.lenses(self.streamed_metrics),
@@ -460,7 +451,7 @@ class GeometryRunner:
             handle = self.collector.capture_prompt(
                 input_ids,
                 target_token,
-                self._reducer_factories(),
+                self.plugins.reducers(self.streamed_metrics, self.selection.options),
                 [tuple(documents)],
                 self.plugins.lenses(self.streamed_metrics),
             )

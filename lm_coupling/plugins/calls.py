@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import pluggy
 
 from lm_coupling.errors import GeometryWarning
+from lm_coupling.states import STREAMED_NEEDS
 
 if TYPE_CHECKING:
     from lm_coupling.plugins.specs import MetricSpec
@@ -80,17 +81,20 @@ class PluginCalls:
             if "lens" in self.selection.specs[m].needs
         }
 
-    def factories(
-        self, hook: str, metrics: Sequence[str], needs: set[str], **kwargs: Any
+    def reducers(
+        self, metrics: Sequence[str], options: Mapping[str, Any]
     ) -> dict[str, Callable[[BatchInfo], Any]]:
-        """Per plugin owning one of ``metrics`` that reads one of ``needs``: a reducer factory."""
+        """Per plugin owning a metric among ``metrics`` that streams: its reducer factory."""
         out = {}
         for plugin, own in self.owners(metrics).items():
-            if not any(needs & set(self.selection.specs[m].needs) for m in own):
-                continue
-            impl = self.implementation(hook, plugin)
-            if impl is not None:
-                out[plugin] = _factory(impl, dict(kwargs, selected=own))
+            impl = self.implementation("lmc_layer_reducer", plugin)
+            if impl is not None and any(
+                STREAMED_NEEDS.intersection(self.selection.specs[m].needs) for m in own
+            ):
+                kwargs = dict(selected=own, options=options)
+                out[plugin] = lambda batch, impl=impl, kwargs=kwargs: call(
+                    impl, {**kwargs, "batch": batch}
+                )
         return out
 
     def compute(
@@ -376,13 +380,6 @@ def isolated_answers(
         except Exception as exc:  # a plugin's failure is its own
             out[plugin_name(pm, impl)] = (None, exc)
     return out
-
-
-def _factory(impl: pluggy.HookImpl, kwargs: dict[str, Any]) -> Callable[[BatchInfo], Any]:
-    def start(batch: BatchInfo) -> Any:
-        return call(impl, dict(kwargs, batch=batch))
-
-    return start
 
 
 class _Unsliceable(Exception):
