@@ -109,6 +109,25 @@ def test_identity_jacobians_make_the_logit_lens(tiny_model, tokenizer):
     torch.testing.assert_close(jlens.logits(parts.n_layers, states[-1][None])[0], logits)
 
 
+@pytest.mark.parametrize("metrics", ["jlens_entropy", "jlens_entropy,jlens_fixation_depth"])
+def test_a_loaded_identity_lens_reads_as_the_logit_lens_in_the_forward_pass(
+    tiny_model, tokenizer, tmp_path, metrics
+):
+    model = tiny_model("gpt2", init_std=0.2)
+    parts = locate_model_parts(model)
+    eye = torch.eye(parts.d_model).expand(parts.n_layers + 1, -1, -1)
+    path = save_lens(tmp_path, eye, 1, "task")
+    selection = make_selection(f"{metrics},logit_lens_entropy,fixation_depth", f"jlens_path={path}")
+    runner = GeometryRunner(model, selection)
+    assert set(runner.lenses) == {"logit", "jacobian"}  # two named lenses, one forward pass
+    ids = torch.tensor(tokenizer(TEXT)["input_ids"])
+    doc = runner.measure_prompt(ids[:-1], int(ids[-1]), sampled=False)
+    assert not doc.failures
+    assert doc.values["jlens_entropy"] == pytest.approx(doc.values["logit_lens_entropy"], abs=1e-6)
+    if "jlens_fixation_depth" in metrics:
+        assert doc.values["jlens_fixation_depth"] == doc.values["fixation_depth"]
+
+
 def test_listing_the_new_metrics_loads_no_torch():
     code = (
         "import sys; import lm_coupling.plugins.builtin.jacobian_lens, "

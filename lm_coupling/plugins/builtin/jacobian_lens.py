@@ -228,8 +228,8 @@ def _read(selected, lens: LensStates) -> dict[str, dict[str, torch.Tensor]]:
     from lm_coupling.plugins.builtin import lens as lens_plugin
 
     missing = lens.entropy.isnan()
-    top1 = lens.top1.clone()
-    for layer in range(top1.shape[1] - 2, -1, -1):
+    top1 = None if lens.top1 is None else lens.top1.clone()  # None: no fixation depth asked
+    for layer in range(missing.shape[1] - 2, -1, -1) if top1 is not None else ():
         top1[:, layer] = torch.where(missing[:, layer], top1[:, layer + 1], top1[:, layer])
     shared = lens_plugin.lmc_compute_batch(
         selected=[READ[name] for name in selected], reduced=dataclasses.replace(lens, top1=top1)
@@ -243,7 +243,7 @@ def _read(selected, lens: LensStates) -> dict[str, dict[str, torch.Tensor]]:
             out["profiles"][name] = profile
             value = torch.where(partial, profile.nanmean(dim=1), value)
         else:
-            first = (~missing).float().argmax(dim=1) / (top1.shape[1] - 1)
+            first = (~missing).float().argmax(dim=1) / (missing.shape[1] - 1)
             value = torch.maximum(value, first.to(value.dtype))
         out["values"][name] = value
     return out
