@@ -33,29 +33,11 @@ _PROFILE_FIELDS = ("axis", "label", "bounds", "min_blocks", "boundary", "plot")
 
 @dataclass(frozen=True)
 class MetricEntry:
-    """One metric of a catalogue (the parts of its `MetricSpec` the outputs need).
+    """One metric of a catalogue: the fields of its `MetricSpec` the outputs need (same meanings).
 
-    Attributes:
-        name: the metric's public name.
-        label: its short human name.
-        unit: the unit of its values ("" when unitless).
-        bounds: ``(low, high)`` when bounded, else None.
-        higher_is_better: for lm-eval's table; None when neither is better.
-        sampled: computed on the coupling sample of documents only.
-        k_option: the option naming its K (its report column is named after it).
-        plugin: the plugin that declared it.
-        profiles: the names of the profiles it stores.
-        task_level: one value per task (`MetricSpec.task_level`), not per
-            document; recorded in the JSON form only when true.
-        sample_option: a sampled metric's option sizing its sample of
-            documents (`MetricSpec.sample_option`); recorded in the JSON form
-            only when it is not `DEFAULT_SAMPLE_OPTION`.
-        primary: the report's default primary metric (`MetricSpec.primary`);
-            never recorded (the report takes it from the installed plugins).
-        lens: the lens a lens metric reads (`MetricSpec.lens`); recorded
-            only when it is not the logit lens.
-        nan_expected: NaN is one of its answers (`MetricSpec.nan_expected`);
-            recorded only when true.
+    ``task_level``, ``nan_expected``, a non-logit ``lens`` and a sampled
+    metric's non-default ``sample_option`` are recorded only when they differ
+    from the default; ``primary`` is never recorded (the installed plugins' is used).
     """
 
     name: str
