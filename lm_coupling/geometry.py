@@ -99,11 +99,8 @@ class GeometryRunner:
     def _lenses(self) -> dict[str, Any]:
         """The lenses the selected metrics read, by name: the logit lens and the plugins' ones.
 
-        Every lens is read in the same forward pass, side by side; a plugin's
-        lens (``lmc_lens``) never replaces the logit lens.
-
-        A deferred metric may read a lens no plugin supplies during the run:
-        its plugin reads it once the task is measured (a lens fitted on the task).
+        A deferred metric may name a lens no plugin supplies during the run
+        (one fitted on the task, read once it is measured).
 
         Raises:
             ConfigurationError: two lenses share a name, an answer is no lens,
