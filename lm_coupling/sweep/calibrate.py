@@ -268,15 +268,14 @@ def _median_seconds(fn, device: str, repeats: int = 5) -> float:
         if device.startswith("cuda"):
             torch.cuda.synchronize(device)
 
-    with torch.no_grad():
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
         fn()
-        times = []
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
+        sync()
+        times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
 
