@@ -165,7 +165,7 @@ def documents(cost: TaskCost, limit: float | None) -> int:
     if limit is None:
         return cost.documents
     if limit < 1:
-        return int(sum(math.ceil(limit * per_leaf) for _ in range(cost.leaves)))
+        return cost.leaves * math.ceil(limit * per_leaf)
     return int(cost.leaves * min(limit, per_leaf))
 
 

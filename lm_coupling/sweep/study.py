@@ -15,8 +15,8 @@ listed by :func:`study_names`) or any path. Keys:
   included) and ``gen_tokens`` (generated tokens per document);
 - ``models``: ``{"model": NAME, "revision": REV (braces expand), "shape": {...}}``;
   ``shape`` (``model_type``, ``n_layers``, ``d_model``, ``n_heads``, ``vocab``,
-  ``d_ff``, ``params``) is used by the plan only where the model's config cannot
-  be read (a hub model offline);
+  ``d_ff``; ``params`` is for the reader) is used by the plan only where the
+  model's config cannot be read (a hub model offline);
 - ``excluded``: ``{"model": ..., "reason": ...}``: entries of the source list left
   out, each with its reason (printed by ``--plan``).
 """
