@@ -68,24 +68,11 @@ def positive_int(text: str) -> int:
     return value
 
 
-def bundle() -> tuple[Path, Path]:
-    """The bundled model and task data folders.
-
-    Raises:
-        DataUnavailableError: a bundled folder is missing from the installation.
-    """
-    from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
-    from lm_coupling.errors import DataUnavailableError
-
-    try:
-        return bundled_model_path(), bundled_tasks_data_path()
-    except FileNotFoundError as exc:
-        raise DataUnavailableError(str(exc)) from None
-
-
 def demo_tasks_data() -> Path:
-    """The bundled evaluation items (`bundle`)."""
-    return bundle()[1]
+    """The bundled evaluation items (`lm_coupling.demo.assets.bundled_tasks_data_path`)."""
+    from lm_coupling.demo.assets import bundled_tasks_data_path
+
+    return bundled_tasks_data_path()
 
 
 def run_demo(args: argparse.Namespace) -> None:
@@ -95,14 +82,15 @@ def run_demo(args: argparse.Namespace) -> None:
     the variable the offline tasks read, so ``eval "$(lm-coupling demo
     --where)"`` points them at the bundled items.
     """
-    model, data = bundle()
+    from lm_coupling.demo.assets import bundled_model_path, independent_model_paths
+
+    model, data = bundled_model_path(), demo_tasks_data()
     if getattr(args, "where", False):
         print(f"export {MODEL_VARIABLE}={shlex.quote(str(model))}")
         print(f"export {DATA_VARIABLE}={shlex.quote(str(data))}")
         return
     import torch
 
-    from lm_coupling.demo.assets import independent_model_paths
     from lm_coupling.demo.outputs import evaluate_into, shared_task_index
     from lm_coupling.demo.real import run_real_model
     from lm_coupling.report.build import build_report
