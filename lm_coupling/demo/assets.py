@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lm_coupling.errors import DataUnavailableError
+
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 MODEL_DIRNAME = "tiny-gpt2"
 TASKS_DIRNAME = "tasks_data"
@@ -19,7 +21,7 @@ MODELS_DIRNAME = "models"
 
 def _existing(path: Path, what: str) -> Path:
     if not path.is_dir():
-        raise FileNotFoundError(
+        raise DataUnavailableError(
             f"the bundled {what} is missing: expected a folder at {path}; reinstall lm-coupling"
         )
     return path
@@ -29,7 +31,7 @@ def bundled_model_path() -> Path:
     """Folder of the bundled trained model (loads with ``from_pretrained``, offline).
 
     Raises:
-        FileNotFoundError: the folder is missing from the installation.
+        DataUnavailableError: the folder is missing from the installation.
     """
     return _existing(ASSETS_DIR / MODEL_DIRNAME, "demo model")
 
@@ -40,7 +42,7 @@ def bundled_tasks_data_path() -> Path:
     Point ``LM_COUPLING_DATA_DIR`` at it to run the offline task YAMLs on them.
 
     Raises:
-        FileNotFoundError: the folder is missing from the installation.
+        DataUnavailableError: the folder is missing from the installation.
     """
     return _existing(ASSETS_DIR / TASKS_DIRNAME, "demo tasks")
 

@@ -17,12 +17,8 @@ model among 0.3M ones would be the fit).
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 COUPLING_TASK = "lmc_arc_easy_offline"
 """The task run with ``--metrics all``, coupling on `COUPLING_DOCS` of its documents."""
@@ -33,11 +29,6 @@ Four formats, zero-shot: the whole ``lmc_demo`` group with its few shots is abou
 of forward passes for a 135M model (0.27 GFLOP a token), many minutes on a 2-core CPU; and
 a coupling document costs minutes there at load 10 (docs/benchmarks.md), so one is taken."""
 COUPLING_DOCS = 1
-
-
-def real_output_folder(out_dir: Path) -> Path:
-    """``results`` -> ``results-smollm2``: beside the family's folder, never inside it."""
-    return out_dir.parent / f"{out_dir.name}-smollm2"
 
 
 def forward_pass_metrics() -> str:
@@ -74,65 +65,21 @@ def real_evaluations(
     ]
 
 
-class _Rewriting(io.TextIOBase):
-    """A text stream passing everything on with one path replaced by another."""
-
-    def __init__(self, stream: TextIO, old: str, new: str):
-        self.stream, self.old, self.new = stream, old, new
-
-    def write(self, text: str) -> int:
-        self.stream.write(text.replace(self.old, self.new))
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def isatty(self) -> bool:
-        return self.stream.isatty()
-
-
-@contextlib.contextmanager
-def final_paths(source: Path, target: Path) -> Iterator[None]:
-    """Print the folder lm-eval writes to (``source``) as the one it is moved to (``target``).
-
-    The demo moves lm-eval's folder, named after the model's whole path, to a
-    short name once the run ends; the run's own lines (``-> <geometry file>``)
-    are printed before that, so they name the final folder from the start.
-    """
-    import sys
-
-    with contextlib.redirect_stderr(_Rewriting(sys.stderr, str(source), str(target))):
-        with contextlib.redirect_stdout(_Rewriting(sys.stdout, str(source), str(target))):
-            yield
-
-
 def run_real_model(out_dir: Path, limit: int | None, device: str, data_dir: str | None) -> Path:
-    """Fetch SmolLM2, evaluate it, print its table, draw its report; return its folder."""
-    from lm_eval.utils import sanitize_model_name
+    """Fetch SmolLM2, evaluate it, print its table, draw its report; return its folder.
 
-    from lm_coupling.demo.outputs import name_output_folder, print_table
+    The folder is ``<out>-smollm2``: beside the family's folder, never inside it.
+    """
+    from lm_coupling.demo.outputs import evaluate_into, shared_task_index
     from lm_coupling.fetch import fetch
-    from lm_coupling.harness.evaluate import evaluate
     from lm_coupling.report.build import build_report
     from lm_coupling.report.cli import format_result
 
     gguf = fetch("smollm2")
     print(f"lm-coupling demo: SmolLM2-135M-Instruct ({gguf}) on the bundled task samples")
-    real_out = real_output_folder(out_dir)
-    model_folder = gguf.parent
-    source = real_out / sanitize_model_name(str(model_folder))
-    from lm_coupling.demo.outputs import shared_task_index
-
+    real_out = out_dir.parent / f"{out_dir.name}-smollm2"
     index = shared_task_index()
     for arguments in real_evaluations(gguf, real_out, limit, device, data_dir):
-        with final_paths(source, real_out / model_folder.name):
-            results = evaluate(**arguments, task_manager=index)
-        name_output_folder(real_out, model_folder)
-        print_table(Path("SmolLM2-135M-Instruct.Q4_1"), results)
+        evaluate_into(real_out, gguf.parent, arguments, index, "SmolLM2-135M-Instruct.Q4_1")
     print(format_result(build_report(real_out)))
     return real_out
-
-
-def data_dir_from_environment() -> str | None:
-    """``$LM_COUPLING_DATA_DIR`` (converted real items) for the real model, if set."""
-    return os.environ.get("LM_COUPLING_DATA_DIR") or None

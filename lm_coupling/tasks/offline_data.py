@@ -176,12 +176,8 @@ def load_offline(
 def _announced() -> set[tuple[str, str]]:
     """The announcements made in this process, whichever copy of this module made them.
 
-    lm-eval imports this file by path, one module per file it is read from
-    (the installed package's tasks folder, a source checkout's, the package
-    imported as ``lm_coupling.tasks.offline_data``), each with its own
-    globals: a set in this module's globals would announce a benchmark once
-    per copy, and forgetting it in one copy would not reset the others. The
-    set lives on the ``lm_coupling.tasks`` logger, one object per process.
+    lm-eval imports this file by path, once per copy, each with its own globals;
+    the set lives on the ``lm_coupling.tasks`` logger, one object per process.
     """
     announced = getattr(log, ANNOUNCED_ATTRIBUTE, None)
     if announced is None:

@@ -23,7 +23,7 @@ CAL = Calibration(2e-4, 3e-3, 0.5, 16, 1, 10, "all blocks")
 
 
 def shape(n_layers=4, d_model=64):
-    return Shape("gpt2", n_layers, d_model, 4, 100, None, None, "config")
+    return Shape("gpt2", n_layers, d_model, 4, 100, None, "config")
 
 
 def settings(limit=None, coupling_docs=25, coupled=True):
@@ -126,13 +126,13 @@ def test_study_may_stand_anywhere_and_tasks_without_costs_are_not_planned():
 
 
 def test_a_large_shape_is_planned_from_its_work_without_being_built():
-    """Llama-2-70B's shape: the forward from its flops at the measured rate, no model built."""
+    """Llama-2-70B's shape: the forward from its flops, the Jacobian from a d=256 block scaled."""
     from lm_coupling.sweep import calibrate as cal
 
-    big = Shape("llama", 80, 8192, 64, 32000, 28672, 69e9, "study file")
-    assert not cal.is_whole(big) and cal.is_whole(shape())
+    big = Shape("llama", 80, 8192, 64, 32000, 28672, "study file")
     flops, bandwidth = cal.device_rates("cpu", "float32")  # measured once, then reused
-    proxy_seconds, proxy_tokens = cal.proxy_jacobian("cpu", "float32", 654, 10)
+    block_seconds, width, timed_tokens = cal.block_jacobian(big, "cpu", "float32", 654, 10)
+    assert (width, timed_tokens) == (cal.PROXY_D, cal.PROXY_TOKENS)  # capped
     result = cal.calibrate(big, "cpu", tokens=654, batch=1, k=10)
     block = 4 * 8192**2 + 3 * 8192 * 28672
     forward = (80 * (2 * block + 2 * 654 * 8192) + 2 * 32000 * 8192) / flops
@@ -143,19 +143,17 @@ def test_a_large_shape_is_planned_from_its_work_without_being_built():
     def work(d, d_ff, t):
         return d * (2 * (4 * d**2 + 3 * d * d_ff) + 4 * t * d) + 4 * d**3
 
-    ratio = work(8192, 28672, 654) / work(256, 1024, proxy_tokens)
-    assert result.jacobian_per_layer == pytest.approx(proxy_seconds * ratio, rel=1e-12)
+    ratio = work(8192, 28672, 654) / work(256, 1024, 128)
+    assert result.jacobian_per_layer == pytest.approx(block_seconds * ratio, rel=1e-12)
     assert result.layers_built.startswith("not built: ")
-    assert proxy_tokens == cal.PROXY_TOKENS  # the proxy block's prompt is capped
 
 
-def test_a_shape_up_to_real_block_d_is_timed_on_one_block_of_its_own_width():
-    """SmolLM2's width class: one block at d itself, not the d=256 proxy scaled by flops.
+def test_a_shape_up_to_block_d_is_timed_on_one_block_of_its_own_width():
+    """SmolLM2's width class: one block at d itself, with a small vocabulary, at the prompt.
 
-    Scaling the proxy overestimated SmolLM2-135M's per-layer Jacobian 2-5x
-    (calibrate.py, `_calibrate_proxy`); the block is built with a small
-    vocabulary (a config's special ids beyond it dropped) at the study's
-    prompt length (up to ``REAL_BLOCK_TOKENS``).
+    The block is built from the model's config with one block and a vocabulary of
+    ``BLOCK_VOCAB`` (the config's special ids beyond it dropped); the model's
+    own config is left as it is.
     """
     import transformers
 
@@ -165,13 +163,15 @@ def test_a_shape_up_to_real_block_d_is_timed_on_one_block_of_its_own_width():
         vocab_size=49152, hidden_size=320, intermediate_size=864, num_attention_heads=5,
         num_key_value_heads=5, num_hidden_layers=30, pad_token_id=49151, bos_token_id=1,
     )  # fmt: skip
-    mid = Shape("llama", 30, 320, 5, 49152, 864, None, "config", config)
-    assert not cal.is_whole(mid) and mid.d_model <= cal.REAL_BLOCK_D
+    mid = Shape("llama", 30, 320, 5, 49152, 864, "config", config)
     result = cal.calibrate(mid, "cpu", tokens=40, batch=1, k=10)
-    seconds, timed_tokens = cal.block_jacobian(mid, "cpu", "float32", 40, 10)  # kept: same
-    assert timed_tokens == 40 < cal.REAL_BLOCK_TOKENS
+    seconds, width, timed_tokens = cal.block_jacobian(mid, "cpu", "float32", 40, 10)  # kept
+    assert (width, timed_tokens) == (320, 40)
     assert result.jacobian_per_layer == pytest.approx(seconds, rel=1e-12)
-    assert "one block's Jacobian (d=320, random weights) at 40 tokens" in result.layers_built
+    assert "one block's Jacobian (d=320, random weights) at 40 tokens timed" in (
+        result.layers_built
+    )
     assert config.vocab_size == 49152 and config.pad_token_id == 49151  # the model's own kept
-    small = cal._small_vocab(config, cal.BLOCK_VOCAB)
-    assert (small.vocab_size, small.pad_token_id, small.bos_token_id) == (cal.BLOCK_VOCAB, None, 1)
+    small = cal._one_block_config(mid, 40)
+    assert (small.vocab_size, small.num_hidden_layers) == (cal.BLOCK_VOCAB, 1)
+    assert (small.pad_token_id, small.bos_token_id) == (None, 1)
