@@ -95,7 +95,9 @@ def geometry_document(
     answered = isolated_answers(session.runner.pm, "lmc_aggregate_task", **arguments)
     for plugin, (extra, error) in answered.items():
         if error is not None:
-            _report(failures, task_name, plugin, None, f"lmc_aggregate_task raised {error!r}")
+            error = f"lmc_aggregate_task raised {error!r}"
+            failures.append({"doc_id": None, "plugin": plugin, "error": error})
+            _warn(task_name, plugin, [], error)
             continue
         document.update(extra or {})
     _count_task_level(document, session, records)
@@ -125,14 +127,25 @@ def task_level_value(document: dict[str, Any], name: str) -> float | None:
 
 
 def _task_rows(results: dict[str, Any], documents: dict[str, Any]):
-    """Each task's ``(name, geometry document, lm-eval's row, its metric keys, first filter)``."""
+    """Each task's ``(name, geometry document, its metric names, a writer of one row)``.
+
+    The writer puts a metric's value in lm-eval's row of the task under its
+    first filter (``name,none``), with the stderr ``"N/A"`` and its direction.
+    """
     table = results.get("results") or {}
     for task_name, document in documents.items():
         row = table.get(task_name)
         if not isinstance(row, dict):
             continue
         keys = [k for k in row if "," in k and "_stderr" not in k]
-        yield task_name, document, row, keys, keys[0].split(",", 1)[1] if keys else "none"
+        filter_key = keys[0].split(",", 1)[1] if keys else "none"
+
+        def put(name: str, value: float, higher: bool, row=row, key=filter_key, task=task_name):
+            row[f"{name},{key}"] = value
+            row[f"{name}_stderr,{key}"] = "N/A"
+            results.setdefault("higher_is_better", {}).setdefault(task, {})[name] = higher
+
+        yield task_name, document, {k.split(",", 1)[0] for k in keys}, put
 
 
 def add_task_level_values(
@@ -147,17 +160,11 @@ def add_task_level_values(
     stderr ``"N/A"`` (one number: no spread over documents), before the
     results are printed, saved or logged. Groups do not aggregate it.
     """
-    for task_name, document, row, _keys, filter_key in _task_rows(results, documents):
+    for _task, document, _present, put in _task_rows(results, documents):
         for name, spec in session.selection.specs.items():
-            if not spec.task_level:
-                continue
-            value = task_level_value(document, name)
-            if value is None:
-                continue
-            row[f"{name},{filter_key}"] = value
-            row[f"{name}_stderr,{filter_key}"] = "N/A"
-            direction = results.setdefault("higher_is_better", {}).setdefault(task_name, {})
-            direction[name] = spec.higher_is_better
+            value = task_level_value(document, name) if spec.task_level else None
+            if value is not None:
+                put(name, value, spec.higher_is_better)
 
 
 def add_undefined_rows(
@@ -173,8 +180,7 @@ def add_undefined_rows(
     (`MetricSpec.nan_expected`), or the geometry is undefined.
     """
     config = (results.get("config") or {}).get("lm_coupling")
-    for task_name, document, row, keys, filter_key in _task_rows(results, documents):
-        present = {k.split(",", 1)[0] for k in keys}
+    for task_name, document, present, put in _task_rows(results, documents):
         errors = {m: f["error"] for f in document["failures"] for m in f.get("metrics", ())}
         for name, spec in session.selection.specs.items():
             if spec.task_level or name in present:
@@ -185,10 +191,7 @@ def add_undefined_rows(
                 reason = f"NaN on every document: plugin {spec.plugin!r} failed ({errors[name]})"
             else:
                 reason = "NaN on every document measured: undefined geometry"
-            row[f"{name},{filter_key}"] = np.nan
-            row[f"{name}_stderr,{filter_key}"] = "N/A"
-            direction = results.setdefault("higher_is_better", {}).setdefault(task_name, {})
-            direction[name] = spec.higher_is_better
+            put(name, np.nan, spec.higher_is_better)
             if isinstance(config, dict):
                 config.setdefault("undefined", {}).setdefault(task_name, {})[name] = reason
 
@@ -223,11 +226,6 @@ def profile_summaries(
             _warn(task_name, spec.plugin, [doc_id for doc_id, _ in odd], error)
         summaries[name] = summary
     return summaries
-
-
-def _report(failures: list[dict], task: str, plugin: str, doc_id, error: str) -> None:
-    failures.append({"doc_id": doc_id, "plugin": plugin, "error": error})
-    _warn(task, plugin, [], error)
 
 
 def _warn(task: str, plugin: str, doc_ids: list, error: str) -> None:

@@ -1,24 +1,15 @@
 """The library core: one evaluation with geometry, on lm-eval's public Python API.
 
 `run_evaluation` is what `lm_coupling.evaluate`, ``lm-coupling run`` and the
-literal ``lm_eval ... --metrics`` all execute, so the three write the same files.
-It takes lm-eval's own run configuration (`lm_eval.config.evaluate_config.
-EvaluatorConfig`, built from keywords or from lm-eval's parsed command line)
-and a validated metric `Selection`, and:
-
-1. checks what can be checked before anything loads (model type, model path,
-   task names), raising `LmCouplingError` subclasses;
-2. builds the run's `GeometrySession` and hands it to the model object it
-   constructs (`CouplingHFLM`), and to a `GeometryTaskManager` that attaches
-   geometry to the tasks it loads: no module global links a run to a model;
-3. calls ``lm_eval.simple_evaluate`` with that model instance and task manager;
-4. writes lm-eval's results (and samples) through lm-eval's own
-   ``EvaluationTracker`` and the geometry files beside them, only when an
-   output path is given, and returns the results with the per-task geometry.
+literal ``lm_eval ... --metrics`` all execute, so the three write the same
+files. It checks what can be checked before anything loads, builds the
+`CouplingHFLM` and its `GeometrySession` and a `GeometryTaskManager` sharing
+it, calls ``lm_eval.simple_evaluate``, and writes lm-eval's files through its
+own ``EvaluationTracker`` with the geometry files beside them.
 
 One evaluation runs at a time per process (`ConcurrentRunError` otherwise):
 lm-eval seeds the global random generators and configures global logging in
-``simple_evaluate``, so two concurrent runs could not both give their own values.
+``simple_evaluate``.
 """
 
 from __future__ import annotations
@@ -28,7 +19,6 @@ import datetime
 import json
 import logging
 import os
-import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -166,6 +156,12 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
 
     from lm_coupling.harness.lm_eval_registry import registered_metrics
     from lm_coupling.harness.offline_splits import check_offline_splits
+    from lm_coupling.harness.outputs import (
+        add_task_level_values,
+        add_undefined_rows,
+        geometry_documents,
+        results_file_location,
+    )
     from lm_coupling.harness.quiet import quiet_lm_eval
     from lm_coupling.harness.tasks import GeometryTaskManager
 
@@ -181,11 +177,7 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         hub_args["output_path"] = config.output_path
     tracker = EvaluationTracker(**hub_args)
     wandb_logger = _wandb_logger(config)
-    with (
-        registered_metrics(selection.specs),
-        sampled_count_filter(selection.metrics),
-        quiet_lm_eval(),  # lm-eval's git probe and its --metadata hint for lmc_* tasks
-    ):
+    with registered_metrics(selection.specs), quiet_lm_eval(selection.metrics):
         lm = build_model(run)
         session = lm.open_session(run)
         task_manager = GeometryTaskManager.sharing_index(
@@ -230,14 +222,24 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         return record
     _record_model_type(results, run.model_type)
     samples = results.pop("samples", None) if run.log_samples else None
-    _geometry(config, tracker, session, results, record)  # before results are shown or saved
+    directory = None
+    if config.output_path:
+        model_dir = str(tracker.general_config_tracker.model_name_sanitized)
+        directory = results_file_location(config.output_path, model_dir)
+    # Before the results are shown or saved. lm-eval names its files when it saves them
+    # (after this): the plugins' files get the run's own timestamp, in lm-eval's format.
+    run_id = datetime.datetime.now().isoformat().replace(":", "-")
+    record.geometry = geometry_documents(session, results, directory, run_id)
+    add_task_level_values(results, record.geometry, session)
+    add_undefined_rows(results, record.geometry, session)
     if config.show_config:
         from lm_eval.utils import handle_non_serializable
 
         print(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
     if wandb_logger is not None:
         _log_to_wandb(wandb_logger, results, samples)
-    _write_outputs(config, tracker, session, results, samples, record)
+    if directory is not None:
+        _write_outputs(tracker, directory, results, samples, record)
     if run.echo:
         _print_tables(config, results, run.model_type)
     record.results = results if samples is None else {**results, "samples": samples}
@@ -302,41 +304,16 @@ def _log_to_wandb(wandb_logger: Any, results: dict, samples: dict | None) -> Non
         wandb_logger.run.finish()
 
 
-def _geometry(config, tracker, session, results, record: RunRecord) -> None:
-    """The geometry documents (plugins told where outputs go); task-level values in results."""
-    from lm_coupling.harness.outputs import (
-        add_task_level_values,
-        add_undefined_rows,
-        geometry_documents,
-        results_file_location,
-    )
-
-    directory = None
-    if config.output_path:
-        model_dir = str(tracker.general_config_tracker.model_name_sanitized)
-        directory = results_file_location(config.output_path, model_dir)
-    # lm-eval names its files when it saves them (after this); the plugins' files get the
-    # run's own timestamp, in lm-eval's format.
-    run_id = datetime.datetime.now().isoformat().replace(":", "-")
-    record.geometry = geometry_documents(session, results, directory, run_id)
-    add_task_level_values(results, record.geometry, session)
-    add_undefined_rows(results, record.geometry, session)
-
-
-def _write_outputs(config, tracker, session, results, samples, record: RunRecord) -> None:
+def _write_outputs(tracker, directory: Path, results, samples, record: RunRecord) -> None:
     """lm-eval's results and samples files, then one geometry file per task."""
-    from lm_coupling.harness.outputs import results_file_location, write_geometry_file
+    from lm_coupling.harness.outputs import write_geometry_file
 
-    if not config.output_path:
-        return
     tracker.save_results_aggregated(results=results, samples=samples)
     if samples is not None:
         for task_name in results.get("configs", {}):
             tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
     if tracker.push_results_to_hub or tracker.push_samples_to_hub:
         tracker.recreate_metadata_card()
-    model_dir = str(tracker.general_config_tracker.model_name_sanitized)
-    directory = results_file_location(config.output_path, model_dir)
     date_id = tracker.date_id
     found = sorted(directory.glob(f"results_{date_id}.json"))
     record.results_file = found[0] if found else None
@@ -379,45 +356,3 @@ def _print_account(record: RunRecord, selection: Selection, stream: TextIO | Non
     for line in summary_lines(tasks, files, sampled, selection.metrics, expected):
         level = "ERROR: " if line.error else ""
         print(f"lm-coupling: {level}{line.text}", file=stream)
-
-
-@contextlib.contextmanager
-def sampled_count_filter(metrics: Iterable[str]) -> Iterator[None]:
-    """Drop lm-eval's "not scored on the same number of documents" warning, for geometry only."""
-    log_filter = SampledMetricsFilter(metrics)
-    evaluator_log = logging.getLogger("lm_eval.evaluator_utils")
-    evaluator_log.addFilter(log_filter)
-    try:
-        yield
-    finally:
-        evaluator_log.removeFilter(log_filter)
-
-
-class SampledMetricsFilter(logging.Filter):
-    """Drop lm-eval's warning that metrics had different document counts, for geometry only.
-
-    Coupling is measured on a sample of documents by design; the geometry
-    file records how many (``n_measured``). The warning is dropped only when
-    the benchmark's own metrics all have one count and no geometry metric has
-    more; any other mismatch is the benchmark's and is kept.
-    """
-
-    COUNTS = re.compile(r"Metrics were not scored on the same number of documents \((.*?)\)\.")
-
-    def __init__(self, geometry_metrics: Iterable[str] = ()):
-        super().__init__()
-        self.geometry_metrics = frozenset(geometry_metrics)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """False only for the count warning caused by sampled geometry metrics."""
-        match = self.COUNTS.search(record.getMessage())
-        if match is None:
-            return True
-        own, geometry = set(), set()
-        for item in match.group(1).split(", "):
-            key, _, count = item.rpartition("=")
-            if not count.isdigit():
-                return True
-            metric = key.split(",", 1)[0]
-            (geometry if metric in self.geometry_metrics else own).add(int(count))
-        return not (len(own) == 1 and all(n <= min(own) for n in geometry))
