@@ -78,13 +78,8 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
         print(f"lm-coupling: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C: one line, not a traceback
-        from lm_coupling.harness.interrupt import (
-            EXIT_INTERRUPTED,
-            close_progress_bars,
-            interrupted_message,
-        )
+        from lm_coupling.harness.interrupt import EXIT_INTERRUPTED, interrupted_message
 
-        close_progress_bars()
         print(interrupted_message(exc, getattr(args, "use_cache", None)), file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0

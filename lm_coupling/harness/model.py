@@ -37,19 +37,11 @@ class CouplingHFLM(HFLMWithHooks):
 
     It overrides five public methods of HFLM (``get_model_info``,
     ``loglikelihood``, ``generate_until``, ``tok_batch_encode``,
-    ``gather_object``: no public hook gives the requests, the contexts of a
-    generation batch, the model info or the first gather) and the public
-    hooks `HFLMWithHooks` (the lm-eval adapter) puts on HFLM's private steps:
-    the forward batch, the generation batch, the encoded requests and the
-    batch-size search.
-
-    `lm_coupling.harness.run` builds one per run, then its session
-    (`open_session`); without a session it is exactly lm-eval's ``hf``
-    model. (The ``lm_eval.models`` entry point in setup.cfg names it
-    ``hf-coupling`` for lm-eval versions that read that group; no released
-    lm-eval does yet.)
-
-    It takes lm-eval's ``HFLM`` arguments (``pretrained`` may be a model in memory).
+    ``gather_object``) and the public hooks `HFLMWithHooks` puts on HFLM's
+    private steps. `lm_coupling.harness.run` builds one per run, then its
+    session (`open_session`); without a session it is exactly lm-eval's
+    ``hf`` model. It takes lm-eval's ``HFLM`` arguments (``pretrained`` may
+    be a model in memory).
     """
 
     # lm-coupling's state, as class defaults (HFLM's __init__ is not overridden); every
@@ -63,12 +55,7 @@ class CouplingHFLM(HFLMWithHooks):
     _lmc_model_source: Mapping[str, Any] | None = None  # a GGUF file and its quantisation
 
     def open_session(self, run: RunConfig) -> GeometrySession:
-        """Build the run's session whole and measure with it from now on.
-
-        In order: the run's configuration, the runner on this loaded model
-        (checked by `preflight.check_model`), the model's shape, the geometry
-        cache beside lm-eval's ``--use_cache`` database; the session gets them
-        all at construction.
+        """Build the run's session (runner checked by `preflight.check_model`, cache) and use it.
 
         Raises:
             RuntimeError: a session is already open on this model.
@@ -157,8 +144,8 @@ class CouplingHFLM(HFLMWithHooks):
         session = self._lmc_session
         session.plans.plan_requests(requests)
         sampled = session.runner.sampled_metrics
-        self._lmc_progress = GeometryProgress(",".join(sampled), disable=disable or not sampled)
-        self._lmc_progress.plan(sampled_in_requests(session, requests))
+        total = sampled_in_requests(session, requests)
+        self._lmc_progress = GeometryProgress(",".join(sampled), total, disable=disable)
         try:
             with counting_requests(self, requests):  # Ctrl-C says how far it got
                 yield
@@ -193,7 +180,7 @@ class CouplingHFLM(HFLMWithHooks):
             return call()
         matched = []
         for b, plans in self._lmc_rows.match(inps):
-            plans = [plan for plan in plans if self._wanted(session, plan.key)]
+            plans = [plan for plan in plans if session.measurements.wanted(plan.key)]
             if plans:
                 matched.append((b, plans))
         if not matched:
@@ -201,8 +188,6 @@ class CouplingHFLM(HFLMWithHooks):
         batch = inps.shape[0]
         rows, copies = rows_per_target(matched, batch)
         full = torch.cat([inps, inps[copies]]) if copies else inps
-        # The indices of the captured rows as Python lists: one tensor each, made
-        # once per batch by the capture (a tensor write per row costs microseconds).
         size = batch + len(copies)
         last, target = [0] * size, [-1] * size
         for row, plans in rows:
@@ -254,7 +239,7 @@ class CouplingHFLM(HFLMWithHooks):
             # Keys of one prompt whose lens target is the first's share its row; a prompt
             # with another gold first token is measured alone (counted as such).
             for key in session.plans.generation_keys_of(text):
-                if not self._wanted(session, key):
+                if not session.measurements.wanted(key):
                     continue
                 key_target = self._lens_target(session, key)
                 if all(row != b for row, _ in matches):
@@ -295,10 +280,6 @@ class CouplingHFLM(HFLMWithHooks):
         return continuation[0]
 
     # -- shared capture plumbing -------------------------------------------------
-    def _wanted(self, session: GeometrySession, key: GeometryKey) -> bool:
-        """Planned and not measured yet."""
-        return session.measurements.wanted(key)
-
     def _captured_call(
         self,
         call: Callable[[], Any],
@@ -366,7 +347,8 @@ class CouplingHFLM(HFLMWithHooks):
             handle = None
             session.measurements.fail(keys, error)
             if output is None:
-                _release_accelerator_memory()
+                if torch.cuda.is_available():  # freed accelerator memory back for the retry
+                    torch.cuda.empty_cache()
                 output = call()
         return output
 
@@ -499,9 +481,3 @@ def model_shape(model: Any, runner: GeometryRunner) -> dict[str, Any]:
         "vocab_size": parts.vocab_size,
         "n_params": sum(p.numel() for p in model.parameters()),
     }
-
-
-def _release_accelerator_memory() -> None:
-    """Return freed accelerator memory to the device before a retry."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -50,32 +50,25 @@ class GeometryProgress:
 
     Args:
         label: what is measured (the sampled metrics' names).
-        disable: draw nothing (data-parallel ranks other than 0).
+        total: the documents to measure (no line when 0).
+        disable: draw nothing (also on data-parallel ranks other than 0).
     """
 
-    def __init__(self, label: str, disable: bool = False):
+    def __init__(self, label: str, total: int, disable: bool = False):
         self.label = label
-        self.disable = disable or int(os.environ.get("RANK", "0")) != 0
         self._bar: Any = None
-
-    def plan(self, total: int) -> None:
-        """Set how many documents will be measured (the bar opens on the first plan)."""
-        if self.disable or total <= 0:
+        if disable or total <= 0 or int(os.environ.get("RANK", "0")) != 0:
             return
-        if self._bar is None:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            self._bar = tqdm(
-                total=total,
-                desc=f"lm-coupling {self.label}",
-                unit="doc",
-                position=1,
-                leave=False,
-                dynamic_ncols=True,
-            )
-        elif total != self._bar.total:
-            self._bar.total = total
-            self._bar.refresh()
+        self._bar = tqdm(
+            total=total,
+            desc=f"lm-coupling {label}",
+            unit="doc",
+            position=1,
+            leave=False,
+            dynamic_ncols=True,
+        )
 
     def advance(self, n: int = 1) -> None:
         """``n`` more documents measured."""
