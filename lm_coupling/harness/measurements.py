@@ -81,17 +81,6 @@ class MeasurementStore:
             source: ``in_batch``, ``alone`` or ``cached`` for the trajectory/lens
                 part; None for a later part (the Jacobian metrics).
         """
-        geometry = self._keep(key, geometry, source)
-        if source is not None and not self.plans.sampled(key):
-            self._fold_profiles(key, geometry)
-
-    def _keep(
-        self, key: GeometryKey, geometry: DocumentGeometry, source: str | None
-    ) -> DocumentGeometry:
-        """Merge into an earlier part, keep, note the source, write to the cache.
-
-        Returns the geometry now kept at ``key`` (an earlier part it was merged into).
-        """
         existing = self.measured.get(key)
         if existing is not None:
             existing.merge(geometry)
@@ -107,7 +96,8 @@ class MeasurementStore:
                     "cache", f"the geometry cache {self.cache.path} could not be written "
                     f"({exc!r}); values are kept but not cached",
                 )  # fmt: skip
-        return geometry
+        if source is not None and not self.plans.sampled(key):
+            self._fold_profiles(key, geometry)
 
     def _fold_profiles(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
         """Fold a measurement's profiles into its documents' task summaries, then drop them.

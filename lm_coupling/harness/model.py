@@ -465,7 +465,7 @@ class CouplingHFLM(HFLMWithHooks):
         session = self._lmc_session
         if session is not None and self.world_size > 1 and not self._lmc_gathered:
             self._lmc_gathered = True
-            gathered = super().gather_object(session.records.export(), dst)
+            gathered = super().gather_object(dict(session.records.tasks), dst)
             if self.rank == dst:
                 session.records.merge(gathered)
         return super().gather_object(obj, dst)

@@ -145,9 +145,6 @@ class RunRecords:
         self.cache_path_prefix = cache_path_prefix
         self.tasks: dict[str, TaskRecords] = defaultdict(TaskRecords)
         self.scored_ids: set[DocumentId] = set()
-        self._own_parts: dict[frozenset[str], tuple[list[str], set[str], bool]] = {}
-        specs = plans.selection.specs
-        self._sampled_names = frozenset(n for n, spec in specs.items() if spec.sampled)
 
     def document_values(
         self,
@@ -192,18 +189,19 @@ class RunRecords:
         return values
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
-        """The part of a measurement that belongs to ``plan``'s document."""
-        metrics, profiles, sampled = self._own_metrics(plan.sampled_metrics)
-        if (
-            not sampled
-            and not geometry.profiles
-            and not geometry.failures
-            and not geometry.summaries
-            and geometry.jacobian_methods is None
-            and len(geometry.values) == len(metrics)
-            and all(name in geometry.values for name in metrics)
-        ):
-            return geometry  # all of it is the document's own (never changed by the caller)
+        """The part of a measurement that belongs to ``plan``'s document.
+
+        A sampled metric outside the document's sample is not its own, nor is
+        a task-level metric (its task's value is added at the end).
+        """
+        specs = self.plans.selection.specs
+        metrics = [
+            n
+            for n in self.plans.selection.metrics
+            if (not specs[n].sampled or n in plan.sampled_metrics) and not specs[n].task_level
+        ]
+        profiles = {p for n in metrics for p in specs[n].profiles}
+        sampled = any(specs[n].sampled for n in metrics)
         return DocumentGeometry(
             values={name: geometry.values.get(name, math.nan) for name in metrics},
             profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
@@ -212,22 +210,6 @@ class RunRecords:
             summaries=dict(geometry.summaries),
             failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)],
         )
-
-    def _own_metrics(self, sampled_metrics: frozenset[str]) -> tuple[list[str], set[str], bool]:
-        """``(metrics, profiles, any sampled)`` of a document in these samples (built once each)."""
-        parts = self._own_parts.get(sampled_metrics)
-        if parts is None:
-            selection = self.plans.selection
-            specs = selection.specs
-            metrics = [
-                n
-                for n in selection.metrics
-                if (not specs[n].sampled or n in sampled_metrics) and not specs[n].task_level
-            ]  # a task-level metric has no per-document value: its task's value is added at the end
-            profiles = {p for n in metrics for p in specs[n].profiles}
-            parts = metrics, profiles, any(specs[n].sampled for n in metrics)
-            self._own_parts[sampled_metrics] = parts
-        return parts
 
     def scored(self, task_name: str, doc_id: int | None) -> bool:
         """Whether the document's geometry was already given to lm-eval (an earlier filter)."""
@@ -265,7 +247,8 @@ class RunRecords:
             return
         self.scored_ids.add(ident)
         records = self.tasks[plan.task_name]
-        keep = not self._sampled_names.isdisjoint(geometry.values)
+        specs = self.plans.selection.specs
+        keep = any(specs[name].sampled for name in geometry.values if name in specs)
         doc_id = self.plans.reported_id(*ident)
         records.add(doc_id, geometry, keep)
         source, error = outcome
@@ -300,11 +283,6 @@ class RunRecords:
                 "n_measured": records.n_measured(self.plans.selection.metrics),
             }
         return report
-
-    # -- gathering across ranks --------------------------------------------
-    def export(self) -> dict[str, TaskRecords]:
-        """This rank's records, for gathering across data-parallel ranks."""
-        return dict(self.tasks)
 
     def merge(self, gathered: list[dict[str, TaskRecords]]) -> None:
         """Replace the records by those gathered from every rank."""
