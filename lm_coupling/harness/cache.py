@@ -1,15 +1,12 @@
 """A geometry cache beside lm-eval's ``--use_cache`` response cache.
 
-Documents that lm-eval answers from its cache never reach the model, so their
+Documents lm-eval answers from its cache never reach the model, so their
 geometry is read from here: an interrupted run, rerun with the same command,
-ends with the numbers of an uninterrupted one to float32 round-off (not bit for
-bit: a document whose requests the cache answered is measured alone, without
-the padding of its former batch; the largest difference measured was 1.7e-6).
-
-An entry is served only to a run of the same identity: model, revision,
-weights fingerprint (a checkpoint retrained in place is a new identity),
-dtype, context length, metrics, options, and the lm-coupling and plugin
-versions. An entry that lacks a metric the document needs is recomputed.
+ends with the numbers of an uninterrupted one to float32 round-off (largest
+difference measured: 1.7e-6). An entry is served only to a run of the same
+identity (model, revision, weights fingerprint, dtype, context length,
+metrics, options, lm-coupling and plugin versions); an entry that lacks a
+metric the document needs is recomputed.
 """
 
 from __future__ import annotations

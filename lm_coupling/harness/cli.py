@@ -1,17 +1,12 @@
 """The command-line shells: ``lm-coupling run`` and the literal ``lm_eval ... --metrics``.
 
-Both parse lm-eval's own ``run`` arguments with lm-eval's own parser, plus
-``--metrics``/``--metric_args``, and call the library core
-(`lm_coupling.harness.run.run_evaluation`) with the configuration lm-eval's
-command line would build. Without ``--metrics`` lm-eval's own command runs
-untouched. Errors become exit codes here and nowhere else.
-
-``lm-coupling run`` adds the two flags to its own instance of lm-eval's parser.
-The literal ``lm_eval`` command is lm-eval's program, so the flags can only be
-added by patching its ``run`` sub-command class (`patch_run_command`, applied
-by the interpreter start-up hook, `lm_coupling.harness.startup`): lm-eval
-0.4.13 has no plugin mechanism for command-line flags. The patch is undone
-when the command ends.
+Both parse lm-eval's own ``run`` arguments with lm-eval's own parser plus
+``--metrics``/``--metric_args`` and call the library core
+(`lm_coupling.harness.run.run_evaluation`); without ``--metrics`` lm-eval's
+own command runs untouched. The literal ``lm_eval`` gets the flags by a patch
+of its ``run`` sub-command (`patch_run_command`, applied by
+`lm_coupling.harness.startup`, undone when the command ends). Errors become
+exit codes here and nowhere else.
 """
 
 from __future__ import annotations

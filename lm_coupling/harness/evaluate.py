@@ -1,11 +1,8 @@
 """`evaluate`: an lm-eval benchmark with geometry, from Python.
 
-The keywords are lm-eval's own run options (those of ``lm_eval run``), plus
-the geometry selection. They become the run's one frozen configuration
-(`lm_coupling.harness.run_config.RunConfig.from_keywords`), with lm-eval's
-``EvaluatorConfig`` built exactly as lm-eval's command line builds it, so a
-Python run and ``lm_eval ... --metrics`` validate and execute the same
-configuration (`lm_coupling.harness.run.run_evaluation`).
+The keywords are lm-eval's own run options plus the geometry selection; they
+become the run's `RunConfig` (`RunConfig.from_keywords`), validated and run
+as the command lines' (`lm_coupling.harness.run.run_evaluation`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The run's measurement store: each planned request's geometry, from measured to scored.
 
 A measurement is kept at its `GeometryKey` (duplicate prompts share one),
-written to the geometry cache beside lm-eval's ``--use_cache`` database,
-looked up when lm-eval scores its documents (or measured alone then), and
-released once every document measured at it is scored. Profiles of documents
-outside every sampled metric's sample are folded into their tasks' running
-summaries as soon as they are measured (`TaskRecords.add_profiles`).
-
-Every measurement's trajectory/lens part has one source
-(`task_records.CAPTURE_SOURCES`): ``in_batch``, ``alone``, ``cached`` or
-``failed``.
+written to the geometry cache, looked up when lm-eval scores its documents (or
+measured alone then), and released once every document measured at it is
+scored.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The name and weights fingerprint an in-memory model is filed under.
 
-A model loaded by lm-eval is named by its ``pretrained=`` argument. A model
-handed to `lm_coupling.evaluate` in memory has no such argument: it is named by
-the ``model_name=`` keyword, else by the ``name_or_path`` it was loaded from.
-The name is recorded where lm-eval records ``pretrained`` (the results'
-``config.model_args``), so it names the output folder and the leaderboard row
-(docs/python.md). Beside it, ``config.model_args["weights"]`` records a
-fingerprint of the weights (`lm_coupling.harness.cache.weights_fingerprint`:
-every tensor's name, shape and dtype and its first and last 1024 values), so
-that the report keeps two different models filed under one name apart
-(`lm_coupling.report.row_identity`).
+A model handed to `lm_coupling.evaluate` in memory is named by ``model_name=``,
+else by the ``name_or_path`` it was loaded from, recorded where lm-eval records
+``pretrained`` (it names the output folder and the leaderboard row), with a
+fingerprint of its weights beside it (``config.model_args["weights"]``,
+`lm_coupling.harness.cache.weights_fingerprint`) so that the report keeps two
+models filed under one name apart.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The geometry work's progress line, beside lm-eval's own progress bar.
 
-The Jacobian metrics of the sampled documents run inside lm-eval's "Running
-loglikelihood requests" loop, whose estimate then jumps without saying why.
-`GeometryProgress` draws one more ``tqdm`` line under lm-eval's bar (``position=1``,
-so the two never overwrite each other): sampled documents measured out of
-those planned, with tqdm's rate and time estimate, e.g.::
+`GeometryProgress` draws one more ``tqdm`` line under lm-eval's bar
+(``position=1``): sampled documents measured out of those planned, with tqdm's
+rate and time estimate::
 
     Running loglikelihood requests:  40%|████      | 96/240 [00:31<00:47, 3.05it/s]
     lm-coupling coupling,alignment_ratio:  32%|███▏      | 8/25 [00:24<00:51, 3.0s/doc]

@@ -1,13 +1,9 @@
-"""`RunConfig`: one run's whole configuration, built once, read by every part of the run.
+"""`RunConfig`: one run's whole configuration, built once and frozen.
 
-Both entries build it, each once: `lm_coupling.evaluate` from Python keywords
-(`from_keywords`) and the command lines (``lm-coupling run``, the literal
-``lm_eval ... --metrics``) from lm-eval's parsed ``run`` arguments
-(`from_command_line`). Either way lm-eval's own ``EvaluatorConfig`` is built
-exactly as lm-eval's command line builds it (``EvaluatorConfig.from_cli``),
-the checks of `lm_coupling.harness.run_options` read it as it is, and the
-record is frozen: the core (`lm_coupling.harness.run`), the session and the
-outputs read it and nothing changes it afterwards.
+`lm_coupling.evaluate` builds it from Python keywords (`from_keywords`), the
+command lines from lm-eval's parsed ``run`` arguments (`from_command_line`);
+either way lm-eval's own ``EvaluatorConfig`` is built as lm-eval's command
+line builds it and checked (`lm_coupling.harness.run_options`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The run's own inputs checked before anything loads: tasks, ``--limit``, ``--output_path``.
 
-lm-eval finds an empty task list only after indexing every task (about 15 s),
-a ``--limit`` of 0 only after loading the model and building its requests
-("did not find any docs"), and an ``--output_path`` that is an existing file
-only when it writes the results, after the whole run. These checks need no
-task index and no model, so `lm_coupling.harness.run_config.RunConfig.create`
-runs them first, for the command lines and ``lm_coupling.evaluate`` alike.
+lm-eval finds an empty task list only after indexing every task, a ``--limit``
+of 0 only after loading the model, and an ``--output_path`` that is a file only
+when it writes the results; these checks need neither.
 """
 
 from __future__ import annotations

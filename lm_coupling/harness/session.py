@@ -1,10 +1,9 @@
 """State of one geometry run: its plans, its measurements and its task records.
 
-One `GeometrySession` lives for one ``lm_eval ... --metrics`` run. The model
-wrapper plans documents from the requests lm-eval hands it (`RunPlans`) and
-stores their measurements during the forward passes (`MeasurementStore`);
-the task glue reads them when lm-eval scores each document (`RunRecords`);
-the run's end writes the geometry files from the records.
+The model wrapper plans documents from the requests lm-eval hands it
+(`RunPlans`) and stores their measurements during the forward passes
+(`MeasurementStore`); the task glue reads them when lm-eval scores each
+document (`RunRecords`).
 """
 
 from __future__ import annotations

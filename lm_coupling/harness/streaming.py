@@ -1,12 +1,6 @@
 """Per-task running summaries, so that a run's memory does not grow with its documents.
 
-Each document's profiles are folded into running sums as soon as it is
-measured, its counts and timings as lm-eval scores it
-(`lm_coupling.harness.task_records.TaskRecords.add_profiles`);
-only the documents that carry a sampled metric's values (at most the sample,
-``coupling_docs`` per task) are kept whole, for the plugins' task aggregation
-(every other document's plugin ``summaries``, if any, are kept alone). Each
-profile is summarised per shape (`ProfileByShape`), so a document whose
+Each profile is summarised per shape (`ProfileByShape`), so a document whose
 profile has another shape than most is still reported, naming its plugin.
 The summaries merge across data-parallel ranks (Chan, Golub and LeVeque's
 pairwise update of the mean and the sum of squared deviations).

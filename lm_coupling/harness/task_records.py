@@ -1,12 +1,10 @@
 """Per-task records of one run: each document's geometry summarised as lm-eval scores it.
 
-`RunRecords` scores: it gives lm-eval each document's own values (undefined
-ones left out, with one warning naming the cause), records each scored
-document once in its task's `TaskRecords`, reports the capture counts, and
-gathers the records across data-parallel ranks.
-
-Every document's trajectory/lens geometry has one source, counted per task
-(`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
+`RunRecords` gives lm-eval each document's own values (undefined ones left
+out, with one warning naming the cause), records each scored document once in
+its task's `TaskRecords`, reports the capture counts and gathers the records
+across data-parallel ranks. Every document's trajectory/lens geometry has one
+source (`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
 measured alone afterwards (``alone``), read from the geometry cache
 (``cached``), or ``failed`` (NaN, with a warning naming the document).
 """

@@ -1,10 +1,4 @@
-"""lm-coupling's task folder, and the error for a task whose data cannot be reached.
-
-Read by the core (`lm_coupling.harness.run`, which puts the folder on lm-eval's
-include path) and by the task glue (`lm_coupling.harness.tasks`, which turns
-a download failure into `DataUnavailableError`): a module of its own, so
-neither imports the other.
-"""
+"""lm-coupling's task folder, and the error for a task whose data cannot be reached."""
 
 from __future__ import annotations
 
