@@ -125,18 +125,9 @@ def evaluate(
         DataUnavailableError: a task's data cannot be read.
         ConcurrentRunError: another evaluation is running in this process.
     """
-    record = evaluate_record(
-        model, model_args, tasks, metrics, metric_args, tokenizer=tokenizer,
-        model_name=model_name, output_path=output_path, batch_size=batch_size,
-        max_batch_size=max_batch_size,
-        device=device, limit=limit, samples=samples, num_fewshot=num_fewshot,
-        include_path=include_path, log_samples=log_samples, use_cache=use_cache,
-        gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
-        fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
-        seed=seed, predict_only=predict_only, write_out=write_out, metadata=metadata,
-        wandb_args=wandb_args, bootstrap_iters=bootstrap_iters, task_manager=task_manager,
-        **lm_eval_options,
-    )  # fmt: skip
+    keywords = dict(locals())  # every argument, as given
+    keywords.update(keywords.pop("lm_eval_options"))
+    record = evaluate_record(**keywords)
     if record.results is None:
         return None
     return {**record.results, "geometry": record.geometry}

@@ -118,7 +118,7 @@ class CouplingHFLM(HFLMWithHooks):
                 "options_requested": session.options_changed(),
                 "lm_eval_options": session.lm_eval_options,
                 "model_shape": session.model_shape,
-                "plugins": session.plugin_versions(),
+                "plugins": plugin_versions(session.selection),
                 "capture": {task: part["capture"] for task, part in report.items()},
                 "n_measured": {task: part["n_measured"] for task, part in report.items()},
                 CONFIG_KEY: Catalogue.from_specs(session.selection.specs.values()).to_json(),

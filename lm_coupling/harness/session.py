@@ -108,10 +108,6 @@ class GeometrySession:
                 used[name],
             )
 
-    def plugin_versions(self) -> dict[str, str]:
-        """Metric plugins in use and their distributions, for the results file."""
-        return plugin_versions(self.selection)
-
     # -- scoring ----------------------------------------------------------
     def complete_task(
         self, task_name: str, measure_alone: Callable[[DocumentPlan], DocumentGeometry]

@@ -32,17 +32,12 @@ MeasureAlone = Callable[[DocumentPlan], DocumentGeometry]
 class GeometryTaskManager(TaskManager):
     """lm-eval's task manager for one geometry run: loaded tasks get its session.
 
-    Args:
-        session: the run's geometry session.
-        measure_alone: measures a document's prompt alone (the run's model,
-            `CouplingHFLM.measure_alone`), for documents lm-eval answered from its cache.
-        **kwargs: lm-eval's ``TaskManager`` arguments (``include_path``, ``metadata``).
+    Built by `sharing_index` (lm-eval's ``TaskManager`` indexes every task
+    folder when built: about 15 s).
     """
 
-    def __init__(self, session: GeometrySession, measure_alone: MeasureAlone, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.session = session
-        self.measure_alone = measure_alone
+    session: GeometrySession
+    measure_alone: MeasureAlone
 
     @classmethod
     def sharing_index(
@@ -55,10 +50,14 @@ class GeometryTaskManager(TaskManager):
     ) -> GeometryTaskManager:
         """A manager for ``session`` that reuses ``manager``'s task index (no re-indexing).
 
-        lm-eval indexes every task folder when a ``TaskManager`` is built (about
-        15 s); a notebook or sweep running many evaluations builds one and passes
-        it. The run's own task metadata replaces the shared manager's (lm-eval
-        merges it into every task it loads, through the manager's task factory).
+        Args:
+            manager: the task index to share (the run's, or one a notebook or
+                sweep passes to many evaluations).
+            session: the run's geometry session.
+            metadata: the run's task metadata (replaces the shared manager's).
+            measure_alone: measures a document's prompt alone (the run's model,
+                `CouplingHFLM.measure_alone`), for documents lm-eval answered
+                from its cache.
         """
         from lm_coupling.harness.lm_eval_adapter import share_task_index
 
