@@ -26,10 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from lm_coupling.errors import (
-    ConcurrentRunError,
-    ConfigurationError,
-)
+from lm_coupling.errors import ConcurrentRunError
 from lm_coupling.harness.tasks_dir import TASKS_DIR
 from lm_coupling.selection import Selection
 
@@ -95,10 +92,10 @@ def resolve_tasks(task_manager: Any, tasks: str | Iterable[Any]) -> list[Any]:
     Raises:
         ConfigurationError: a name matches no task (with close names).
     """
-    import difflib
     import glob
 
     from lm_coupling.harness.lm_eval_adapter import load_task_yaml
+    from lm_coupling.harness.task_names import unknown_tasks
 
     words = tasks.split(",") if isinstance(tasks, str) else list(tasks)
     resolved: list[Any] = []
@@ -116,12 +113,7 @@ def resolve_tasks(task_manager: Any, tasks: str | Iterable[Any]) -> list[Any]:
             missing.append(word)
         resolved.extend(m for m in matches if m not in resolved)
     if missing:
-        close = difflib.get_close_matches(missing[0], task_manager.all_tasks, n=3)
-        hint = f" Close names: {', '.join(close)}." if close else ""
-        raise ConfigurationError(
-            f"task(s) not found: {', '.join(missing)}.{hint} `lm_eval ls tasks --include_path "
-            f"{TASKS_DIR}` lists them; lm-coupling's offline tasks are named lmc_*_offline"
-        )
+        raise unknown_tasks(missing, task_manager.all_tasks)
     return resolved
 
 

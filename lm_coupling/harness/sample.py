@@ -50,28 +50,24 @@ class TaskSample:
             ``doc_id`` lm-eval reports (its samples file's).
         request_ids: the same documents by the ``doc_id`` of their requests
             (what the model sees; they differ under ``--samples``,
-            `lm_eval_adapter.evaluated_documents`); None: the same as ``order``.
+            `lm_eval_adapter.evaluated_documents`).
     """
 
     task_name: str
     seed: int
     stratified_by: str | None
     order: tuple[int, ...]
-    request_ids: tuple[int, ...] | None = None
+    request_ids: tuple[int, ...]
     _position: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        ids = self.order if self.request_ids is None else self.request_ids
-        object.__setattr__(self, "_position", {doc_id: i for i, doc_id in enumerate(ids)})
+        position = {doc_id: i for i, doc_id in enumerate(self.request_ids)}
+        object.__setattr__(self, "_position", position)
 
     def holds(self, doc_id: int, size: int | None) -> bool:
         """Whether the sample of ``size`` documents (None: all) holds requests ``doc_id``."""
         position = self._position.get(doc_id)
         return position is not None and (size is None or position < size)
-
-    def doc_ids(self, size: int | None) -> frozenset[int]:
-        """The documents of a sample of ``size`` (None: all of them), as lm-eval reports them."""
-        return frozenset(self.order if size is None else self.order[:size])
 
     def record(self, sizes: Mapping[str, int | None]) -> dict[str, Any]:
         """What the geometry file records: seed, stratification, population, doc ids."""
@@ -81,7 +77,8 @@ class TaskSample:
             "seed": self.seed,
             "population": len(self.order),
             "doc_ids": {
-                option: sorted(self.doc_ids(size)) for option, size in sorted(sizes.items())
+                option: sorted(self.order[:size] if size is not None else self.order)
+                for option, size in sorted(sizes.items())
             },
         }
 
@@ -122,21 +119,6 @@ def drawing_order(
     return tuple(order)
 
 
-def population(
-    task: Any, task_name: str, lm_eval_options: Mapping[str, Any]
-) -> list[tuple[int, int, Any]]:
-    """The documents lm-eval evaluates for ``task`` (``--limit`` and ``--samples`` applied).
-
-    Read from lm-eval itself (`lm_eval_adapter.evaluated_documents`): each is
-    ``(request id, reported id, document)``, the ``doc_id`` of its requests
-    and the ``doc_id`` lm-eval's samples file gives it (under ``--samples``
-    lm-eval numbers the requests 0, 1, ... and reports the listed index).
-    """
-    samples = lm_eval_options.get("samples")
-    chosen = samples.get(task_name) if isinstance(samples, Mapping) else None
-    return evaluated_documents(task, lm_eval_options.get("limit"), chosen)
-
-
 def gold_strata(task: Any, docs: Iterable[Any]) -> list[Hashable] | None:
     """Each document's gold answer index (multiple choice), or None for other tasks.
 
@@ -170,7 +152,11 @@ def task_sample(
         lm_eval_options: the run's recorded lm-eval options (``limit``, ``samples``).
         largest: the largest sample size asked for (None: all documents).
     """
-    documents = population(task, task_name, lm_eval_options)
+    samples = lm_eval_options.get("samples")
+    chosen = samples.get(task_name) if isinstance(samples, Mapping) else None
+    # (request id, reported id, document): under --samples lm-eval numbers the requests
+    # 0, 1, ... and reports the listed index.
+    documents = evaluated_documents(task, lm_eval_options.get("limit"), chosen)
     request_of = {reported: request for request, reported, _ in documents}
     reported_ids = list(request_of)
     if largest is None or largest >= len(reported_ids):

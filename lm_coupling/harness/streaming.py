@@ -161,29 +161,24 @@ def _extend_runs(runs: list[list[int]], start: int, stop: int) -> None:
 
 @dataclass
 class RunningTimings:
-    """Sums and counts of each document's timings (`DocumentGeometry.timings`)."""
+    """Sums and counts of each document's timings (`DocumentGeometry.timings`).
 
-    scalars: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count]
-    layers: dict[str, list[Any]] = field(default_factory=dict)  # name -> [sum array, count]
+    A timing is seconds (a number) or seconds per layer (a list); one whose
+    per-layer length differs between documents is left out of ``per_layer``.
+    """
+
+    totals: dict[str, list[Any]] = field(default_factory=dict)  # name -> [sum, count]
     mixed: set[str] = field(default_factory=set)
 
     def add(self, timings: dict[str, Any]) -> None:
         """Fold one document's timings in."""
-        scalars = self.scalars
         for name, value in timings.items():
-            if isinstance(value, (list, tuple, np.ndarray)):
-                self._add_layers(name, np.asarray(value, dtype=np.float64), 1)
-                continue
-            entry = scalars.get(name)
-            if entry is None:
-                entry = scalars[name] = [0.0, 0]
-            entry[0] += float(value)
-            entry[1] += 1
+            self._add(name, np.asarray(value, dtype=np.float64), 1)
 
-    def _add_layers(self, name: str, total: np.ndarray, count: int) -> None:
-        entry = self.layers.get(name)
+    def _add(self, name: str, total: np.ndarray, count: int) -> None:
+        entry = self.totals.get(name)
         if entry is None:
-            self.layers[name] = [total.copy(), count]
+            self.totals[name] = [total.copy(), count]
         elif entry[0].shape != total.shape:
             self.mixed.add(name)
         else:
@@ -192,29 +187,26 @@ class RunningTimings:
 
     def merge(self, other: RunningTimings) -> None:
         """Fold another rank's timings in."""
-        for name, (total, count) in other.scalars.items():
-            entry = self.scalars.setdefault(name, [0.0, 0])
-            entry[0] += total
-            entry[1] += count
-        for name, (total, count) in other.layers.items():
-            self._add_layers(name, total, count)
+        for name, (total, count) in other.totals.items():
+            self._add(name, total, count)
         self.mixed |= other.mixed
 
     def summary(self) -> dict[str, Any]:
-        """The geometry file's ``timings`` (`lm_coupling.harness.outputs.timing_summary`)."""
-        if not self.scalars and not self.layers:
+        """The geometry file's ``timings``: seconds per document, and per layer."""
+        if not self.totals:
             return {}
-        counts = {name: count for name, (_, count) in self.scalars.items()}
+        scalars = {k: v for k, v in self.totals.items() if v[0].ndim == 0}
+        counts = {name: count for name, (_, count) in scalars.items()}
         return {
             "n_documents": max(counts.values(), default=0),
             "n_documents_per_part": counts,
             "seconds_per_document": {
-                k: total / count for k, (total, count) in self.scalars.items()
+                k: float(total / count) for k, (total, count) in scalars.items()
             },
             "per_layer": {
                 k: (total / count).tolist()
-                for k, (total, count) in self.layers.items()
-                if k not in self.mixed
+                for k, (total, count) in self.totals.items()
+                if total.ndim and k not in self.mixed
             },
         }
 

@@ -97,11 +97,15 @@ def check_task_names(tasks: str | Iterable[object], include_paths: Iterable[str]
         return
     known = task_names([lm_eval_tasks_dir(), *map(Path, include_paths)])
     missing = [w for w in words if w not in known and not fnmatch.filter(known, w)]
-    if not missing:
-        return
+    if missing:
+        raise unknown_tasks(missing, known)
+
+
+def unknown_tasks(missing: list[str], known: Iterable[str]) -> ConfigurationError:
+    """The error for task names that match no task, with the names closest to the first."""
     close = difflib.get_close_matches(missing[0], sorted(known), n=3)
     hint = f" Close names: {', '.join(close)}." if close else ""
-    raise ConfigurationError(
+    return ConfigurationError(
         f"task(s) not found: {', '.join(missing)}.{hint} `lm_eval ls tasks` lists them; "
         "lm-coupling's offline tasks are named lmc_*_offline (all six: lmc_openllm_v1_offline)"
     )
