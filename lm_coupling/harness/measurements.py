@@ -94,12 +94,7 @@ class MeasurementStore:
             self._fold_profiles(key, geometry)
 
     def _fold_profiles(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
-        """Fold a measurement's profiles into its documents' task summaries, then drop them.
-
-        Only for keys no sampled metric measures (their measurement is complete
-        and cached whole already): what waits for lm-eval's scoring is then the
-        values alone (`TaskRecords`).
-        """
+        """Fold a complete measurement's profiles into its tasks' summaries, then drop them."""
         if not geometry.profiles:
             return
         for plan in self.plans.plans_by_key.get(key, ()):
@@ -144,9 +139,8 @@ class MeasurementStore:
     ) -> DocumentGeometry:
         """This run's (or the cache's) measurement, else the prompt measured alone.
 
-        Documents lm-eval answered from its own cache never reached the model,
-        so they are measured here, alone, by ``measure_alone`` (the run's
-        model's `CouplingHFLM.measure_alone`).
+        Documents lm-eval answered from its own cache never reached the model:
+        ``measure_alone`` (`CouplingHFLM.measure_alone`) measures them now.
         """
         if plan.problem is not None:
             self.plans.warn(plan, f"{plan.problem}; its geometry is NaN")
@@ -171,11 +165,7 @@ class MeasurementStore:
         return self.sources.get(plan.key, "alone"), None
 
     def release(self, key: GeometryKey, scored: Collection[DocumentId]) -> None:
-        """Drop a measurement once every document planned at ``key`` is scored.
-
-        Its values live on in lm-eval's own per-document results and in the
-        task's running summaries (`TaskRecords`).
-        """
+        """Drop a measurement once every document planned at ``key`` is scored."""
         plans = self.plans.plans_by_key.get(key, ())
         if all((plan.task_name, plan.doc_id) in scored for plan in plans):
             self.measured.pop(key, None)

@@ -87,10 +87,7 @@ class RunPlans:
         for instance in instances:
             if instance.task_name in self.tasks:
                 handed[(instance.task_name, instance.doc_id)].append(instance)
-        # Each document's gold answer is rendered from the task's template: compiled
-        # once for all of them (lm-eval compiles it on every call otherwise). The
-        # index of each task's requests is this call's own: a list per document,
-        # not kept until scoring (issue 28: what geometry keeps per document).
+        # The index of each task's requests is this call's own, not kept until scoring.
         indexes: dict[str, dict[int, list[Any]]] = {}
         with templates_compiled_once():
             for ident in sorted(handed.keys() - self.plans.keys()):
@@ -139,7 +136,7 @@ class RunPlans:
         held = frozenset(
             name for name, size in self.sample_sizes.items() if sample.holds(doc_id, size)
         )
-        return held or _NO_METRICS  # one shared empty set, not one per planned document
+        return held or _NO_METRICS  # one shared empty set per run
 
     def sample_record(self, task_name: str) -> dict[str, Any] | None:
         """What the geometry file records of the task's sample (`TaskSample.record`)."""
@@ -153,8 +150,7 @@ class RunPlans:
     def reported_id(self, task_name: str, doc_id: int) -> int:
         """The ``doc_id`` lm-eval's samples file gives the document of requests ``doc_id``.
 
-        They differ under ``--samples`` (`lm_eval_adapter.reported_doc_id`);
-        everything the run writes or warns names documents by this one.
+        Everything the run writes or warns names documents by this one.
         """
         samples = self.lm_eval_options.get("samples")
         if not samples:  # the common case: no --samples, the ids are lm-eval's own
@@ -163,10 +159,7 @@ class RunPlans:
         return reported_doc_id(chosen, doc_id)
 
     def plan_for(self, task_name: str, doc_id: int) -> DocumentPlan | None:
-        """The plan of a document.
-
-        Documents the model never saw (lm-eval's response cache answered
-        them) are planned here from the task's requests.
+        """The plan of a document (planned now if lm-eval's cache answered it).
 
         Returns:
             None, after one warning, for a document without geometry.

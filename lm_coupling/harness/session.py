@@ -27,11 +27,9 @@ log = logging.getLogger("lm_coupling")
 class GeometrySession:
     """Everything one run measures: its plans, measurements and records, and its options.
 
-    Built whole, once per run, by the run's model (`CouplingHFLM.open_session`:
-    the run's configuration, then the runner on the loaded model, then the
-    cache) and handed to the task manager (`GeometryTaskManager`); it holds
-    no reference to the model: the task glue passes the model's
-    ``measure_alone``.
+    Built once per run by the run's model (`CouplingHFLM.open_session`) and
+    handed to the task manager (`GeometryTaskManager`); it holds no reference
+    to the model.
 
     Args:
         selection: the run's metrics and options.
@@ -95,17 +93,12 @@ class GeometrySession:
 
     def announce_changed_options(self) -> None:
         """Say once, at the start of the run, which options the model changes (a K too large)."""
-        used = self.options_used()
+        used, d_model = self.options_used(), self.model_shape.get("d_model")
         for name, asked in self.options_changed().items():
             log.warning(
-                "lm-coupling: %s=%s is more than this model can give (d_model %s): %s=%s is "
-                "used; the results record both (config.lm_coupling.options and "
-                "options_requested)",
-                name,
-                asked,
-                self.model_shape.get("d_model"),
-                name,
-                used[name],
+                f"lm-coupling: {name}={asked} is more than this model can give (d_model "
+                f"{d_model}): {name}={used[name]} is used; the results record both "
+                "(config.lm_coupling.options and options_requested)"
             )
 
     # -- scoring ----------------------------------------------------------
@@ -114,12 +107,10 @@ class GeometrySession:
     ) -> None:
         """Once per task, before lm-eval scores it: the deferred metrics' per-document values.
 
-        lm-eval runs every request of the run before it scores any document,
-        so every document of the task is measured here (a document lm-eval
-        answered from its cache is measured alone now); the plugins owning a
-        selected deferred metric (`MetricSpec.deferred`) then compute its
-        values and profiles from the task's documents (``lmc_complete_task``),
-        which lm-eval receives per document as it scores them.
+        Every request has run by then, so every document of the task is
+        measured; the plugins owning a selected deferred metric
+        (`MetricSpec.deferred`) compute its values and profiles from them
+        (``lmc_complete_task``).
         """
         if task_name in self._completed:
             return

@@ -31,20 +31,12 @@ CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
 class TaskRecords:
     """Per-document geometry of one task, as lm-eval scored it, summarised as it arrives.
 
-    Memory stays flat in the number of documents: each document's profiles,
-    finite-value counts and timings are folded into running summaries
-    (`lm_coupling.harness.streaming`); only documents that carry a sampled
-    metric's values (at most the sample, ``coupling_docs`` per task) are kept
-    whole, for the plugins' task aggregation (``lmc_aggregate_task``); of the
-    other documents only a plugin's per-document ``summaries`` are kept (none
-    unless a task-level measure such as ``dataset_entropy`` is selected, whose
-    summaries grow with N: ``(L+1) d`` numbers per document).
-
-    Profiles are folded in as soon as a document is measured (`add_profiles`,
-    from `MeasurementStore.store`), not when lm-eval scores it: lm-eval scores
-    only after every request has run, so a measurement waiting for its score
-    keeps a few numbers per metric, not its ``(L+1)``-long profiles. Documents
-    in a sampled metric's sample keep theirs until scoring (at most the sample).
+    Memory stays flat in the number of documents: profiles (folded in as
+    soon as a document is measured, `add_profiles`), finite-value counts and
+    timings are running summaries (`lm_coupling.harness.streaming`); only the
+    documents that carry a sampled metric's values (at most ``coupling_docs``
+    per task) are kept whole, for the plugins' ``lmc_aggregate_task``, and of
+    the others only a plugin's per-document ``summaries``, if any.
 
     Attributes:
         doc_ids: scored documents, in scoring order.
@@ -153,9 +145,7 @@ class RunRecords:
     ) -> dict[str, float]:
         """The per-document values lm-eval aggregates (undefined ones left out).
 
-        A value is undefined (NaN) for degenerate documents, and a sampled
-        metric is undefined outside its document sample: lm-eval then averages
-        each metric over the documents that define it.
+        lm-eval then averages each metric over the documents that define it.
 
         Args:
             plan: the scored document's plan.
@@ -216,9 +206,8 @@ class RunRecords:
     def internal_failure(self, task_name: str, doc_id: int | None, error: str) -> None:
         """Record a document whose geometry an lm-coupling error lost (its scores are kept).
 
-        The document counts as ``failed`` with the error in the geometry file,
-        one warning names it, and the end-of-run account reports the task as
-        an error: a bug here never passes as a quiet NaN.
+        It counts as ``failed`` with the error in the geometry file, and one
+        warning names it: a bug here never passes as a quiet NaN.
         """
         ident = (task_name, doc_id)
         if ident in self.scored_ids:
@@ -260,8 +249,7 @@ class RunRecords:
         """Per task: ``capture`` counts and ``n_measured`` per metric.
 
         Warns once per task whose documents were measured alone without
-        ``--use_cache`` (a second forward pass the batch matching should
-        have made unnecessary).
+        ``--use_cache`` (a second forward pass).
         """
         report = {}
         for task_name, records in sorted(self.tasks.items()):
