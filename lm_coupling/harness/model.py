@@ -44,8 +44,7 @@ class CouplingHFLM(HFLMWithHooks):
     be a model in memory).
     """
 
-    # lm-coupling's state, as class defaults (HFLM's __init__ is not overridden); every
-    # one is replaced on the instance, never changed in place.
+    # Class defaults (HFLM's __init__ is not overridden), replaced on the instance.
     _lmc_session: GeometrySession | None = None
     _lmc_rows: RowIndex | None = None  # the wanted requests by model input, while scoring
     _lmc_gen_contexts: list[str] | None = None
@@ -100,13 +99,7 @@ class CouplingHFLM(HFLMWithHooks):
 
     # Override: the results' model info is HFLM's; no hook adds to it.
     def get_model_info(self) -> dict[str, Any]:
-        """lm-eval's model info plus lm-coupling's provenance.
-
-        Adds the version, the options (each K as used), the model shape,
-        per task the capture counts and the documents each metric was
-        measured on, and the catalogue of the metrics computed
-        (`lm_coupling.catalogue`).
-        """
+        """lm-eval's model info plus lm-coupling's provenance (``config.lm_coupling``)."""
         info = super().get_model_info()
         session = self._lmc_session
         if session is not None:
@@ -201,10 +194,9 @@ class CouplingHFLM(HFLMWithHooks):
             target,
             {batch + j: b for j, b in enumerate(copies)},
         )
-        if session.runner.sampled_metrics:
-            self._measure_sampled(
-                session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]
-            )
+        self._measure_sampled(
+            session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]
+        )
         return logits
 
     # -- generation ------------------------------------------------------------
@@ -293,15 +285,11 @@ class CouplingHFLM(HFLMWithHooks):
         """Run ``call`` under capture; a capture failure never loses the output.
 
         ``last``, ``first`` and ``target`` have one entry per row of the
-        forward (`StateCollector.capture`); only the rows of ``matches`` are
-        measured, while the forward call runs. ``copies``: rows appended as
-        copies of a row for another lens target (`rows_per_target`), each
-        with its original row (`share_untargeted`).
-
-        When the captured call itself fails (an out-of-memory error in the
-        capture's hooks, say), the benchmark batch is run again without
-        capture, outside the exception handler: the failed capture's tensors,
-        held by the traceback, are freed first.
+        forward; only the rows of ``matches`` are measured. ``copies``: rows
+        appended as copies of a row for another lens target, each with its
+        original row (`share_untargeted`). When the captured call itself fails
+        (out of memory in the hooks, say), the batch runs again without
+        capture, after the failed capture's tensors are freed.
         """
         preflight.check_first_batch(self, session, [key for _, key in matches])
         runner = session.runner
@@ -355,15 +343,12 @@ class CouplingHFLM(HFLMWithHooks):
     def _measure_sampled(
         self, session: GeometrySession, documents: list[tuple[GeometryKey, tuple[int, ...]]]
     ) -> None:
-        """The sampled (Jacobian) metrics of a batch's documents, their work batched.
+        """The sampled (Jacobian) metrics of a batch's documents: one engine call per group.
 
-        Documents are grouped by the sampled metrics they need (each metric
-        has its own document sample); each group is one batched engine call.
-        A failure of a whole group makes its documents' sampled values NaN.
+        Documents are grouped by the sampled metrics they need; a failure of a
+        whole group makes its documents' sampled values NaN.
         """
         runner = session.runner
-        if not runner.sampled_metrics:
-            return
         # Duplicate prompts (same tokens) share one Jacobian computation.
         by_tokens: dict[tuple[int, ...], list[GeometryKey]] = {}
         for key, tokens in documents:
@@ -405,12 +390,7 @@ class CouplingHFLM(HFLMWithHooks):
     # -- batch size detection ------------------------------------------------------
     @contextlib.contextmanager
     def batch_size_search(self) -> Iterator[None]:
-        """lm-eval's ``--batch_size auto`` search, with the capture on every probe.
-
-        The probe batches run under capture (every row measured, the states
-        then dropped), so the batch size found leaves room for the capture's
-        own memory.
-        """
+        """lm-eval's ``--batch_size auto`` search, captured (room left for the capture)."""
         self._lmc_probing = self._lmc_session is not None
         try:
             yield
