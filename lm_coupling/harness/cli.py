@@ -68,7 +68,10 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
                 make_selection(metrics, metric_args)
             stock(args)
             return 0
-        run_with_geometry(args, metrics, metric_args)
+        from lm_coupling.harness.run import run_evaluation
+        from lm_coupling.harness.run_config import RunConfig
+
+        run_evaluation(RunConfig.from_command_line(args, metrics, metric_args))
     except LmCouplingError as exc:
         print(f"lm-coupling: error: {exc}", file=sys.stderr)
         return 2
@@ -78,14 +81,6 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
         print(interrupted_message(exc, getattr(args, "use_cache", None)), file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
-
-
-def run_with_geometry(args: argparse.Namespace, metrics: str, metric_args: str | None) -> None:
-    """The core, on lm-eval's configuration of ``args`` (default output folder: results)."""
-    from lm_coupling.harness.run import run_evaluation
-    from lm_coupling.harness.run_config import RunConfig
-
-    run_evaluation(RunConfig.from_command_line(args, metrics, metric_args))
 
 
 def run_command(argv: Sequence[str]) -> int:

@@ -58,19 +58,6 @@ def recorded_model_args(model: Any, model_name: str | None) -> dict[str, Any]:
     return {"pretrained": name, FINGERPRINT_KEY: weights_fingerprint(model)[:FINGERPRINT_LENGTH]}
 
 
-def check_not_in_memory(model_name: str | None) -> None:
-    """``model_name`` names a model in memory only.
-
-    Raises:
-        ConfigurationError: ``model_name`` with a model lm-eval loads by name.
-    """
-    if model_name is not None:
-        raise ConfigurationError(
-            "model_name names a model passed in memory (evaluate(model=model, ...)); a model "
-            "lm-eval loads is named by model_args={'pretrained': ...}"
-        )
-
-
 def check_model_named(model_args: Any) -> None:
     """A model lm-eval loads needs ``pretrained=`` (lm-eval's ``HFLM`` takes no default).
 

@@ -25,9 +25,7 @@ SCHEMA = "lm_coupling.geometry/1"
 
 def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[str, Any]:
     config = results.get("config", {})
-    model_args = config.get("model_args") or {}
-    if isinstance(model_args, str):
-        model_args = dict(pair.split("=", 1) for pair in model_args.split(",") if "=" in pair)
+    model_args = config.get("model_args") or {}  # a dict: the core hands lm-eval one
     dtype = str(config.get("model_dtype") or model_args.get("dtype", "")).replace("torch.", "")
     return {
         "name": filed_name(config, model_args.get("pretrained", config.get("model"))),

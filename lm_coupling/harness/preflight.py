@@ -153,8 +153,9 @@ def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
         keys: the batch's document keys ``(context, continuation)``.
     """
     runner = session.runner
-    if runner is None or not session.claim_first_batch():
+    if runner is None or session.first_batch_checked:
         return
+    session.first_batch_checked = True
     context = next((k[0] for k in keys if k and isinstance(k[0], str) and k[0]), "")
     tokens = list(lm.tok_encode(context))[-FIRST_BATCH_TOKENS:] if context else []
     if not tokens:

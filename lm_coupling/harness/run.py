@@ -307,8 +307,7 @@ def _write_outputs(tracker, directory: Path, results, samples, record: RunRecord
     if tracker.push_results_to_hub or tracker.push_samples_to_hub:
         tracker.recreate_metadata_card()
     date_id = tracker.date_id
-    found = sorted(directory.glob(f"results_{date_id}.json"))
-    record.results_file = found[0] if found else None
+    record.results_file = next(iter(sorted(directory.glob(f"results_{date_id}.json"))), None)
     for task_name, document in record.geometry.items():
         path = write_geometry_file(directory, task_name, date_id, document)
         record.files[task_name] = path

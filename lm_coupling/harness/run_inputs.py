@@ -13,7 +13,7 @@ from typing import Any
 
 from lm_coupling.errors import ConfigurationError
 
-__all__ = ["check_limit", "check_output_path", "check_run_inputs", "check_tasks"]
+__all__ = ["check_limit", "check_output_path", "check_tasks"]
 
 
 def check_tasks(tasks: Any) -> None:
@@ -86,10 +86,3 @@ def check_output_path(output_path: Any) -> None:
             "results could not be written there; give a folder (new or existing), e.g. "
             f"--output_path {root.with_name(root.name + '_results')}"
         )
-
-
-def check_run_inputs(tasks: Any, limit: Any, output_path: Any) -> None:
-    """`check_tasks`, `check_limit` and `check_output_path`, in that order."""
-    check_tasks(tasks)
-    check_limit(limit)
-    check_output_path(output_path)

@@ -68,13 +68,8 @@ class GeometrySession:
         self.measurements = MeasurementStore(
             self.plans, self.records, selection.metrics, streamed, cache
         )
-        self._first_batch_claimed = False  # preflight's read-out check, once per run
+        self.first_batch_checked = False  # preflight's read-out check, once per run
         self._completed: set[str] = set()  # tasks whose deferred metrics are computed
-
-    def claim_first_batch(self) -> bool:
-        """True the first time only: the run's first captured batch (preflight checks it)."""
-        claimed, self._first_batch_claimed = self._first_batch_claimed, True
-        return not claimed
 
     def options_used(self) -> dict[str, Any]:
         """The options, each metric's K as used on this model (`MetricSpec.k_option`)."""
