@@ -95,7 +95,11 @@ def geometry_document(
         if error is not None:
             error = f"lmc_aggregate_task raised {error!r}"
             failures.append({"doc_id": None, "plugin": plugin, "error": error})
-            _warn(task_name, plugin, [], error)
+            warnings.warn(
+                f"lm-coupling: task {task_name!r}: plugin {plugin!r}: {error}",
+                GeometryWarning,
+                stacklevel=2,
+            )
             continue
         document.update(extra or {})
     _count_task_level(document, session, records)
@@ -201,7 +205,7 @@ def profile_summaries(
 
     Read from the streamed summaries (`lm_coupling.harness.streaming.ProfileByShape`).
     Documents whose profile has another shape than most documents' are left
-    out of that profile's summary and reported (one warning, and a
+    out of that profile's summary and reported (`warn_failures`, and a
     ``failures`` entry per document naming the plugin and the profile).
     """
     owner = {p: spec for spec in session.selection.specs.values() for p in spec.profiles}
@@ -218,23 +222,12 @@ def profile_summaries(
                 f"profile {name!r} has shape {odd[0][1]} where most documents' have "
                 f"{streamed.shape()}; left out of the profile's summary"
             )
-            for doc_id, _ in odd:
-                failure = {"plugin": spec.plugin, "metrics": [spec.name], "error": error}
-                failures.append({"doc_id": doc_id, **failure})
-            _warn(task_name, spec.plugin, [doc_id for doc_id, _ in odd], error)
+            failure = {"plugin": spec.plugin, "metrics": [spec.name], "error": error}
+            new = [{"doc_id": doc_id, **failure} for doc_id, _ in odd]
+            warn_failures(task_name, new)
+            failures.extend(new)
         summaries[name] = summary
     return summaries
-
-
-def _warn(task: str, plugin: str, doc_ids: list, error: str) -> None:
-    documents = f" documents {', '.join(map(str, doc_ids[:5]))}" if doc_ids else ""
-    more = f" and {len(doc_ids) - 5} more" if len(doc_ids) > 5 else ""
-    warnings.warn(
-        f"lm-coupling: task {task!r}{documents}{more}: plugin {plugin!r}: {error} (the geometry "
-        "file's failures name it)",
-        GeometryWarning,
-        stacklevel=3,
-    )
 
 
 def geometry_documents(

@@ -17,13 +17,9 @@ from typing import Any
 def sampled_in_requests(session: Any, requests: list[Any]) -> int:
     """Sampled documents still to measure whose measured request reaches the model now.
 
-    The bar counts the documents measured inside lm-eval's request loop. A
-    document is planned from all of its task's requests, but with
-    ``--use_cache`` a resumed run hands the model only the requests the cache
-    cannot answer: a document whose measured request (its gold continuation,
-    or its generation prompt) was answered from the cache is measured after
-    the loop (`MeasurementStore.geometry_for`), so it is not counted here and
-    the bar ends at its total.
+    A resumed run (``--use_cache``) measures the documents whose measured
+    request the cache answered after lm-eval's request loop, so they are not
+    counted and the bar ends at its total.
     """
     sampled = set(session.runner.sampled_metrics) if session.runner else set()
     if not sampled:

@@ -178,7 +178,10 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         seed = config.seed or [None] * 4
         results = simple_evaluate(
             model=lm,
-            model_args=_recorded_model_args(run),
+            # An in-memory model's name and weights fingerprint, else the user's model_args.
+            model_args=dict(
+                (run.model_record if run.model is not None else config.model_args) or {}
+            ),
             tasks=tasks,
             num_fewshot=config.num_fewshot,
             batch_size=config.batch_size,
@@ -212,7 +215,9 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     record = RunRecord(session=session)
     if results is None:  # another data-parallel rank writes
         return record
-    _record_model_type(results, run.model_type)
+    # The user's --model stays in config.model; lm-coupling's class is noted beside it.
+    results["config"]["model"] = run.model_type
+    results["config"].setdefault("lm_coupling", {})["model_class"] = "hf-coupling"
     samples = results.pop("samples", None) if run.log_samples else None
     directory = None
     if config.output_path:
@@ -258,21 +263,6 @@ def build_model(run: RunConfig) -> Any:
     if run.model is not None:
         return CouplingHFLM(pretrained=run.model, tokenizer=run.tokenizer, **sizes)
     return CouplingHFLM(**dict(config.model_args or {}), **sizes)
-
-
-def _recorded_model_args(run: RunConfig) -> dict[str, Any]:
-    """``model_args`` as the results record them (an in-memory model: its name and weights)."""
-    if run.model is None:
-        return dict(run.evaluator.model_args or {})
-    return dict(run.model_record or {})
-
-
-def _record_model_type(results: dict, model_type: str) -> None:
-    """Keep the user's ``--model`` in ``config.model``; note lm-coupling's class."""
-    config = results.get("config")
-    if isinstance(config, dict):
-        config["model"] = model_type
-        config.setdefault("lm_coupling", {})["model_class"] = "hf-coupling"
 
 
 def _wandb_logger(config: Any) -> Any:

@@ -37,10 +37,7 @@ def check_tasks(tasks: Any) -> None:
 
 
 def check_limit(limit: Any) -> None:
-    """Refuse a ``--limit`` that selects no document (0 or below).
-
-    lm-eval reads a limit below 1 as a fraction of each task's documents and
-    one of 1 or more as a count; 0 or a negative number leaves no document.
+    """Refuse a ``--limit`` that selects no document (0 or below; a count, or a fraction below 1).
 
     Raises:
         ConfigurationError: a limit of 0 or below.
@@ -62,13 +59,10 @@ def check_limit(limit: Any) -> None:
 
 
 def check_output_path(output_path: Any) -> None:
-    """Refuse an ``--output_path`` the results cannot be written under.
+    """Refuse an ``--output_path`` whose results folder is an existing file.
 
-    lm-eval writes into ``<output_path>/<model folder>/`` (for a path ending in
-    ``.json``: into that file's folder, `lm_coupling.files.output_root`). An
-    existing file that is not such a ``.json`` path, or a ``.json`` path whose
-    folder is a file, would fail only when the results are written, after the
-    whole run.
+    lm-eval writes into ``<output_path>/<model folder>/`` (for a ``.json``
+    path: into that file's folder, `lm_coupling.files.output_root`).
 
     Raises:
         ConfigurationError: the folder the results go to is an existing file.

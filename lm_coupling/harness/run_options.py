@@ -45,12 +45,9 @@ def _option_values(args: Any) -> dict[str, Any]:
 def effective_options(args: Any) -> dict[str, Any]:
     """The options the run will use: the ``--config`` YAML, then the command line.
 
-    The same precedence as lm-eval's ``EvaluatorConfig.from_cli`` (set values
-    only; ``model_args`` parsed into a dict).
-
-    Args:
-        args: lm-eval's parsed ``run`` namespace, or its ``EvaluatorConfig``
-            (read as it is).
+    The precedence of lm-eval's ``EvaluatorConfig.from_cli`` (set values only;
+    ``model_args`` parsed into a dict). ``args``: a parsed ``run`` namespace or
+    an ``EvaluatorConfig``.
     """
     options: dict[str, Any] = {}
     values = _option_values(args)
@@ -149,9 +146,7 @@ def _refusal(options: Mapping[str, Any], model_args: Mapping[str, Any]) -> tuple
 
 
 def check_run_options(args: Any) -> dict[str, Any]:
-    """Refuse the options geometry cannot honour; return those to record.
-
-    Call it after the geometry flags are parsed and before any model loads.
+    """Refuse the options geometry cannot honour (before any model loads); return those to record.
 
     Args:
         args: lm-eval's parsed ``run`` namespace or its ``EvaluatorConfig``

@@ -19,15 +19,13 @@ class RunningProfile:
     """Element-wise NaN-aware count, mean and sum of squared deviations of one profile.
 
     Each document's profile is folded in as it comes (Welford's update, the
-    case ``n_b = 1`` of `_fold`), in place: nothing is kept per document.
+    case ``n_b = 1`` of `_fold`): nothing is kept per document.
 
     Attributes:
         n: finite values per element.
         mean: their mean (0 where n is 0).
         m2: the sum of their squared deviations from the mean.
-        mixed: profiles of different shapes were added (the summary is then
-            None; `ProfileByShape` keeps one `RunningProfile` per shape, so a
-            run never mixes them).
+        mixed: profiles of different shapes were added (the summary is then None).
     """
 
     n: np.ndarray | None = None
@@ -91,12 +89,9 @@ class RunningProfile:
 class ProfileByShape:
     """One profile's running summary per shape, and which documents had each shape.
 
-    A plugin whose profile has another shape on some documents than on most
-    (docs/design.md, the plugin contract) must not lose the whole summary, nor
-    have the odd documents vanish silently: each shape keeps its own
-    `RunningProfile`, and the documents of each shape are kept as runs of
-    positions in the task's scoring order (``[start, stop)``: one run when
-    every document has one shape, so memory stays flat in N).
+    A profile of another shape on some documents neither spoils the summary
+    nor vanishes: each shape keeps its own `RunningProfile`, and its documents
+    as runs ``[start, stop)`` of positions in the task's scoring order.
 
     Attributes:
         shapes: running summary per shape, in the order the shapes first came.

@@ -32,8 +32,7 @@ MeasureAlone = Callable[[DocumentPlan], DocumentGeometry]
 class GeometryTaskManager(TaskManager):
     """lm-eval's task manager for one geometry run: loaded tasks get its session.
 
-    Built by `sharing_index` (lm-eval's ``TaskManager`` indexes every task
-    folder when built: about 15 s).
+    Built by `sharing_index` (a new ``TaskManager`` indexes every task folder: about 15 s).
     """
 
     session: GeometrySession
@@ -48,16 +47,10 @@ class GeometryTaskManager(TaskManager):
         *,
         measure_alone: MeasureAlone,
     ) -> GeometryTaskManager:
-        """A manager for ``session`` that reuses ``manager``'s task index (no re-indexing).
+        """A manager for ``session`` reusing ``manager``'s task index, with the run's metadata.
 
-        Args:
-            manager: the task index to share (the run's, or one a notebook or
-                sweep passes to many evaluations).
-            session: the run's geometry session.
-            metadata: the run's task metadata (replaces the shared manager's).
-            measure_alone: measures a document's prompt alone (the run's model,
-                `CouplingHFLM.measure_alone`), for documents lm-eval answered
-                from its cache.
+        ``measure_alone`` (`CouplingHFLM.measure_alone`) measures the documents
+        lm-eval answered from its cache.
         """
         from lm_coupling.harness.lm_eval_adapter import share_task_index
 
