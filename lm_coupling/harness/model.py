@@ -249,27 +249,20 @@ class CouplingHFLM(HFLMWithHooks):
         return output
 
     def _lens_target(self, session: GeometrySession, key: GeometryKey) -> int:
-        """`_first_target_token`, or -1 with a warning naming the cause for its documents."""
-        try:
-            return self._first_target_token(key)
-        except ValueError as exc:
-            targeted = [n for n, s in session.selection.specs.items() if s.reads_target]
-            what = ", ".join(targeted) or "the lens target"
-            session.plans.warn_key(key, f"{what} is undefined (NaN): {exc}")
-            return -1
-
-    def _first_target_token(self, key: GeometryKey) -> int:
-        """The gold continuation's first token (-1: none; the plan says why)."""
+        """The gold continuation's first token; -1 without one (a warning names the cause)."""
         context, gold = key
         if not gold or not context:
             return -1  # the plan's target_problem names the cause
         continuation = encode_pair(self, context, gold)[1]
-        if not continuation:
-            raise ValueError(
-                f"the gold answer {gold!r} encodes to no token after its context, so the "
-                "lens has no target"
-            )
-        return continuation[0]
+        if continuation:
+            return continuation[0]
+        targeted = [n for n, s in session.selection.specs.items() if s.reads_target]
+        session.plans.warn_key(
+            key,
+            f"{', '.join(targeted) or 'the lens target'} is undefined (NaN): the gold answer "
+            f"{gold!r} encodes to no token after its context, so the lens has no target",
+        )
+        return -1
 
     # -- shared capture plumbing -------------------------------------------------
     def _captured_call(

@@ -33,15 +33,6 @@ def _is_set(value: Any) -> bool:
     return bool(value) or value == 0 and value is not False
 
 
-def _option_values(args: Any) -> dict[str, Any]:
-    """The options of a parsed ``run`` namespace or of an ``EvaluatorConfig``, by name."""
-    if isinstance(args, argparse.Namespace):
-        return dict(vars(args))
-    if dataclasses.is_dataclass(args):
-        return {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
-    return dict(args)
-
-
 def effective_options(args: Any) -> dict[str, Any]:
     """The options the run will use: the ``--config`` YAML, then the command line.
 
@@ -50,7 +41,12 @@ def effective_options(args: Any) -> dict[str, Any]:
     an ``EvaluatorConfig``.
     """
     options: dict[str, Any] = {}
-    values = _option_values(args)
+    if isinstance(args, argparse.Namespace):
+        values = dict(vars(args))
+    elif dataclasses.is_dataclass(args):
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    else:
+        values = dict(args)
     config_path = values.get("config")
     if config_path:
         from lm_eval.config.evaluate_config import EvaluatorConfig

@@ -1,28 +1,15 @@
 """The document sample of the sampled (Jacobian) metrics: seeded, random, stratified.
 
-A sampled metric (``coupling``, ``alignment_ratio``, ...) is computed on
-``coupling_docs`` documents per task (its `MetricSpec.sample_option`). Which
-ones is decided here, before any forward pass, from the task alone:
-
-1. The population is the documents lm-eval evaluates: the task's documents,
-   the first ``--limit`` of them, or the ``--samples`` listed for the task,
-   read from lm-eval's own document iterator and named by the ``doc_id``
-   lm-eval's samples file gives them (under ``--samples`` the requests carry
-   another ``doc_id``, their position in the list: the sample is matched to
-   the requests through it). It does not depend on the model, the batch size
-   or the data-parallel rank.
-2. Each document's stratum is its gold answer for a multiple-choice task
-   (the task's own label); generation tasks have one stratum. A group's
-   subtasks are leaf tasks of their own, each with its own sample, so a
-   group's sample is stratified by subtask.
-3. Within each stratum the documents are shuffled by a generator seeded with
-   ``(sample_seed, task name)``; the strata are then interleaved so that every
-   prefix of the order holds each stratum in proportion to its size (the
-   largest shortfall from ``k * N_s / N`` goes next, ties to the first
-   stratum in sorted order).
-4. A sample of n documents is the first n of that order, so a smaller sample
-   is part of a larger one and each stratum's share is within one document of
-   proportional (``docs/metrics.md``, "The coupling sample").
+A sampled metric is computed on ``coupling_docs`` documents per task (its
+`MetricSpec.sample_option`), drawn here once, before any forward pass, from the
+task alone (docs/metrics.md, "The coupling sample"): the population is the
+documents lm-eval evaluates (``--limit``, ``--samples``); each stratum is a gold
+answer of a multiple-choice task (one stratum otherwise); within each stratum
+the documents are shuffled by a generator seeded with ``(sample_seed, task
+name)``, and the strata are interleaved so that every prefix of the order holds
+each stratum in proportion to its size (the largest shortfall from
+``k * N_s / N`` goes next, ties to the first stratum in sorted order). A sample
+of n documents is the first n of that order.
 """
 
 from __future__ import annotations

@@ -120,13 +120,9 @@ class ProfileByShape:
             for start, stop in other.runs[shape]:
                 _extend_runs(runs, start + offset, stop + offset)
 
-    def counts(self) -> dict[tuple[int, ...], int]:
-        """Documents per shape."""
-        return {shape: sum(b - a for a, b in runs) for shape, runs in self.runs.items()}
-
     def shape(self) -> tuple[int, ...] | None:
         """The shape most documents' profile has (the first to come, on a tie)."""
-        counts = self.counts()
+        counts = {shape: sum(b - a for a, b in runs) for shape, runs in self.runs.items()}
         return max(counts, key=counts.__getitem__) if counts else None
 
     def summary(self) -> dict[str, Any] | None:
