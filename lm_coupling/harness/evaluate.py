@@ -149,17 +149,8 @@ def evaluate_record(*args: Any, **keywords: Any) -> RunRecord:
     bound = inspect.signature(evaluate).bind(*args, **keywords)
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    lm_eval_options = {**arguments.pop("lm_eval_options")}
-    run = RunConfig.from_keywords(
-        arguments.pop("model"),
-        arguments.pop("model_args"),
-        arguments.pop("tasks"),
-        arguments.pop("metrics"),
-        arguments.pop("metric_args"),
-        tokenizer=arguments.pop("tokenizer"),
-        model_name=arguments.pop("model_name"),
-        bootstrap_iters=arguments.pop("bootstrap_iters"),
-        task_manager=arguments.pop("task_manager"),
-        lm_eval_options={**arguments, **lm_eval_options},  # evaluate's lm-eval options
-    )
-    return run_evaluation(run)
+    arguments.update(arguments.pop("lm_eval_options"))
+    # RunConfig.from_keywords takes its own arguments by name; the others are lm-eval's options.
+    own = set(inspect.signature(RunConfig.from_keywords).parameters) - {"lm_eval_options"}
+    named = {name: arguments.pop(name) for name in own}
+    return run_evaluation(RunConfig.from_keywords(**named, lm_eval_options=arguments))

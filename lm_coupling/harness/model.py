@@ -70,7 +70,13 @@ class CouplingHFLM(HFLMWithHooks):
         session = GeometrySession(
             selection,
             runner=runner,
-            model_shape=model_shape(self.model, runner),
+            model_shape={
+                "model_type": getattr(self.model.config, "model_type", None),
+                "n_layers": runner.parts.n_layers,
+                "d_model": runner.parts.d_model,
+                "vocab_size": runner.parts.vocab_size,
+                "n_params": sum(p.numel() for p in self.model.parameters()),
+            },
             cache_path_prefix=prefix,
             cache=self._geometry_cache(prefix, selection) if prefix else None,
             lm_eval_options=dict(run.lm_eval_options),
@@ -442,15 +448,3 @@ class CouplingHFLM(HFLMWithHooks):
             if self.rank == dst:
                 session.records.merge(gathered)
         return super().gather_object(obj, dst)
-
-
-def model_shape(model: Any, runner: GeometryRunner) -> dict[str, Any]:
-    """Layers, width, parameters and vocabulary of the model."""
-    parts = runner.parts
-    return {
-        "model_type": getattr(model.config, "model_type", None),
-        "n_layers": parts.n_layers,
-        "d_model": parts.d_model,
-        "vocab_size": parts.vocab_size,
-        "n_params": sum(p.numel() for p in model.parameters()),
-    }

@@ -77,13 +77,8 @@ def exclusive_run() -> Iterator[None]:
 
 def include_paths(user: str | Iterable[str] | None) -> list[str]:
     """lm-coupling's task folder, then the user's ``--include_path`` folders."""
-    if user is None:
-        extra: list[str] = []
-    elif isinstance(user, str):
-        extra = [p for p in user.split(",") if p]
-    else:
-        extra = [str(p) for p in user]
-    return [str(TASKS_DIR), *[p for p in extra if p != str(TASKS_DIR)]]
+    extra = user.split(",") if isinstance(user, str) else [str(p) for p in user or ()]
+    return [str(TASKS_DIR), *[p for p in extra if p and p != str(TASKS_DIR)]]
 
 
 def resolve_tasks(task_manager: Any, tasks: str | Iterable[Any]) -> list[Any]:

@@ -7,7 +7,6 @@ when it writes the results; these checks need neither.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,8 @@ def check_tasks(tasks: Any) -> None:
     Raises:
         ConfigurationError: no task named.
     """
-    if isinstance(tasks, str):
-        words: Iterable[Any] = tasks.split(",")
-    elif tasks is None:
-        words = []
-    else:
-        words = list(tasks)
-    named = [w for w in words if not isinstance(w, str) or w.strip()]
-    if not named:
+    words = tasks.split(",") if isinstance(tasks, str) else list(tasks or ())
+    if not [w for w in words if not isinstance(w, str) or w.strip()]:
         raise ConfigurationError(
             "no task given: name one or more with --tasks (Python: tasks=[...]), e.g. "
             "--tasks lmc_arc_easy_offline; `lm_eval ls tasks` lists them"
