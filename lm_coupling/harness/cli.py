@@ -55,8 +55,8 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
         stock: lm-eval's own execution of the ``run`` command.
 
     Returns:
-        The exit code (0; 2 after printing an lm-coupling error; 130 after Ctrl-C,
-        with one line saying how far the run got, `lm_coupling.harness.interrupt`).
+        The exit code: 0; 2 after printing an lm-coupling error; 130 after Ctrl-C
+        (`lm_coupling.harness.interrupt`).
     """
     metrics, metric_args = (getattr(args, name, None) for name in GEOMETRY_FLAGS)
     for name in GEOMETRY_FLAGS:

@@ -28,11 +28,9 @@ def _passthrough(items):
 def registered_metrics(specs: Mapping[str, MetricSpec]) -> Iterator[None]:
     """Register each geometry metric with lm-eval for the run; unregister after.
 
-    Names lm-eval already knows (its own, or registered by an earlier run that
-    is still going) are left as they are. A registry that is frozen
+    Names lm-eval already knows are left as they are. A frozen registry
     (``lm_eval.api.registry.freeze_all``) is opened for the registration and
-    for the removal, and frozen again after each: the run's metrics are
-    registered and removed exactly as with an open registry.
+    the removal, and frozen again after each.
     """
     import lm_eval.api.metrics  # noqa: F401  (lm-eval's own aggregations, registered on import)
     from lm_eval.api import registry

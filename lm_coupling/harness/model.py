@@ -236,7 +236,7 @@ class CouplingHFLM(HFLMWithHooks):
         for b, text in enumerate(contexts):
             # Keys of one prompt whose lens target is the first's share its row; a prompt
             # with another gold first token is measured alone (counted as such).
-            for key in session.plans.generation_keys_of(text):
+            for key in session.plans.generation_keys.get(text, ()):
                 if not session.measurements.wanted(key):
                     continue
                 key_target = self._lens_target(session, key)

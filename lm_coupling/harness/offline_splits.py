@@ -20,13 +20,10 @@ LOADER = "offline_data.load_offline"
 
 
 def required_splits(cfg: Mapping[str, Any]) -> dict[str, str]:
-    """The splits lm-eval reads to build a task, each with the role it plays.
+    """``{split: role}`` of the splits lm-eval 0.4.13's ``ConfigurableTask`` reads to build a task.
 
-    Returns:
-        ``{split: role}``: the evaluated split, then the few-shot source
-        (lm-eval 0.4.13's ``ConfigurableTask``: ``test_split`` else
-        ``validation_split``; ``fewshot_split`` else ``training_split`` else
-        ``validation_split``).
+    The evaluated split (``test_split`` else ``validation_split``), then the
+    few-shot source (``fewshot_split`` else ``training_split`` else ``validation_split``).
     """
     evaluated = cfg.get("test_split") or cfg.get("validation_split")
     few_shot = cfg.get("fewshot_split") or cfg.get("training_split") or cfg.get("validation_split")

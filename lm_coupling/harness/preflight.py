@@ -110,9 +110,8 @@ def check_differentiable(
 ) -> None:
     """Raise when a Jacobian metric is selected and ``torch.func`` cannot go through a block.
 
-    One JVP per block on the engine's recorded last-token calls of
-    ``input_ids`` (``model.differentiable``); modules with an exact stand-in
-    (Bloom's GELU) are substituted first, as the engine does.
+    One JVP per block on the engine's recorded calls of ``input_ids``, exact
+    stand-ins substituted first, as the engine does (``model.differentiable``).
 
     Raises:
         UnsupportedModelError: names the modules, and the metrics that can still run.

@@ -58,11 +58,7 @@ class RunRecord:
 
 @contextlib.contextmanager
 def exclusive_run() -> Iterator[None]:
-    """Hold the process's one evaluation slot.
-
-    Raises:
-        ConcurrentRunError: another evaluation is running in this process.
-    """
+    """Hold the process's one evaluation slot (`ConcurrentRunError` when it is taken)."""
     if not _RUN_LOCK.acquire(blocking=False):
         raise ConcurrentRunError(
             "another lm-coupling evaluation is running in this process: lm-eval seeds the "

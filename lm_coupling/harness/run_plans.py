@@ -49,6 +49,8 @@ class RunPlans:
             rolling log-likelihood task).
         plans_by_key: the plans measured at each request (duplicate prompts
             share one key).
+        generation_keys: the planned keys of each generation prompt (one per
+            distinct gold answer).
         sample_sizes: each sampled metric's document sample size (None: all).
         samples: each task's document sample (`TaskSample`), drawn once.
     """
@@ -110,9 +112,9 @@ class RunPlans:
         self.plans[ident] = plan
         if plan is not None and plan.problem is None:
             self.plans_by_key[plan.key].append(plan)
-            if plan.kind == "generate_until":
-                if plan.key not in self.generation_keys[plan.key[0]]:
-                    self.generation_keys[plan.key[0]].append(plan.key)
+            keys = self.generation_keys[plan.key[0]] if plan.kind == "generate_until" else None
+            if keys is not None and plan.key not in keys:
+                keys.append(plan.key)
         return plan
 
     def sample_of(self, task_name: str) -> TaskSample | None:
@@ -183,10 +185,6 @@ class RunPlans:
                 "measures no geometry for rolling log-likelihood, so its documents have none",
             )
         return plan
-
-    def generation_keys_of(self, context: str) -> list[GeometryKey]:
-        """The planned keys of a generation prompt (one per distinct gold answer)."""
-        return self.generation_keys.get(context, [])
 
     def documents_at(self, key: GeometryKey) -> tuple[DocumentRef, ...]:
         """The documents measured at ``key`` (their identity, for the plugins)."""

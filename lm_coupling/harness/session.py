@@ -35,10 +35,8 @@ class GeometrySession:
         selection: the run's metrics and options.
         runner: the geometry runner on the run's model.
         model_shape: layers, width, parameters and vocabulary of the model.
-        cache_path_prefix: lm-eval's ``--use_cache`` path, if any (documents
-            it answers are measured alone, as expected).
-        cache: the geometry cache (a ``GeometryCache``) beside lm-eval's
-            ``--use_cache`` database, else None.
+        cache_path_prefix: lm-eval's ``--use_cache`` path, if any.
+        cache: the geometry cache beside lm-eval's ``--use_cache`` database, else None.
         lm_eval_options: the lm-eval options the run uses, as the results
             record them (`lm_coupling.harness.run_options.check_run_options`).
 

@@ -122,7 +122,7 @@ class RunRecords:
     Args:
         plans: the run's plans (their selection, reported ids and warnings).
         cache_path_prefix: lm-eval's ``--use_cache`` path, if any (documents
-            it answers are measured alone, as expected).
+            measured alone are then expected).
 
     Attributes:
         tasks: each task's records.
