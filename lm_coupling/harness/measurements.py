@@ -128,10 +128,7 @@ class MeasurementStore:
             self.failed_keys.add(key)
             self.plans.warn_key(key, f"its geometry failed ({error}); values are NaN")
             failed = DocumentGeometry(values={name: math.nan for name in metrics})
-            if key in self.measured:
-                self.measured[key].merge(failed)
-            else:
-                self.measured[key] = failed
+            self.measured.setdefault(key, DocumentGeometry()).merge(failed)
             self.sources.setdefault(key, "failed")
 
     def geometry_for(

@@ -156,10 +156,8 @@ class CouplingHFLM(HFLMWithHooks):
     def encoded_requests(self, requests: list[Any]) -> Iterator[None]:
         """Index the wanted requests by their model input while HFLM scores them."""
         session = self._lmc_session
-        if session is None:
-            yield
-            return
-        self._lmc_rows = RowIndex.of_requests(self, requests, session.measurements)
+        if session is not None:
+            self._lmc_rows = RowIndex.of_requests(self, requests, session.measurements)
         try:
             yield
         finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import warnings
 from pathlib import Path
 from typing import Any, TextIO
@@ -12,13 +11,11 @@ import numpy as np
 
 import lm_coupling
 from lm_coupling.errors import GeometryWarning
-from lm_coupling.files import geometry_file_name, output_root
+from lm_coupling.files import geometry_file_name
 from lm_coupling.harness.session import GeometrySession
 from lm_coupling.harness.task_records import TaskRecords
 from lm_coupling.model_source import filed_dtype, filed_name
 from lm_coupling.plugins.calls import isolated_answers, warn_failures
-
-log = logging.getLogger("lm_coupling")
 
 SCHEMA = "lm_coupling.geometry/1"
 
@@ -242,12 +239,6 @@ def geometry_documents(
         for task_name, records in sorted(session.records.tasks.items())
         if records.n_documents
     }
-
-
-def results_file_location(output_path: str, model_dir_name: str) -> Path:
-    """The folder lm-eval's EvaluationTracker wrote its results file into."""
-    root = output_root(output_path)
-    return root if Path(output_path).suffix == ".json" else root / model_dir_name
 
 
 def write_geometry_file(

@@ -27,7 +27,6 @@ from lm_coupling.harness.lm_eval_adapter import TASK_LOGGER, commit_from_path, g
 
 _METADATA_HINT = ": Custom kwargs can be passed to `--metadata`"
 _COUNTS = re.compile(r"Metrics were not scored on the same number of documents \((.*?)\)\.")
-_EVALUATOR_LOGGER = "lm_eval.evaluator_utils"
 
 
 def quiet_git_commit_hash() -> str | None:
@@ -72,7 +71,7 @@ class QuietFilter(logging.Filter):
 def quiet_lm_eval(geometry_metrics: Iterable[str] = ()) -> Iterator[None]:
     """Within the block: no git probe noise, and `QuietFilter` on lm-eval's two loggers."""
     log_filter = QuietFilter(geometry_metrics)
-    loggers = [logging.getLogger(TASK_LOGGER), logging.getLogger(_EVALUATOR_LOGGER)]
+    loggers = [logging.getLogger(TASK_LOGGER), logging.getLogger("lm_eval.evaluator_utils")]
     for logger in loggers:
         logger.addFilter(log_filter)
     try:

@@ -137,13 +137,13 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
+    from lm_coupling.files import output_root
     from lm_coupling.harness.lm_eval_registry import registered_metrics
     from lm_coupling.harness.offline_splits import check_offline_splits
     from lm_coupling.harness.outputs import (
         add_task_level_values,
         add_undefined_rows,
         geometry_documents,
-        results_file_location,
     )
     from lm_coupling.harness.quiet import quiet_lm_eval
     from lm_coupling.harness.tasks import GeometryTaskManager
@@ -212,8 +212,10 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     samples = results.pop("samples", None) if run.log_samples else None
     directory = None
     if config.output_path:
-        model_dir = str(tracker.general_config_tracker.model_name_sanitized)
-        directory = results_file_location(config.output_path, model_dir)
+        # The folder lm-eval's EvaluationTracker writes its results file into.
+        directory = output_root(config.output_path)
+        if Path(config.output_path).suffix != ".json":
+            directory = directory / str(tracker.general_config_tracker.model_name_sanitized)
     # Before the results are shown or saved. lm-eval names its files when it saves them
     # (after this): the plugins' files get the run's own timestamp, in lm-eval's format.
     run_id = datetime.datetime.now().isoformat().replace(":", "-")
@@ -233,7 +235,6 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     record.results = results if samples is None else {**results, "samples": samples}
     _print_account(record, selection, stream)
     if config.output_path and int(os.environ.get("RANK", "0")) == 0:
-        from lm_coupling.files import output_root
         from lm_coupling.harness.outputs import refresh_leaderboard
 
         refresh_leaderboard(output_root(config.output_path), stream)
