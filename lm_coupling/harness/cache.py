@@ -30,13 +30,14 @@ class GeometryCache:
         path: database file (``<use_cache>_geometry_rank<r>.db``).
         identity: what makes measurements comparable: model arguments,
             metrics and options. Entries of another identity are never read.
+        timeout: seconds to wait for another run's write to the same file.
     """
 
-    def __init__(self, path: str | Path, identity: dict):
+    def __init__(self, path: str | Path, identity: dict, timeout: float = 60.0):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._identity = json.dumps(identity, sort_keys=True, default=str)
-        self._db = sqlite3.connect(str(self.path), timeout=60.0)  # another run's write
+        self._db = sqlite3.connect(str(self.path), timeout=timeout)  # waits for another run's write
         with self._db:
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS geometry (key TEXT PRIMARY KEY, value TEXT)"
