@@ -80,11 +80,10 @@ _FINGERPRINT_ELEMENTS = 1024
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A cheap hash of a model's weights.
+    """A cheap hash of a model's weights: every tensor's name, shape, dtype and end values.
 
-    It covers every tensor's name, shape and dtype and its first and last
-    1024 elements: any training step changes it, and the whole model is never
-    read. Tensors on the meta device (offloaded) count by name and shape only.
+    The first and last 1024 elements of each tensor (any training step changes
+    them); tensors on the meta device (offloaded) count by name and shape only.
     """
     digest = hashlib.sha256()
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:

@@ -136,9 +136,7 @@ def evaluate(
 def evaluate_record(*args: Any, **keywords: Any) -> RunRecord:
     """`evaluate`, returning the whole `RunRecord` (results, geometry, files, session).
 
-    Takes exactly `evaluate`'s arguments (bound to its signature, defaults
-    included); for callers that want the run's `GeometrySession` (per-document
-    records, plans) or the paths written.
+    Takes exactly `evaluate`'s arguments (bound to its signature, defaults included).
 
     Raises:
         TypeError: an argument `evaluate` does not take.

@@ -66,8 +66,7 @@ def registered_metrics(specs: Mapping[str, MetricSpec]) -> Iterator[None]:
 def attach_to_task(task: Any, specs: Mapping[str, MetricSpec]) -> None:
     """Make ``task`` aggregate the geometry metrics (mean) and know their direction.
 
-    The metric functions are deliberately not added to the task's own metric
-    list: generation tasks call every listed function on their outputs.
+    They are not added to the task's metric list: generation tasks call every listed function.
     """
     from lm_eval.api import registry
 

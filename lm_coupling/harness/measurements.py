@@ -119,8 +119,7 @@ class MeasurementStore:
 
         Args:
             keys: the requests whose measurement failed.
-            error: the error's text (never the exception: its traceback would
-                keep the failed capture's tensors alive).
+            error: the error's text (the exception's traceback would keep tensors alive).
             metrics: the metrics that failed (default: all).
         """
         metrics = metrics if metrics is not None else self.metrics

@@ -43,13 +43,10 @@ class RunConfig:
         log_samples: keep per-document records (written with an output path,
             returned without one).
         echo: print lm-eval's results table (the command lines do).
-        model_record: an in-memory model's ``model_args`` as the results
-            record them: its name and weights fingerprint
-            (`lm_coupling.harness.model_identity.recorded_model_args`); None
-            for a model loaded by name.
+        model_record: an in-memory model's recorded ``model_args`` (its name and
+            weights fingerprint, `model_identity.recorded_model_args`), else None.
         model_source: a GGUF checkpoint's file and quantisation
-            (`lm_coupling.harness.gguf_checkpoint.GgufCheckpoint.record`), recorded in
-            the results as ``config.lm_coupling.model_source``; None otherwise.
+            (``config.lm_coupling.model_source``), else None.
     """
 
     evaluator: Any
