@@ -1,15 +1,12 @@
 """A geometry cache beside lm-eval's ``--use_cache`` response cache.
 
-Documents that lm-eval answers from its cache never reach the model, so their
+Documents lm-eval answers from its cache never reach the model, so their
 geometry is read from here: an interrupted run, rerun with the same command,
-ends with the numbers of an uninterrupted one to float32 round-off (not bit for
-bit: a document whose requests the cache answered is measured alone, without
-the padding of its former batch; the largest difference measured was 1.7e-6).
-
-An entry is served only to a run of the same identity: model, revision,
-weights fingerprint (a checkpoint retrained in place is a new identity),
-dtype, context length, metrics, options, and the lm-coupling and plugin
-versions. An entry that lacks a metric the document needs is recomputed.
+ends with the numbers of an uninterrupted one to float32 round-off (largest
+difference measured: 1.7e-6). An entry is served only to a run of the same
+identity (model, revision, weights fingerprint, dtype, context length,
+metrics, options, lm-coupling and plugin versions); an entry that lacks a
+metric the document needs is recomputed.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ class GeometryCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._identity = json.dumps(identity, sort_keys=True, default=str)
-        # Runs sharing the file wait for each other's writes.
-        self._db = sqlite3.connect(str(self.path), timeout=timeout)
+        self._db = sqlite3.connect(str(self.path), timeout=timeout)  # waits for another run's write
         with self._db:
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS geometry (key TEXT PRIMARY KEY, value TEXT)"
@@ -84,11 +80,10 @@ _FINGERPRINT_ELEMENTS = 1024
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
-    """A cheap hash of a model's weights.
+    """A cheap hash of a model's weights: every tensor's name, shape, dtype and end values.
 
-    It covers every tensor's name, shape and dtype and its first and last
-    1024 elements: any training step changes it, and the whole model is never
-    read. Tensors on the meta device (offloaded) count by name and shape only.
+    The first and last 1024 elements of each tensor (any training step changes
+    them); tensors on the meta device (offloaded) count by name and shape only.
     """
     digest = hashlib.sha256()
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:

@@ -1,17 +1,12 @@
 """The command-line shells: ``lm-coupling run`` and the literal ``lm_eval ... --metrics``.
 
-Both parse lm-eval's own ``run`` arguments with lm-eval's own parser, plus
-``--metrics``/``--metric_args``, and call the library core
-(`lm_coupling.harness.run.run_evaluation`) with the configuration lm-eval's
-command line would build. Without ``--metrics`` lm-eval's own command runs
-untouched. Errors become exit codes here and nowhere else.
-
-``lm-coupling run`` adds the two flags to its own instance of lm-eval's parser.
-The literal ``lm_eval`` command is lm-eval's program, so the flags can only be
-added by patching its ``run`` sub-command class (`patch_run_command`, applied
-by the interpreter start-up hook, `lm_coupling.harness.startup`): lm-eval
-0.4.13 has no plugin mechanism for command-line flags. The patch is undone
-when the command ends.
+Both parse lm-eval's own ``run`` arguments with lm-eval's own parser plus
+``--metrics``/``--metric_args`` and call the library core
+(`lm_coupling.harness.run.run_evaluation`); without ``--metrics`` lm-eval's
+own command runs untouched. The literal ``lm_eval`` gets the flags by a patch
+of its ``run`` sub-command (`patch_run_command`, applied by
+`lm_coupling.harness.startup`, undone when the command ends). Errors become
+exit codes here and nowhere else.
 """
 
 from __future__ import annotations
@@ -60,8 +55,8 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
         stock: lm-eval's own execution of the ``run`` command.
 
     Returns:
-        The exit code (0; 2 after printing an lm-coupling error; 130 after Ctrl-C,
-        with one line saying how far the run got, `lm_coupling.harness.interrupt`).
+        The exit code: 0; 2 after printing an lm-coupling error; 130 after Ctrl-C
+        (`lm_coupling.harness.interrupt`).
     """
     metrics, metric_args = (getattr(args, name, None) for name in GEOMETRY_FLAGS)
     for name in GEOMETRY_FLAGS:
@@ -73,29 +68,19 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
                 make_selection(metrics, metric_args)
             stock(args)
             return 0
-        run_with_geometry(args, metrics, metric_args)
+        from lm_coupling.harness.run import run_evaluation
+        from lm_coupling.harness.run_config import RunConfig
+
+        run_evaluation(RunConfig.from_command_line(args, metrics, metric_args))
     except LmCouplingError as exc:
         print(f"lm-coupling: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C: one line, not a traceback
-        from lm_coupling.harness.interrupt import (
-            EXIT_INTERRUPTED,
-            close_progress_bars,
-            interrupted_message,
-        )
+        from lm_coupling.harness.interrupt import EXIT_INTERRUPTED, interrupted_message
 
-        close_progress_bars()
         print(interrupted_message(exc, getattr(args, "use_cache", None)), file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
-
-
-def run_with_geometry(args: argparse.Namespace, metrics: str, metric_args: str | None) -> None:
-    """The core, on lm-eval's configuration of ``args`` (default output folder: results)."""
-    from lm_coupling.harness.run import run_evaluation
-    from lm_coupling.harness.run_config import RunConfig
-
-    run_evaluation(RunConfig.from_command_line(args, metrics, metric_args))
 
 
 def run_command(argv: Sequence[str]) -> int:

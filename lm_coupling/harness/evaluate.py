@@ -1,11 +1,8 @@
 """`evaluate`: an lm-eval benchmark with geometry, from Python.
 
-The keywords are lm-eval's own run options (those of ``lm_eval run``), plus
-the geometry selection. They become the run's one frozen configuration
-(`lm_coupling.harness.run_config.RunConfig.from_keywords`), with lm-eval's
-``EvaluatorConfig`` built exactly as lm-eval's command line builds it, so a
-Python run and ``lm_eval ... --metrics`` validate and execute the same
-configuration (`lm_coupling.harness.run.run_evaluation`).
+The keywords are lm-eval's own run options plus the geometry selection; they
+become the run's `RunConfig` (`RunConfig.from_keywords`), validated and run
+as the command lines' (`lm_coupling.harness.run.run_evaluation`).
 """
 
 from __future__ import annotations
@@ -128,18 +125,9 @@ def evaluate(
         DataUnavailableError: a task's data cannot be read.
         ConcurrentRunError: another evaluation is running in this process.
     """
-    record = evaluate_record(
-        model, model_args, tasks, metrics, metric_args, tokenizer=tokenizer,
-        model_name=model_name, output_path=output_path, batch_size=batch_size,
-        max_batch_size=max_batch_size,
-        device=device, limit=limit, samples=samples, num_fewshot=num_fewshot,
-        include_path=include_path, log_samples=log_samples, use_cache=use_cache,
-        gen_kwargs=gen_kwargs, apply_chat_template=apply_chat_template,
-        fewshot_as_multiturn=fewshot_as_multiturn, system_instruction=system_instruction,
-        seed=seed, predict_only=predict_only, write_out=write_out, metadata=metadata,
-        wandb_args=wandb_args, bootstrap_iters=bootstrap_iters, task_manager=task_manager,
-        **lm_eval_options,
-    )  # fmt: skip
+    keywords = dict(locals())  # every argument, as given
+    keywords.update(keywords.pop("lm_eval_options"))
+    record = evaluate_record(**keywords)
     if record.results is None:
         return None
     return {**record.results, "geometry": record.geometry}
@@ -148,9 +136,7 @@ def evaluate(
 def evaluate_record(*args: Any, **keywords: Any) -> RunRecord:
     """`evaluate`, returning the whole `RunRecord` (results, geometry, files, session).
 
-    Takes exactly `evaluate`'s arguments (bound to its signature, defaults
-    included); for callers that want the run's `GeometrySession` (per-document
-    records, plans) or the paths written.
+    Takes exactly `evaluate`'s arguments (bound to its signature, defaults included).
 
     Raises:
         TypeError: an argument `evaluate` does not take.
@@ -161,17 +147,8 @@ def evaluate_record(*args: Any, **keywords: Any) -> RunRecord:
     bound = inspect.signature(evaluate).bind(*args, **keywords)
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    lm_eval_options = {**arguments.pop("lm_eval_options")}
-    run = RunConfig.from_keywords(
-        arguments.pop("model"),
-        arguments.pop("model_args"),
-        arguments.pop("tasks"),
-        arguments.pop("metrics"),
-        arguments.pop("metric_args"),
-        tokenizer=arguments.pop("tokenizer"),
-        model_name=arguments.pop("model_name"),
-        bootstrap_iters=arguments.pop("bootstrap_iters"),
-        task_manager=arguments.pop("task_manager"),
-        lm_eval_options={**arguments, **lm_eval_options},  # evaluate's lm-eval options
-    )
-    return run_evaluation(run)
+    arguments.update(arguments.pop("lm_eval_options"))
+    # RunConfig.from_keywords takes its own arguments by name; the others are lm-eval's options.
+    own = set(inspect.signature(RunConfig.from_keywords).parameters) - {"lm_eval_options"}
+    named = {name: arguments.pop(name) for name in own}
+    return run_evaluation(RunConfig.from_keywords(**named, lm_eval_options=arguments))

@@ -1,30 +1,16 @@
 """GGUF checkpoints (``gguf_file=`` in ``--model_args``), checked before the model loads.
 
-lm-eval's ``hf`` model hands ``gguf_file=`` to transformers, which reads the
-file with the ``gguf`` package and dequantizes every tensor to float
-(``gguf.dequantize``); the geometry is then measured on that float model, as
-on any other. lm-eval's rule: ``pretrained=<folder>,gguf_file=<file>``, the
-file taken relative to the folder (transformers joins the two; an absolute
-``gguf_file`` names the file wherever it is).
-
-Before the model loads, a run with ``gguf_file=`` is refused, with the fix:
-
-- without the ``gguf`` package (the optional extra ``lm-coupling[gguf]``);
-- when the file is missing, or is not a GGUF file (its first four bytes are
-  not ``GGUF``), or ``pretrained=`` names a file rather than a folder;
-- when its architecture (the header's ``general.architecture``) is one the
-  installed transformers cannot build from a GGUF file (not among the keys of
-  its GGUF config mapping, after the renames its loader applies), naming the
-  architecture, the ones it reads, and what to do;
-- when a tensor is stored in a type the installed ``gguf`` cannot dequantize
-  (``gguf.dequantize`` raises ``NotImplementedError`` for it: Q8_1, Q8_K,
-  the integer types, F64 in gguf 0.19), naming the type and the tensors.
-
-The header's tensor types give the checkpoint's quantisation (the type most
-of its matrices are stored in, e.g. ``Q4_1``), which the results record
-(``config.lm_coupling.model_source``) so that a GGUF model is filed under its
-file and quantisation, never merged with its float original
-(`lm_coupling.model_source`).
+transformers reads ``pretrained=<folder>,gguf_file=<file>`` (the file relative
+to the folder, or absolute) with the ``gguf`` package and dequantizes every
+tensor to float; the geometry is measured on that float model. Before the
+model loads, such a run is refused, with the fix: without the ``gguf`` package
+(``lm-coupling[gguf]``); a missing file, a file that is not GGUF, or
+``pretrained=`` naming a file; an architecture (``general.architecture``) the
+installed transformers cannot build from GGUF; a tensor type the installed
+``gguf`` cannot dequantize (Q8_1, Q8_K, the integer types, F64 in gguf 0.19).
+The quantisation (the type most of its matrices are stored in, e.g. ``Q4_1``)
+is recorded (``config.lm_coupling.model_source``), so that a GGUF model is
+filed under its file and quantisation (`lm_coupling.model_source`).
 """
 
 from __future__ import annotations
@@ -214,12 +200,7 @@ def transformers_architectures() -> tuple[str, ...]:
 
 
 def check_architecture(header: GgufCheckpoint) -> None:
-    """Refuse a GGUF file whose architecture transformers cannot load.
-
-    transformers reads the architecture from ``general.architecture``, renames
-    a few llama.cpp names (``qwen2moe`` -> ``qwen2_moe``, ...) and stops with
-    "GGUF model with architecture X is not supported yet" when neither name is
-    in its mapping, after lm-eval's task index and the model's download.
+    """Refuse a GGUF file whose architecture transformers cannot load (after its renames).
 
     Raises:
         ConfigurationError: the architecture is missing or not supported, named.

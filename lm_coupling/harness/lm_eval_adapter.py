@@ -24,9 +24,6 @@ from typing import Any
 
 from lm_eval.models.huggingface import HFLM
 
-RUN_COMMAND_MODULE = "lm_eval._cli.run"
-"""The module of lm-eval's ``run`` sub-command (``harness/startup.py`` waits for it)."""
-
 METRIC_TABLES = ("metric_registry", "metric_agg_registry", "higher_is_better_registry")
 """The registries ``lm_eval.api.registry.register_metric`` writes one metric into."""
 

@@ -3,13 +3,11 @@
 lm-eval 0.4.13 looks metrics up by name in process-wide registries
 (``lm_eval.api.registry``) and discovers no plugins: a metric that is not
 registered makes lm-eval warn and guess its direction. `registered_metrics`
-adds the selected geometry metrics (aggregation ``mean`` and their direction)
-for one run and removes what it added afterwards.
-
-Upstream: lm-eval's main branch adds entry-point plugin groups
-(``lm_eval.metrics``, ``lm_eval.aggregations``); where the installed lm-eval
-has them (`has_metric_entry_points`), its registries are left alone. The
-per-task declaration (`attach_to_task`) is what aggregation needs in either case.
+adds the selected geometry metrics for one run and removes them afterwards;
+where the installed lm-eval discovers metric plugins itself (its main branch,
+`lm_eval_adapter.has_entry_point_plugins`), its registries are left alone.
+The per-task declaration (`attach_to_task`) is what aggregation needs in
+either case.
 """
 
 from __future__ import annotations
@@ -26,37 +24,27 @@ def _passthrough(items):
     return items
 
 
-def has_metric_entry_points() -> bool:
-    """Whether the installed lm-eval discovers metrics through entry points.
-
-    No released lm-eval does (0.4.13 has none); the check looks for the
-    plugin loader of lm-eval's main branch (`lm_eval_adapter.has_entry_point_plugins`),
-    so that lm-coupling stops writing into the registries once a release
-    reads the groups itself.
-    """
-    from lm_coupling.harness.lm_eval_adapter import has_entry_point_plugins
-
-    return has_entry_point_plugins()
-
-
 @contextlib.contextmanager
 def registered_metrics(specs: Mapping[str, MetricSpec]) -> Iterator[None]:
     """Register each geometry metric with lm-eval for the run; unregister after.
 
-    Names lm-eval already knows (its own, or registered by an earlier run that
-    is still going) are left as they are. A registry that is frozen
+    Names lm-eval already knows are left as they are. A frozen registry
     (``lm_eval.api.registry.freeze_all``) is opened for the registration and
-    for the removal, and frozen again after each: the run's metrics are
-    registered and removed exactly as with an open registry.
+    the removal, and frozen again after each.
     """
     import lm_eval.api.metrics  # noqa: F401  (lm-eval's own aggregations, registered on import)
     from lm_eval.api import registry
 
-    from lm_coupling.harness.lm_eval_adapter import METRIC_TABLES, thawed, unregister
+    from lm_coupling.harness.lm_eval_adapter import (
+        METRIC_TABLES,
+        has_entry_point_plugins,
+        thawed,
+        unregister,
+    )
 
     tables = [getattr(registry, name) for name in METRIC_TABLES]
     added: list[str] = []
-    if not has_metric_entry_points():
+    if not has_entry_point_plugins():
         with contextlib.ExitStack() as stack:
             for table in tables:
                 stack.enter_context(thawed(table))
@@ -78,8 +66,7 @@ def registered_metrics(specs: Mapping[str, MetricSpec]) -> Iterator[None]:
 def attach_to_task(task: Any, specs: Mapping[str, MetricSpec]) -> None:
     """Make ``task`` aggregate the geometry metrics (mean) and know their direction.
 
-    The metric functions are deliberately not added to the task's own metric
-    list: generation tasks call every listed function on their outputs.
+    They are not added to the task's metric list: generation tasks call every listed function.
     """
     from lm_eval.api import registry
 

@@ -1,15 +1,9 @@
 """The run's measurement store: each planned request's geometry, from measured to scored.
 
 A measurement is kept at its `GeometryKey` (duplicate prompts share one),
-written to the geometry cache beside lm-eval's ``--use_cache`` database,
-looked up when lm-eval scores its documents (or measured alone then), and
-released once every document measured at it is scored. Profiles of documents
-outside every sampled metric's sample are folded into their tasks' running
-summaries as soon as they are measured (`TaskRecords.add_profiles`).
-
-Every measurement's trajectory/lens part has one source
-(`task_records.CAPTURE_SOURCES`): ``in_batch``, ``alone``, ``cached`` or
-``failed``.
+written to the geometry cache, looked up when lm-eval scores its documents (or
+measured alone then), and released once every document measured at it is
+scored.
 """
 
 from __future__ import annotations
@@ -81,17 +75,6 @@ class MeasurementStore:
             source: ``in_batch``, ``alone`` or ``cached`` for the trajectory/lens
                 part; None for a later part (the Jacobian metrics).
         """
-        geometry = self._keep(key, geometry, source)
-        if source is not None and not self.plans.sampled(key):
-            self._fold_profiles(key, geometry)
-
-    def _keep(
-        self, key: GeometryKey, geometry: DocumentGeometry, source: str | None
-    ) -> DocumentGeometry:
-        """Merge into an earlier part, keep, note the source, write to the cache.
-
-        Returns the geometry now kept at ``key`` (an earlier part it was merged into).
-        """
         existing = self.measured.get(key)
         if existing is not None:
             existing.merge(geometry)
@@ -107,15 +90,11 @@ class MeasurementStore:
                     "cache", f"the geometry cache {self.cache.path} could not be written "
                     f"({exc!r}); values are kept but not cached",
                 )  # fmt: skip
-        return geometry
+        if source is not None and not self.plans.sampled(key):
+            self._fold_profiles(key, geometry)
 
     def _fold_profiles(self, key: GeometryKey, geometry: DocumentGeometry) -> None:
-        """Fold a measurement's profiles into its documents' task summaries, then drop them.
-
-        Only for keys no sampled metric measures (their measurement is complete
-        and cached whole already): what waits for lm-eval's scoring is then the
-        values alone (`TaskRecords`).
-        """
+        """Fold a complete measurement's profiles into its tasks' summaries, then drop them."""
         if not geometry.profiles:
             return
         for plan in self.plans.plans_by_key.get(key, ()):
@@ -140,8 +119,7 @@ class MeasurementStore:
 
         Args:
             keys: the requests whose measurement failed.
-            error: the error's text (never the exception: its traceback would
-                keep the failed capture's tensors alive).
+            error: the error's text (the exception's traceback would keep tensors alive).
             metrics: the metrics that failed (default: all).
         """
         metrics = metrics if metrics is not None else self.metrics
@@ -149,10 +127,7 @@ class MeasurementStore:
             self.failed_keys.add(key)
             self.plans.warn_key(key, f"its geometry failed ({error}); values are NaN")
             failed = DocumentGeometry(values={name: math.nan for name in metrics})
-            if key in self.measured:
-                self.measured[key].merge(failed)
-            else:
-                self.measured[key] = failed
+            self.measured.setdefault(key, DocumentGeometry()).merge(failed)
             self.sources.setdefault(key, "failed")
 
     def geometry_for(
@@ -160,9 +135,8 @@ class MeasurementStore:
     ) -> DocumentGeometry:
         """This run's (or the cache's) measurement, else the prompt measured alone.
 
-        Documents lm-eval answered from its own cache never reached the model,
-        so they are measured here, alone, by ``measure_alone`` (the run's
-        model's `CouplingHFLM.measure_alone`).
+        Documents lm-eval answered from its own cache never reached the model:
+        ``measure_alone`` (`CouplingHFLM.measure_alone`) measures them now.
         """
         if plan.problem is not None:
             self.plans.warn(plan, f"{plan.problem}; its geometry is NaN")
@@ -187,11 +161,7 @@ class MeasurementStore:
         return self.sources.get(plan.key, "alone"), None
 
     def release(self, key: GeometryKey, scored: Collection[DocumentId]) -> None:
-        """Drop a measurement once every document planned at ``key`` is scored.
-
-        Its values live on in lm-eval's own per-document results and in the
-        task's running summaries (`TaskRecords`).
-        """
+        """Drop a measurement once every document planned at ``key`` is scored."""
         plans = self.plans.plans_by_key.get(key, ())
         if all((plan.task_name, plan.doc_id) in scored for plan in plans):
             self.measured.pop(key, None)

@@ -37,23 +37,14 @@ class CouplingHFLM(HFLMWithHooks):
 
     It overrides five public methods of HFLM (``get_model_info``,
     ``loglikelihood``, ``generate_until``, ``tok_batch_encode``,
-    ``gather_object``: no public hook gives the requests, the contexts of a
-    generation batch, the model info or the first gather) and the public
-    hooks `HFLMWithHooks` (the lm-eval adapter) puts on HFLM's private steps:
-    the forward batch, the generation batch, the encoded requests and the
-    batch-size search.
-
-    `lm_coupling.harness.run` builds one per run, then its session
-    (`open_session`); without a session it is exactly lm-eval's ``hf``
-    model. (The ``lm_eval.models`` entry point in setup.cfg names it
-    ``hf-coupling`` for lm-eval versions that read that group; no released
-    lm-eval does yet.)
-
-    It takes lm-eval's ``HFLM`` arguments (``pretrained`` may be a model in memory).
+    ``gather_object``) and the public hooks `HFLMWithHooks` puts on HFLM's
+    private steps. `lm_coupling.harness.run` builds one per run, then its
+    session (`open_session`); without a session it is exactly lm-eval's
+    ``hf`` model. It takes lm-eval's ``HFLM`` arguments (``pretrained`` may
+    be a model in memory).
     """
 
-    # lm-coupling's state, as class defaults (HFLM's __init__ is not overridden); every
-    # one is replaced on the instance, never changed in place.
+    # Class defaults (HFLM's __init__ is not overridden), replaced on the instance.
     _lmc_session: GeometrySession | None = None
     _lmc_rows: RowIndex | None = None  # the wanted requests by model input, while scoring
     _lmc_gen_contexts: list[str] | None = None
@@ -63,12 +54,7 @@ class CouplingHFLM(HFLMWithHooks):
     _lmc_model_source: Mapping[str, Any] | None = None  # a GGUF file and its quantisation
 
     def open_session(self, run: RunConfig) -> GeometrySession:
-        """Build the run's session whole and measure with it from now on.
-
-        In order: the run's configuration, the runner on this loaded model
-        (checked by `preflight.check_model`), the model's shape, the geometry
-        cache beside lm-eval's ``--use_cache`` database; the session gets them
-        all at construction.
+        """Build the run's session (runner checked by `preflight.check_model`, cache) and use it.
 
         Raises:
             RuntimeError: a session is already open on this model.
@@ -84,7 +70,13 @@ class CouplingHFLM(HFLMWithHooks):
         session = GeometrySession(
             selection,
             runner=runner,
-            model_shape=model_shape(self.model, runner),
+            model_shape={
+                "model_type": getattr(self.model.config, "model_type", None),
+                "n_layers": runner.parts.n_layers,
+                "d_model": runner.parts.d_model,
+                "vocab_size": runner.parts.vocab_size,
+                "n_params": sum(p.numel() for p in self.model.parameters()),
+            },
             cache_path_prefix=prefix,
             cache=self._geometry_cache(prefix, selection) if prefix else None,
             lm_eval_options=dict(run.lm_eval_options),
@@ -113,13 +105,7 @@ class CouplingHFLM(HFLMWithHooks):
 
     # Override: the results' model info is HFLM's; no hook adds to it.
     def get_model_info(self) -> dict[str, Any]:
-        """lm-eval's model info plus lm-coupling's provenance.
-
-        Adds the version, the options (each K as used), the model shape,
-        per task the capture counts and the documents each metric was
-        measured on, and the catalogue of the metrics computed
-        (`lm_coupling.catalogue`).
-        """
+        """lm-eval's model info plus lm-coupling's provenance (``config.lm_coupling``)."""
         info = super().get_model_info()
         session = self._lmc_session
         if session is not None:
@@ -131,7 +117,7 @@ class CouplingHFLM(HFLMWithHooks):
                 "options_requested": session.options_changed(),
                 "lm_eval_options": session.lm_eval_options,
                 "model_shape": session.model_shape,
-                "plugins": session.plugin_versions(),
+                "plugins": plugin_versions(session.selection),
                 "capture": {task: part["capture"] for task, part in report.items()},
                 "n_measured": {task: part["n_measured"] for task, part in report.items()},
                 CONFIG_KEY: Catalogue.from_specs(session.selection.specs.values()).to_json(),
@@ -157,8 +143,8 @@ class CouplingHFLM(HFLMWithHooks):
         session = self._lmc_session
         session.plans.plan_requests(requests)
         sampled = session.runner.sampled_metrics
-        self._lmc_progress = GeometryProgress(",".join(sampled), disable=disable or not sampled)
-        self._lmc_progress.plan(sampled_in_requests(session, requests))
+        total = sampled_in_requests(session, requests)
+        self._lmc_progress = GeometryProgress(",".join(sampled), total, disable=disable)
         try:
             with counting_requests(self, requests):  # Ctrl-C says how far it got
                 yield
@@ -170,10 +156,8 @@ class CouplingHFLM(HFLMWithHooks):
     def encoded_requests(self, requests: list[Any]) -> Iterator[None]:
         """Index the wanted requests by their model input while HFLM scores them."""
         session = self._lmc_session
-        if session is None:
-            yield
-            return
-        self._lmc_rows = RowIndex.of_requests(self, requests, session.measurements)
+        if session is not None:
+            self._lmc_rows = RowIndex.of_requests(self, requests, session.measurements)
         try:
             yield
         finally:
@@ -193,7 +177,7 @@ class CouplingHFLM(HFLMWithHooks):
             return call()
         matched = []
         for b, plans in self._lmc_rows.match(inps):
-            plans = [plan for plan in plans if self._wanted(session, plan.key)]
+            plans = [plan for plan in plans if session.measurements.wanted(plan.key)]
             if plans:
                 matched.append((b, plans))
         if not matched:
@@ -201,8 +185,6 @@ class CouplingHFLM(HFLMWithHooks):
         batch = inps.shape[0]
         rows, copies = rows_per_target(matched, batch)
         full = torch.cat([inps, inps[copies]]) if copies else inps
-        # The indices of the captured rows as Python lists: one tensor each, made
-        # once per batch by the capture (a tensor write per row costs microseconds).
         size = batch + len(copies)
         last, target = [0] * size, [-1] * size
         for row, plans in rows:
@@ -216,10 +198,9 @@ class CouplingHFLM(HFLMWithHooks):
             target,
             {batch + j: b for j, b in enumerate(copies)},
         )
-        if session.runner.sampled_metrics:
-            self._measure_sampled(
-                session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]
-            )
+        self._measure_sampled(
+            session, [(plan.key, plan.context_tokens) for _, plans in matched for plan in plans]
+        )
         return logits
 
     # -- generation ------------------------------------------------------------
@@ -253,8 +234,8 @@ class CouplingHFLM(HFLMWithHooks):
         for b, text in enumerate(contexts):
             # Keys of one prompt whose lens target is the first's share its row; a prompt
             # with another gold first token is measured alone (counted as such).
-            for key in session.plans.generation_keys_of(text):
-                if not self._wanted(session, key):
+            for key in session.plans.generation_keys.get(text, ()):
+                if not session.measurements.wanted(key):
                     continue
                 key_target = self._lens_target(session, key)
                 if all(row != b for row, _ in matches):
@@ -272,33 +253,22 @@ class CouplingHFLM(HFLMWithHooks):
         return output
 
     def _lens_target(self, session: GeometrySession, key: GeometryKey) -> int:
-        """`_first_target_token`, or -1 with a warning naming the cause for its documents."""
-        try:
-            return self._first_target_token(key)
-        except ValueError as exc:
-            targeted = [n for n, s in session.selection.specs.items() if s.reads_target]
-            what = ", ".join(targeted) or "the lens target"
-            session.plans.warn_key(key, f"{what} is undefined (NaN): {exc}")
-            return -1
-
-    def _first_target_token(self, key: GeometryKey) -> int:
-        """The gold continuation's first token (-1: none; the plan says why)."""
+        """The gold continuation's first token; -1 without one (a warning names the cause)."""
         context, gold = key
         if not gold or not context:
             return -1  # the plan's target_problem names the cause
         continuation = encode_pair(self, context, gold)[1]
-        if not continuation:
-            raise ValueError(
-                f"the gold answer {gold!r} encodes to no token after its context, so the "
-                "lens has no target"
-            )
-        return continuation[0]
+        if continuation:
+            return continuation[0]
+        targeted = [n for n, s in session.selection.specs.items() if s.reads_target]
+        session.plans.warn_key(
+            key,
+            f"{', '.join(targeted) or 'the lens target'} is undefined (NaN): the gold answer "
+            f"{gold!r} encodes to no token after its context, so the lens has no target",
+        )
+        return -1
 
     # -- shared capture plumbing -------------------------------------------------
-    def _wanted(self, session: GeometrySession, key: GeometryKey) -> bool:
-        """Planned and not measured yet."""
-        return session.measurements.wanted(key)
-
     def _captured_call(
         self,
         call: Callable[[], Any],
@@ -312,15 +282,11 @@ class CouplingHFLM(HFLMWithHooks):
         """Run ``call`` under capture; a capture failure never loses the output.
 
         ``last``, ``first`` and ``target`` have one entry per row of the
-        forward (`StateCollector.capture`); only the rows of ``matches`` are
-        measured, while the forward call runs. ``copies``: rows appended as
-        copies of a row for another lens target (`rows_per_target`), each
-        with its original row (`share_untargeted`).
-
-        When the captured call itself fails (an out-of-memory error in the
-        capture's hooks, say), the benchmark batch is run again without
-        capture, outside the exception handler: the failed capture's tensors,
-        held by the traceback, are freed first.
+        forward; only the rows of ``matches`` are measured. ``copies``: rows
+        appended as copies of a row for another lens target, each with its
+        original row (`share_untargeted`). When the captured call itself fails
+        (out of memory in the hooks, say), the batch runs again without
+        capture, after the failed capture's tensors are freed.
         """
         preflight.check_first_batch(self, session, [key for _, key in matches])
         runner = session.runner
@@ -366,22 +332,20 @@ class CouplingHFLM(HFLMWithHooks):
             handle = None
             session.measurements.fail(keys, error)
             if output is None:
-                _release_accelerator_memory()
+                if torch.cuda.is_available():  # freed accelerator memory back for the retry
+                    torch.cuda.empty_cache()
                 output = call()
         return output
 
     def _measure_sampled(
         self, session: GeometrySession, documents: list[tuple[GeometryKey, tuple[int, ...]]]
     ) -> None:
-        """The sampled (Jacobian) metrics of a batch's documents, their work batched.
+        """The sampled (Jacobian) metrics of a batch's documents: one engine call per group.
 
-        Documents are grouped by the sampled metrics they need (each metric
-        has its own document sample); each group is one batched engine call.
-        A failure of a whole group makes its documents' sampled values NaN.
+        Documents are grouped by the sampled metrics they need; a failure of a
+        whole group makes its documents' sampled values NaN.
         """
         runner = session.runner
-        if not runner.sampled_metrics:
-            return
         # Duplicate prompts (same tokens) share one Jacobian computation.
         by_tokens: dict[tuple[int, ...], list[GeometryKey]] = {}
         for key, tokens in documents:
@@ -423,12 +387,7 @@ class CouplingHFLM(HFLMWithHooks):
     # -- batch size detection ------------------------------------------------------
     @contextlib.contextmanager
     def batch_size_search(self) -> Iterator[None]:
-        """lm-eval's ``--batch_size auto`` search, with the capture on every probe.
-
-        The probe batches run under capture (every row measured, the states
-        then dropped), so the batch size found leaves room for the capture's
-        own memory.
-        """
+        """lm-eval's ``--batch_size auto`` search, captured (room left for the capture)."""
         self._lmc_probing = self._lmc_session is not None
         try:
             yield
@@ -483,25 +442,7 @@ class CouplingHFLM(HFLMWithHooks):
         session = self._lmc_session
         if session is not None and self.world_size > 1 and not self._lmc_gathered:
             self._lmc_gathered = True
-            gathered = super().gather_object(session.records.export(), dst)
+            gathered = super().gather_object(dict(session.records.tasks), dst)
             if self.rank == dst:
                 session.records.merge(gathered)
         return super().gather_object(obj, dst)
-
-
-def model_shape(model: Any, runner: GeometryRunner) -> dict[str, Any]:
-    """Layers, width, parameters and vocabulary of the model."""
-    parts = runner.parts
-    return {
-        "model_type": getattr(model.config, "model_type", None),
-        "n_layers": parts.n_layers,
-        "d_model": parts.d_model,
-        "vocab_size": parts.vocab_size,
-        "n_params": sum(p.numel() for p in model.parameters()),
-    }
-
-
-def _release_accelerator_memory() -> None:
-    """Return freed accelerator memory to the device before a retry."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

@@ -1,15 +1,11 @@
 """The name and weights fingerprint an in-memory model is filed under.
 
-A model loaded by lm-eval is named by its ``pretrained=`` argument. A model
-handed to `lm_coupling.evaluate` in memory has no such argument: it is named by
-the ``model_name=`` keyword, else by the ``name_or_path`` it was loaded from.
-The name is recorded where lm-eval records ``pretrained`` (the results'
-``config.model_args``), so it names the output folder and the leaderboard row
-(docs/python.md). Beside it, ``config.model_args["weights"]`` records a
-fingerprint of the weights (`lm_coupling.harness.cache.weights_fingerprint`:
-every tensor's name, shape and dtype and its first and last 1024 values), so
-that the report keeps two different models filed under one name apart
-(`lm_coupling.report.row_identity`).
+A model handed to `lm_coupling.evaluate` in memory is named by ``model_name=``,
+else by the ``name_or_path`` it was loaded from, recorded where lm-eval records
+``pretrained`` (it names the output folder and the leaderboard row), with a
+fingerprint of its weights beside it (``config.model_args["weights"]``,
+`lm_coupling.harness.cache.weights_fingerprint`) so that the report keeps two
+models filed under one name apart.
 """
 
 from __future__ import annotations
@@ -60,19 +56,6 @@ def recorded_model_args(model: Any, model_name: str | None) -> dict[str, Any]:
     from lm_coupling.harness.cache import weights_fingerprint
 
     return {"pretrained": name, FINGERPRINT_KEY: weights_fingerprint(model)[:FINGERPRINT_LENGTH]}
-
-
-def check_not_in_memory(model_name: str | None) -> None:
-    """``model_name`` names a model in memory only.
-
-    Raises:
-        ConfigurationError: ``model_name`` with a model lm-eval loads by name.
-    """
-    if model_name is not None:
-        raise ConfigurationError(
-            "model_name names a model passed in memory (evaluate(model=model, ...)); a model "
-            "lm-eval loads is named by model_args={'pretrained': ...}"
-        )
 
 
 def check_model_named(model_args: Any) -> None:

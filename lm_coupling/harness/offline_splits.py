@@ -1,15 +1,10 @@
 """Check, before the model loads, that an offline task's data folder has the splits it reads.
 
-lm-coupling's offline tasks (``lm_coupling/tasks/lmc_*_offline.yaml``) read
-``<data_dir>/<benchmark>/<split>.jsonl`` (`lm_coupling.tasks.offline_data`).
-lm-eval builds a task by reading two of its splits: the one it evaluates
-(``test_split``, else ``validation_split``) and the one it draws few-shot
-examples from (``fewshot_split``, else ``training_split``, else
-``validation_split``): it reads the second even at zero shots, when it builds
-the task's sampler. A folder without one of them failed with a raw
-``KeyError: 'train'`` from lm-eval's few-shot loader, after the model had
-loaded; `check_offline_splits` names the task, the folder and the missing
-file first, from the task index alone (no data read, no model loaded).
+lm-coupling's offline tasks read ``<data_dir>/<benchmark>/<split>.jsonl``
+(`lm_coupling.tasks.offline_data`). lm-eval reads two splits to build a task,
+the evaluated one and the few-shot source (even at zero shots); a missing one
+failed with a raw ``KeyError`` after the model had loaded. `check_offline_splits`
+names the task, the folder and the missing file first, from the task index alone.
 """
 
 from __future__ import annotations
@@ -25,13 +20,10 @@ LOADER = "offline_data.load_offline"
 
 
 def required_splits(cfg: Mapping[str, Any]) -> dict[str, str]:
-    """The splits lm-eval reads to build a task, each with the role it plays.
+    """``{split: role}`` of the splits lm-eval 0.4.13's ``ConfigurableTask`` reads to build a task.
 
-    Returns:
-        ``{split: role}``: the evaluated split, then the few-shot source
-        (lm-eval 0.4.13's ``ConfigurableTask``: ``test_split`` else
-        ``validation_split``; ``fewshot_split`` else ``training_split`` else
-        ``validation_split``).
+    The evaluated split (``test_split`` else ``validation_split``), then the
+    few-shot source (``fewshot_split`` else ``training_split`` else ``validation_split``).
     """
     evaluated = cfg.get("test_split") or cfg.get("validation_split")
     few_shot = cfg.get("fewshot_split") or cfg.get("training_split") or cfg.get("validation_split")

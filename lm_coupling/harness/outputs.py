@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import warnings
 from pathlib import Path
 from typing import Any, TextIO
@@ -12,22 +11,18 @@ import numpy as np
 
 import lm_coupling
 from lm_coupling.errors import GeometryWarning
-from lm_coupling.files import geometry_file_name, output_root
+from lm_coupling.files import geometry_file_name
 from lm_coupling.harness.session import GeometrySession
 from lm_coupling.harness.task_records import TaskRecords
 from lm_coupling.model_source import filed_dtype, filed_name
 from lm_coupling.plugins.calls import isolated_answers, warn_failures
-
-log = logging.getLogger("lm_coupling")
 
 SCHEMA = "lm_coupling.geometry/1"
 
 
 def _model_identity(results: dict[str, Any], session: GeometrySession) -> dict[str, Any]:
     config = results.get("config", {})
-    model_args = config.get("model_args") or {}
-    if isinstance(model_args, str):
-        model_args = dict(pair.split("=", 1) for pair in model_args.split(",") if "=" in pair)
+    model_args = config.get("model_args") or {}  # a dict: the core hands lm-eval one
     dtype = str(config.get("model_dtype") or model_args.get("dtype", "")).replace("torch.", "")
     return {
         "name": filed_name(config, model_args.get("pretrained", config.get("model"))),
@@ -95,7 +90,13 @@ def geometry_document(
     answered = isolated_answers(session.runner.pm, "lmc_aggregate_task", **arguments)
     for plugin, (extra, error) in answered.items():
         if error is not None:
-            _report(failures, task_name, plugin, None, f"lmc_aggregate_task raised {error!r}")
+            error = f"lmc_aggregate_task raised {error!r}"
+            failures.append({"doc_id": None, "plugin": plugin, "error": error})
+            warnings.warn(
+                f"lm-coupling: task {task_name!r}: plugin {plugin!r}: {error}",
+                GeometryWarning,
+                stacklevel=2,
+            )
             continue
         document.update(extra or {})
     _count_task_level(document, session, records)
@@ -125,14 +126,25 @@ def task_level_value(document: dict[str, Any], name: str) -> float | None:
 
 
 def _task_rows(results: dict[str, Any], documents: dict[str, Any]):
-    """Each task's ``(name, geometry document, lm-eval's row, its metric keys, first filter)``."""
+    """Each task's ``(name, geometry document, its metric names, a writer of one row)``.
+
+    The writer puts a metric's value in lm-eval's row of the task under its
+    first filter (``name,none``), with the stderr ``"N/A"`` and its direction.
+    """
     table = results.get("results") or {}
     for task_name, document in documents.items():
         row = table.get(task_name)
         if not isinstance(row, dict):
             continue
         keys = [k for k in row if "," in k and "_stderr" not in k]
-        yield task_name, document, row, keys, keys[0].split(",", 1)[1] if keys else "none"
+        filter_key = keys[0].split(",", 1)[1] if keys else "none"
+
+        def put(name: str, value: float, higher: bool, row=row, key=filter_key, task=task_name):
+            row[f"{name},{key}"] = value
+            row[f"{name}_stderr,{key}"] = "N/A"
+            results.setdefault("higher_is_better", {}).setdefault(task, {})[name] = higher
+
+        yield task_name, document, {k.split(",", 1)[0] for k in keys}, put
 
 
 def add_task_level_values(
@@ -147,17 +159,11 @@ def add_task_level_values(
     stderr ``"N/A"`` (one number: no spread over documents), before the
     results are printed, saved or logged. Groups do not aggregate it.
     """
-    for task_name, document, row, _keys, filter_key in _task_rows(results, documents):
+    for _task, document, _present, put in _task_rows(results, documents):
         for name, spec in session.selection.specs.items():
-            if not spec.task_level:
-                continue
-            value = task_level_value(document, name)
-            if value is None:
-                continue
-            row[f"{name},{filter_key}"] = value
-            row[f"{name}_stderr,{filter_key}"] = "N/A"
-            direction = results.setdefault("higher_is_better", {}).setdefault(task_name, {})
-            direction[name] = spec.higher_is_better
+            value = task_level_value(document, name) if spec.task_level else None
+            if value is not None:
+                put(name, value, spec.higher_is_better)
 
 
 def add_undefined_rows(
@@ -173,8 +179,7 @@ def add_undefined_rows(
     (`MetricSpec.nan_expected`), or the geometry is undefined.
     """
     config = (results.get("config") or {}).get("lm_coupling")
-    for task_name, document, row, keys, filter_key in _task_rows(results, documents):
-        present = {k.split(",", 1)[0] for k in keys}
+    for task_name, document, present, put in _task_rows(results, documents):
         errors = {m: f["error"] for f in document["failures"] for m in f.get("metrics", ())}
         for name, spec in session.selection.specs.items():
             if spec.task_level or name in present:
@@ -185,10 +190,7 @@ def add_undefined_rows(
                 reason = f"NaN on every document: plugin {spec.plugin!r} failed ({errors[name]})"
             else:
                 reason = "NaN on every document measured: undefined geometry"
-            row[f"{name},{filter_key}"] = np.nan
-            row[f"{name}_stderr,{filter_key}"] = "N/A"
-            direction = results.setdefault("higher_is_better", {}).setdefault(task_name, {})
-            direction[name] = spec.higher_is_better
+            put(name, np.nan, spec.higher_is_better)
             if isinstance(config, dict):
                 config.setdefault("undefined", {}).setdefault(task_name, {})[name] = reason
 
@@ -200,7 +202,7 @@ def profile_summaries(
 
     Read from the streamed summaries (`lm_coupling.harness.streaming.ProfileByShape`).
     Documents whose profile has another shape than most documents' are left
-    out of that profile's summary and reported (one warning, and a
+    out of that profile's summary and reported (`warn_failures`, and a
     ``failures`` entry per document naming the plugin and the profile).
     """
     owner = {p: spec for spec in session.selection.specs.values() for p in spec.profiles}
@@ -217,28 +219,12 @@ def profile_summaries(
                 f"profile {name!r} has shape {odd[0][1]} where most documents' have "
                 f"{streamed.shape()}; left out of the profile's summary"
             )
-            for doc_id, _ in odd:
-                failure = {"plugin": spec.plugin, "metrics": [spec.name], "error": error}
-                failures.append({"doc_id": doc_id, **failure})
-            _warn(task_name, spec.plugin, [doc_id for doc_id, _ in odd], error)
+            failure = {"plugin": spec.plugin, "metrics": [spec.name], "error": error}
+            new = [{"doc_id": doc_id, **failure} for doc_id, _ in odd]
+            warn_failures(task_name, new)
+            failures.extend(new)
         summaries[name] = summary
     return summaries
-
-
-def _report(failures: list[dict], task: str, plugin: str, doc_id, error: str) -> None:
-    failures.append({"doc_id": doc_id, "plugin": plugin, "error": error})
-    _warn(task, plugin, [], error)
-
-
-def _warn(task: str, plugin: str, doc_ids: list, error: str) -> None:
-    documents = f" documents {', '.join(map(str, doc_ids[:5]))}" if doc_ids else ""
-    more = f" and {len(doc_ids) - 5} more" if len(doc_ids) > 5 else ""
-    warnings.warn(
-        f"lm-coupling: task {task!r}{documents}{more}: plugin {plugin!r}: {error} (the geometry "
-        "file's failures name it)",
-        GeometryWarning,
-        stacklevel=3,
-    )
 
 
 def geometry_documents(
@@ -253,12 +239,6 @@ def geometry_documents(
         for task_name, records in sorted(session.records.tasks.items())
         if records.n_documents
     }
-
-
-def results_file_location(output_path: str, model_dir_name: str) -> Path:
-    """The folder lm-eval's EvaluationTracker wrote its results file into."""
-    root = output_root(output_path)
-    return root if Path(output_path).suffix == ".json" else root / model_dir_name
 
 
 def write_geometry_file(

@@ -29,11 +29,7 @@ class PlanError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DocumentPlan:
-    """Where one document's geometry comes from.
-
-    One is kept per evaluated document until the run ends; with ``__slots__``
-    it is one object, not two (no ``__dict__``), for the garbage collector to
-    walk (issue 28: what geometry keeps per document).
+    """Where one document's geometry comes from (one per evaluated document, slotted).
 
     Attributes:
         task_name: lm-eval task name.

@@ -1,32 +1,16 @@
 """Checks that stop a run early when the model cannot give the selected geometry.
 
 The model's own checks are `lm_coupling.model.checks`; this module applies
-them to the run's selection and adds the Jacobian engine's. Two moments, each
-one call from `CouplingHFLM`:
+them to the run's selection and adds the Jacobian engine's, at two moments:
 
-- `check_model`, at model load (before any request): the model must be
-  causal (a token's states may not depend on later tokens) and its blocks
-  must pass one state ``[B, T, d]`` (several residual streams, hyper-connections
-  and Gemma-3n's AltUp, arrive flattened, ``model.block_calls``).
-  A model that fails (a BERT loaded as ``BertLMHeadModel``) stops the run
-  with a message saying what was found. Any cache is fine for the Jacobian
-  metrics: where the model's cache holds more than keys and values (Mamba,
-  hybrids, linear attention, indexer attention) or there is none, the
-  engine replays whole sequences
-  (``jacobian.sequence``); ``ModelProbe.replay`` says which replay.
-- `check_first_batch`, on the first captured batch: the lens read-out of the
-  last block's output, ``unembed(final_norm(x^L))``, must reproduce the
-  model's own logits, and with a Jacobian metric selected the located blocks
-  must compose to the model's output (block l+1 consumes what block l
-  returned). Otherwise lm-coupling would report the geometry of a different
-  function; the run stops naming the architecture and the override to add
-  (`lm_coupling.model.architecture.register_override`). With a Jacobian
-  metric, ``torch.func`` must also go through every block (one JVP each):
-  a custom ``autograd.Function`` without a stand-in, or a module writing in
-  place into its own weights, stops the run naming its module, rather than
-  failing on every document.
-
-The probes are a few short forward passes (and one JVP per block).
+- `check_model`, at model load: the model must be causal and its blocks must
+  pass one state ``[B, T, d]``.
+- `check_first_batch`, on the first captured batch: the lens read-out
+  ``unembed(final_norm(x^L))`` must reproduce the model's own logits, and with
+  a Jacobian metric selected the located blocks must compose to the model's
+  output and ``torch.func`` must go through every block (one JVP each).
+  Otherwise the run stops naming the architecture and the override to add
+  (`lm_coupling.model.architecture.register_override`) or the module at fault.
 """
 
 from __future__ import annotations
@@ -126,9 +110,8 @@ def check_differentiable(
 ) -> None:
     """Raise when a Jacobian metric is selected and ``torch.func`` cannot go through a block.
 
-    One JVP per block on the engine's recorded last-token calls of
-    ``input_ids`` (``model.differentiable``); modules with an exact stand-in
-    (Bloom's GELU) are substituted first, as the engine does.
+    One JVP per block on the engine's recorded calls of ``input_ids``, exact
+    stand-ins substituted first, as the engine does (``model.differentiable``).
 
     Raises:
         UnsupportedModelError: names the modules, and the metrics that can still run.
@@ -169,8 +152,9 @@ def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
         keys: the batch's document keys ``(context, continuation)``.
     """
     runner = session.runner
-    if runner is None or not session.claim_first_batch():
+    if runner is None or session.first_batch_checked:
         return
+    session.first_batch_checked = True
     context = next((k[0] for k in keys if k and isinstance(k[0], str) and k[0]), "")
     tokens = list(lm.tok_encode(context))[-FIRST_BATCH_TOKENS:] if context else []
     if not tokens:

@@ -1,10 +1,8 @@
 """The geometry work's progress line, beside lm-eval's own progress bar.
 
-The Jacobian metrics of the sampled documents run inside lm-eval's "Running
-loglikelihood requests" loop, whose estimate then jumps without saying why.
-`GeometryProgress` draws one more ``tqdm`` line under lm-eval's bar (``position=1``,
-so the two never overwrite each other): sampled documents measured out of
-those planned, with tqdm's rate and time estimate, e.g.::
+`GeometryProgress` draws one more ``tqdm`` line under lm-eval's bar
+(``position=1``): sampled documents measured out of those planned, with tqdm's
+rate and time estimate::
 
     Running loglikelihood requests:  40%|████      | 96/240 [00:31<00:47, 3.05it/s]
     lm-coupling coupling,alignment_ratio:  32%|███▏      | 8/25 [00:24<00:51, 3.0s/doc]
@@ -19,13 +17,9 @@ from typing import Any
 def sampled_in_requests(session: Any, requests: list[Any]) -> int:
     """Sampled documents still to measure whose measured request reaches the model now.
 
-    The bar counts the documents measured inside lm-eval's request loop. A
-    document is planned from all of its task's requests, but with
-    ``--use_cache`` a resumed run hands the model only the requests the cache
-    cannot answer: a document whose measured request (its gold continuation,
-    or its generation prompt) was answered from the cache is measured after
-    the loop (`MeasurementStore.geometry_for`), so it is not counted here and
-    the bar ends at its total.
+    A resumed run (``--use_cache``) measures the documents whose measured
+    request the cache answered after lm-eval's request loop, so they are not
+    counted and the bar ends at its total.
     """
     sampled = set(session.runner.sampled_metrics) if session.runner else set()
     if not sampled:
@@ -50,32 +44,25 @@ class GeometryProgress:
 
     Args:
         label: what is measured (the sampled metrics' names).
-        disable: draw nothing (data-parallel ranks other than 0).
+        total: the documents to measure (no line when 0).
+        disable: draw nothing (also on data-parallel ranks other than 0).
     """
 
-    def __init__(self, label: str, disable: bool = False):
+    def __init__(self, label: str, total: int, disable: bool = False):
         self.label = label
-        self.disable = disable or int(os.environ.get("RANK", "0")) != 0
         self._bar: Any = None
-
-    def plan(self, total: int) -> None:
-        """Set how many documents will be measured (the bar opens on the first plan)."""
-        if self.disable or total <= 0:
+        if disable or total <= 0 or int(os.environ.get("RANK", "0")) != 0:
             return
-        if self._bar is None:
-            from tqdm.auto import tqdm
+        from tqdm.auto import tqdm
 
-            self._bar = tqdm(
-                total=total,
-                desc=f"lm-coupling {self.label}",
-                unit="doc",
-                position=1,
-                leave=False,
-                dynamic_ncols=True,
-            )
-        elif total != self._bar.total:
-            self._bar.total = total
-            self._bar.refresh()
+        self._bar = tqdm(
+            total=total,
+            desc=f"lm-coupling {label}",
+            unit="doc",
+            position=1,
+            leave=False,
+            dynamic_ncols=True,
+        )
 
     def advance(self, n: int = 1) -> None:
         """``n`` more documents measured."""

@@ -100,10 +100,8 @@ def rows_per_target(
 ) -> tuple[list[tuple[int, list[RowPlan]]], list[int]]:
     """One captured row per (batch row, lens target); extra rows are copies of their row.
 
-    Keys sharing an input and a lens target share a row. A key with another
-    target (one-token answers that differ after the same context) gets a copy
-    of the row appended to the same forward pass, whose logits lm-eval never
-    sees: the trajectory is the same, only the lens target differs.
+    A key with another target than its row's first (one-token answers after
+    the same context) gets a copy of the row appended to the forward pass.
 
     Returns:
         ``[(row, plans)]`` and the batch rows copied (the extra rows, in order).
@@ -129,10 +127,8 @@ def share_untargeted(
 ) -> None:
     """A copy row takes its original row's values of every metric that reads no target.
 
-    A copy (`rows_per_target`) differs from its row in the lens target alone,
-    so only the metrics that read it (`MetricSpec.reads_target`) are its own;
-    every other value and profile is the original's, the same to the bit
-    (a row's position in the batch's matrix products may move its last bit).
+    Only the metrics that read the lens target are a copy's own; every other
+    value and profile is the original's, to the bit.
 
     Args:
         documents: the measured rows' geometry, in capture order.

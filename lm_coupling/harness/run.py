@@ -1,24 +1,15 @@
 """The library core: one evaluation with geometry, on lm-eval's public Python API.
 
 `run_evaluation` is what `lm_coupling.evaluate`, ``lm-coupling run`` and the
-literal ``lm_eval ... --metrics`` all execute, so the three write the same files.
-It takes lm-eval's own run configuration (`lm_eval.config.evaluate_config.
-EvaluatorConfig`, built from keywords or from lm-eval's parsed command line)
-and a validated metric `Selection`, and:
-
-1. checks what can be checked before anything loads (model type, model path,
-   task names), raising `LmCouplingError` subclasses;
-2. builds the run's `GeometrySession` and hands it to the model object it
-   constructs (`CouplingHFLM`), and to a `GeometryTaskManager` that attaches
-   geometry to the tasks it loads: no module global links a run to a model;
-3. calls ``lm_eval.simple_evaluate`` with that model instance and task manager;
-4. writes lm-eval's results (and samples) through lm-eval's own
-   ``EvaluationTracker`` and the geometry files beside them, only when an
-   output path is given, and returns the results with the per-task geometry.
+literal ``lm_eval ... --metrics`` all execute, so the three write the same
+files. It checks what can be checked before anything loads, builds the
+`CouplingHFLM` and its `GeometrySession` and a `GeometryTaskManager` sharing
+it, calls ``lm_eval.simple_evaluate``, and writes lm-eval's files through its
+own ``EvaluationTracker`` with the geometry files beside them.
 
 One evaluation runs at a time per process (`ConcurrentRunError` otherwise):
 lm-eval seeds the global random generators and configures global logging in
-``simple_evaluate``, so two concurrent runs could not both give their own values.
+``simple_evaluate``.
 """
 
 from __future__ import annotations
@@ -28,7 +19,6 @@ import datetime
 import json
 import logging
 import os
-import re
 import sys
 import threading
 from collections.abc import Iterable, Iterator
@@ -36,10 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from lm_coupling.errors import (
-    ConcurrentRunError,
-    ConfigurationError,
-)
+from lm_coupling.errors import ConcurrentRunError
 from lm_coupling.harness.tasks_dir import TASKS_DIR
 from lm_coupling.selection import Selection
 
@@ -71,11 +58,7 @@ class RunRecord:
 
 @contextlib.contextmanager
 def exclusive_run() -> Iterator[None]:
-    """Hold the process's one evaluation slot.
-
-    Raises:
-        ConcurrentRunError: another evaluation is running in this process.
-    """
+    """Hold the process's one evaluation slot (`ConcurrentRunError` when it is taken)."""
     if not _RUN_LOCK.acquire(blocking=False):
         raise ConcurrentRunError(
             "another lm-coupling evaluation is running in this process: lm-eval seeds the "
@@ -90,13 +73,8 @@ def exclusive_run() -> Iterator[None]:
 
 def include_paths(user: str | Iterable[str] | None) -> list[str]:
     """lm-coupling's task folder, then the user's ``--include_path`` folders."""
-    if user is None:
-        extra: list[str] = []
-    elif isinstance(user, str):
-        extra = [p for p in user.split(",") if p]
-    else:
-        extra = [str(p) for p in user]
-    return [str(TASKS_DIR), *[p for p in extra if p != str(TASKS_DIR)]]
+    extra = user.split(",") if isinstance(user, str) else [str(p) for p in user or ()]
+    return [str(TASKS_DIR), *[p for p in extra if p and p != str(TASKS_DIR)]]
 
 
 def resolve_tasks(task_manager: Any, tasks: str | Iterable[Any]) -> list[Any]:
@@ -105,10 +83,10 @@ def resolve_tasks(task_manager: Any, tasks: str | Iterable[Any]) -> list[Any]:
     Raises:
         ConfigurationError: a name matches no task (with close names).
     """
-    import difflib
     import glob
 
     from lm_coupling.harness.lm_eval_adapter import load_task_yaml
+    from lm_coupling.harness.task_names import unknown_tasks
 
     words = tasks.split(",") if isinstance(tasks, str) else list(tasks)
     resolved: list[Any] = []
@@ -126,12 +104,7 @@ def resolve_tasks(task_manager: Any, tasks: str | Iterable[Any]) -> list[Any]:
             missing.append(word)
         resolved.extend(m for m in matches if m not in resolved)
     if missing:
-        close = difflib.get_close_matches(missing[0], task_manager.all_tasks, n=3)
-        hint = f" Close names: {', '.join(close)}." if close else ""
-        raise ConfigurationError(
-            f"task(s) not found: {', '.join(missing)}.{hint} `lm_eval ls tasks --include_path "
-            f"{TASKS_DIR}` lists them; lm-coupling's offline tasks are named lmc_*_offline"
-        )
+        raise unknown_tasks(missing, task_manager.all_tasks)
     return resolved
 
 
@@ -164,8 +137,14 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
+    from lm_coupling.files import output_root
     from lm_coupling.harness.lm_eval_registry import registered_metrics
     from lm_coupling.harness.offline_splits import check_offline_splits
+    from lm_coupling.harness.outputs import (
+        add_task_level_values,
+        add_undefined_rows,
+        geometry_documents,
+    )
     from lm_coupling.harness.quiet import quiet_lm_eval
     from lm_coupling.harness.tasks import GeometryTaskManager
 
@@ -181,11 +160,7 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         hub_args["output_path"] = config.output_path
     tracker = EvaluationTracker(**hub_args)
     wandb_logger = _wandb_logger(config)
-    with (
-        registered_metrics(selection.specs),
-        sampled_count_filter(selection.metrics),
-        quiet_lm_eval(),  # lm-eval's git probe and its --metadata hint for lmc_* tasks
-    ):
+    with registered_metrics(selection.specs), quiet_lm_eval(selection.metrics):
         lm = build_model(run)
         session = lm.open_session(run)
         task_manager = GeometryTaskManager.sharing_index(
@@ -194,7 +169,10 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         seed = config.seed or [None] * 4
         results = simple_evaluate(
             model=lm,
-            model_args=_recorded_model_args(run),
+            # An in-memory model's name and weights fingerprint, else the user's model_args.
+            model_args=dict(
+                (run.model_record if run.model is not None else config.model_args) or {}
+            ),
             tasks=tasks,
             num_fewshot=config.num_fewshot,
             batch_size=config.batch_size,
@@ -228,22 +206,35 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     record = RunRecord(session=session)
     if results is None:  # another data-parallel rank writes
         return record
-    _record_model_type(results, run.model_type)
+    # The user's --model stays in config.model; lm-coupling's class is noted beside it.
+    results["config"]["model"] = run.model_type
+    results["config"].setdefault("lm_coupling", {})["model_class"] = "hf-coupling"
     samples = results.pop("samples", None) if run.log_samples else None
-    _geometry(config, tracker, session, results, record)  # before results are shown or saved
+    directory = None
+    if config.output_path:
+        # The folder lm-eval's EvaluationTracker writes its results file into.
+        directory = output_root(config.output_path)
+        if Path(config.output_path).suffix != ".json":
+            directory = directory / str(tracker.general_config_tracker.model_name_sanitized)
+    # Before the results are shown or saved. lm-eval names its files when it saves them
+    # (after this): the plugins' files get the run's own timestamp, in lm-eval's format.
+    run_id = datetime.datetime.now().isoformat().replace(":", "-")
+    record.geometry = geometry_documents(session, results, directory, run_id)
+    add_task_level_values(results, record.geometry, session)
+    add_undefined_rows(results, record.geometry, session)
     if config.show_config:
         from lm_eval.utils import handle_non_serializable
 
         print(json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False))
     if wandb_logger is not None:
         _log_to_wandb(wandb_logger, results, samples)
-    _write_outputs(config, tracker, session, results, samples, record)
+    if directory is not None:
+        _write_outputs(tracker, directory, results, samples, record)
     if run.echo:
         _print_tables(config, results, run.model_type)
     record.results = results if samples is None else {**results, "samples": samples}
     _print_account(record, selection, stream)
     if config.output_path and int(os.environ.get("RANK", "0")) == 0:
-        from lm_coupling.files import output_root
         from lm_coupling.harness.outputs import refresh_leaderboard
 
         refresh_leaderboard(output_root(config.output_path), stream)
@@ -264,21 +255,6 @@ def build_model(run: RunConfig) -> Any:
     if run.model is not None:
         return CouplingHFLM(pretrained=run.model, tokenizer=run.tokenizer, **sizes)
     return CouplingHFLM(**dict(config.model_args or {}), **sizes)
-
-
-def _recorded_model_args(run: RunConfig) -> dict[str, Any]:
-    """``model_args`` as the results record them (an in-memory model: its name and weights)."""
-    if run.model is None:
-        return dict(run.evaluator.model_args or {})
-    return dict(run.model_record or {})
-
-
-def _record_model_type(results: dict, model_type: str) -> None:
-    """Keep the user's ``--model`` in ``config.model``; note lm-coupling's class."""
-    config = results.get("config")
-    if isinstance(config, dict):
-        config["model"] = model_type
-        config.setdefault("lm_coupling", {})["model_class"] = "hf-coupling"
 
 
 def _wandb_logger(config: Any) -> Any:
@@ -302,44 +278,18 @@ def _log_to_wandb(wandb_logger: Any, results: dict, samples: dict | None) -> Non
         wandb_logger.run.finish()
 
 
-def _geometry(config, tracker, session, results, record: RunRecord) -> None:
-    """The geometry documents (plugins told where outputs go); task-level values in results."""
-    from lm_coupling.harness.outputs import (
-        add_task_level_values,
-        add_undefined_rows,
-        geometry_documents,
-        results_file_location,
-    )
-
-    directory = None
-    if config.output_path:
-        model_dir = str(tracker.general_config_tracker.model_name_sanitized)
-        directory = results_file_location(config.output_path, model_dir)
-    # lm-eval names its files when it saves them (after this); the plugins' files get the
-    # run's own timestamp, in lm-eval's format.
-    run_id = datetime.datetime.now().isoformat().replace(":", "-")
-    record.geometry = geometry_documents(session, results, directory, run_id)
-    add_task_level_values(results, record.geometry, session)
-    add_undefined_rows(results, record.geometry, session)
-
-
-def _write_outputs(config, tracker, session, results, samples, record: RunRecord) -> None:
+def _write_outputs(tracker, directory: Path, results, samples, record: RunRecord) -> None:
     """lm-eval's results and samples files, then one geometry file per task."""
-    from lm_coupling.harness.outputs import results_file_location, write_geometry_file
+    from lm_coupling.harness.outputs import write_geometry_file
 
-    if not config.output_path:
-        return
     tracker.save_results_aggregated(results=results, samples=samples)
     if samples is not None:
         for task_name in results.get("configs", {}):
             tracker.save_results_samples(task_name=task_name, samples=samples[task_name])
     if tracker.push_results_to_hub or tracker.push_samples_to_hub:
         tracker.recreate_metadata_card()
-    model_dir = str(tracker.general_config_tracker.model_name_sanitized)
-    directory = results_file_location(config.output_path, model_dir)
     date_id = tracker.date_id
-    found = sorted(directory.glob(f"results_{date_id}.json"))
-    record.results_file = found[0] if found else None
+    record.results_file = next(iter(sorted(directory.glob(f"results_{date_id}.json"))), None)
     for task_name, document in record.geometry.items():
         path = write_geometry_file(directory, task_name, date_id, document)
         record.files[task_name] = path
@@ -379,45 +329,3 @@ def _print_account(record: RunRecord, selection: Selection, stream: TextIO | Non
     for line in summary_lines(tasks, files, sampled, selection.metrics, expected):
         level = "ERROR: " if line.error else ""
         print(f"lm-coupling: {level}{line.text}", file=stream)
-
-
-@contextlib.contextmanager
-def sampled_count_filter(metrics: Iterable[str]) -> Iterator[None]:
-    """Drop lm-eval's "not scored on the same number of documents" warning, for geometry only."""
-    log_filter = SampledMetricsFilter(metrics)
-    evaluator_log = logging.getLogger("lm_eval.evaluator_utils")
-    evaluator_log.addFilter(log_filter)
-    try:
-        yield
-    finally:
-        evaluator_log.removeFilter(log_filter)
-
-
-class SampledMetricsFilter(logging.Filter):
-    """Drop lm-eval's warning that metrics had different document counts, for geometry only.
-
-    Coupling is measured on a sample of documents by design; the geometry
-    file records how many (``n_measured``). The warning is dropped only when
-    the benchmark's own metrics all have one count and no geometry metric has
-    more; any other mismatch is the benchmark's and is kept.
-    """
-
-    COUNTS = re.compile(r"Metrics were not scored on the same number of documents \((.*?)\)\.")
-
-    def __init__(self, geometry_metrics: Iterable[str] = ()):
-        super().__init__()
-        self.geometry_metrics = frozenset(geometry_metrics)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """False only for the count warning caused by sampled geometry metrics."""
-        match = self.COUNTS.search(record.getMessage())
-        if match is None:
-            return True
-        own, geometry = set(), set()
-        for item in match.group(1).split(", "):
-            key, _, count = item.rpartition("=")
-            if not count.isdigit():
-                return True
-            metric = key.split(",", 1)[0]
-            (geometry if metric in self.geometry_metrics else own).add(int(count))
-        return not (len(own) == 1 and all(n <= min(own) for n in geometry))

@@ -1,13 +1,9 @@
-"""`RunConfig`: one run's whole configuration, built once, read by every part of the run.
+"""`RunConfig`: one run's whole configuration, built once and frozen.
 
-Both entries build it, each once: `lm_coupling.evaluate` from Python keywords
-(`from_keywords`) and the command lines (``lm-coupling run``, the literal
-``lm_eval ... --metrics``) from lm-eval's parsed ``run`` arguments
-(`from_command_line`). Either way lm-eval's own ``EvaluatorConfig`` is built
-exactly as lm-eval's command line builds it (``EvaluatorConfig.from_cli``),
-the checks of `lm_coupling.harness.run_options` read it as it is, and the
-record is frozen: the core (`lm_coupling.harness.run`), the session and the
-outputs read it and nothing changes it afterwards.
+`lm_coupling.evaluate` builds it from Python keywords (`from_keywords`), the
+command lines from lm-eval's parsed ``run`` arguments (`from_command_line`);
+either way lm-eval's own ``EvaluatorConfig`` is built as lm-eval's command
+line builds it and checked (`lm_coupling.harness.run_options`).
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from lm_coupling.errors import ConfigurationError
 from lm_coupling.harness import model_identity
 from lm_coupling.harness.gguf_checkpoint import check_gguf
 from lm_coupling.harness.model_identity import check_model_named
-from lm_coupling.harness.run_inputs import check_run_inputs
+from lm_coupling.harness.run_inputs import check_limit, check_output_path, check_tasks
 from lm_coupling.harness.run_options import check_model_path, check_model_type, check_run_options
 from lm_coupling.selection import Selection, make_selection
 
@@ -47,13 +43,10 @@ class RunConfig:
         log_samples: keep per-document records (written with an output path,
             returned without one).
         echo: print lm-eval's results table (the command lines do).
-        model_record: an in-memory model's ``model_args`` as the results
-            record them: its name and weights fingerprint
-            (`lm_coupling.harness.model_identity.recorded_model_args`); None
-            for a model loaded by name.
+        model_record: an in-memory model's recorded ``model_args`` (its name and
+            weights fingerprint, `model_identity.recorded_model_args`), else None.
         model_source: a GGUF checkpoint's file and quantisation
-            (`lm_coupling.harness.gguf_checkpoint.GgufCheckpoint.record`), recorded in
-            the results as ``config.lm_coupling.model_source``; None otherwise.
+            (``config.lm_coupling.model_source``), else None.
     """
 
     evaluator: Any
@@ -93,7 +86,9 @@ class RunConfig:
             ConfigurationError: a model type or lm-eval option geometry cannot honour.
             ModelNotFoundError: no model at ``model_args``' path.
         """
-        check_run_inputs(evaluator.tasks, evaluator.limit, evaluator.output_path)
+        check_tasks(evaluator.tasks)
+        check_limit(evaluator.limit)
+        check_output_path(evaluator.output_path)
         check_model_type(evaluator.model or "hf")
         recorded = check_run_options(evaluator)
         source = None
@@ -127,7 +122,6 @@ class RunConfig:
         The command lines write to `DEFAULT_OUTPUT` when no ``--output_path`` is given.
         """
         selection = make_selection(metrics, metric_args)
-        check_model_type(args.model or "hf")
         options = {k: v for k, v in vars(args).items() if k not in ("command", "func")}
         options["output_path"] = options.get("output_path") or DEFAULT_OUTPUT
         return cls.create(evaluator_config(options), selection, echo=True)
@@ -168,11 +162,13 @@ class RunConfig:
                 "a model in memory needs its tokenizer: "
                 "evaluate(model=model, tokenizer=tokenizer, ...)"
             )
-        if in_memory:  # its name and weights, as the results and the leaderboard file it
-            model_record = model_identity.recorded_model_args(model, model_name)
-        else:
-            model_identity.check_not_in_memory(model_name)
-            model_record = None
+        if not in_memory and model_name is not None:
+            raise ConfigurationError(
+                "model_name names a model passed in memory (evaluate(model=model, ...)); a model "
+                "lm-eval loads is named by model_args={'pretrained': ...}"
+            )
+        # An in-memory model's name and weights, as the results and the leaderboard file it.
+        model_record = model_identity.recorded_model_args(model, model_name) if in_memory else None
         options = _command_line_values(dict(lm_eval_options))
         options.update(
             model="hf" if in_memory else model,

@@ -1,22 +1,18 @@
 """The run's own inputs checked before anything loads: tasks, ``--limit``, ``--output_path``.
 
-lm-eval finds an empty task list only after indexing every task (about 15 s),
-a ``--limit`` of 0 only after loading the model and building its requests
-("did not find any docs"), and an ``--output_path`` that is an existing file
-only when it writes the results, after the whole run. These checks need no
-task index and no model, so `lm_coupling.harness.run_config.RunConfig.create`
-runs them first, for the command lines and ``lm_coupling.evaluate`` alike.
+lm-eval finds an empty task list only after indexing every task, a ``--limit``
+of 0 only after loading the model, and an ``--output_path`` that is a file only
+when it writes the results; these checks need neither.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from lm_coupling.errors import ConfigurationError
 
-__all__ = ["check_limit", "check_output_path", "check_run_inputs", "check_tasks"]
+__all__ = ["check_limit", "check_output_path", "check_tasks"]
 
 
 def check_tasks(tasks: Any) -> None:
@@ -25,14 +21,8 @@ def check_tasks(tasks: Any) -> None:
     Raises:
         ConfigurationError: no task named.
     """
-    if isinstance(tasks, str):
-        words: Iterable[Any] = tasks.split(",")
-    elif tasks is None:
-        words = []
-    else:
-        words = list(tasks)
-    named = [w for w in words if not isinstance(w, str) or w.strip()]
-    if not named:
+    words = tasks.split(",") if isinstance(tasks, str) else list(tasks or ())
+    if not [w for w in words if not isinstance(w, str) or w.strip()]:
         raise ConfigurationError(
             "no task given: name one or more with --tasks (Python: tasks=[...]), e.g. "
             "--tasks lmc_arc_easy_offline; `lm_eval ls tasks` lists them"
@@ -40,10 +30,7 @@ def check_tasks(tasks: Any) -> None:
 
 
 def check_limit(limit: Any) -> None:
-    """Refuse a ``--limit`` that selects no document (0 or below).
-
-    lm-eval reads a limit below 1 as a fraction of each task's documents and
-    one of 1 or more as a count; 0 or a negative number leaves no document.
+    """Refuse a ``--limit`` that selects no document (0 or below; a count, or a fraction below 1).
 
     Raises:
         ConfigurationError: a limit of 0 or below.
@@ -65,13 +52,10 @@ def check_limit(limit: Any) -> None:
 
 
 def check_output_path(output_path: Any) -> None:
-    """Refuse an ``--output_path`` the results cannot be written under.
+    """Refuse an ``--output_path`` whose results folder is an existing file.
 
-    lm-eval writes into ``<output_path>/<model folder>/`` (for a path ending in
-    ``.json``: into that file's folder, `lm_coupling.files.output_root`). An
-    existing file that is not such a ``.json`` path, or a ``.json`` path whose
-    folder is a file, would fail only when the results are written, after the
-    whole run.
+    lm-eval writes into ``<output_path>/<model folder>/`` (for a ``.json``
+    path: into that file's folder, `lm_coupling.files.output_root`).
 
     Raises:
         ConfigurationError: the folder the results go to is an existing file.
@@ -89,10 +73,3 @@ def check_output_path(output_path: Any) -> None:
             "results could not be written there; give a folder (new or existing), e.g. "
             f"--output_path {root.with_name(root.name + '_results')}"
         )
-
-
-def check_run_inputs(tasks: Any, limit: Any, output_path: Any) -> None:
-    """`check_tasks`, `check_limit` and `check_output_path`, in that order."""
-    check_tasks(tasks)
-    check_limit(limit)
-    check_output_path(output_path)

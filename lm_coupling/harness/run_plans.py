@@ -49,6 +49,8 @@ class RunPlans:
             rolling log-likelihood task).
         plans_by_key: the plans measured at each request (duplicate prompts
             share one key).
+        generation_keys: the planned keys of each generation prompt (one per
+            distinct gold answer).
         sample_sizes: each sampled metric's document sample size (None: all).
         samples: each task's document sample (`TaskSample`), drawn once.
     """
@@ -87,10 +89,7 @@ class RunPlans:
         for instance in instances:
             if instance.task_name in self.tasks:
                 handed[(instance.task_name, instance.doc_id)].append(instance)
-        # Each document's gold answer is rendered from the task's template: compiled
-        # once for all of them (lm-eval compiles it on every call otherwise). The
-        # index of each task's requests is this call's own: a list per document,
-        # not kept until scoring (issue 28: what geometry keeps per document).
+        # The index of each task's requests is this call's own, not kept until scoring.
         indexes: dict[str, dict[int, list[Any]]] = {}
         with templates_compiled_once():
             for ident in sorted(handed.keys() - self.plans.keys()):
@@ -113,9 +112,9 @@ class RunPlans:
         self.plans[ident] = plan
         if plan is not None and plan.problem is None:
             self.plans_by_key[plan.key].append(plan)
-            if plan.kind == "generate_until":
-                if plan.key not in self.generation_keys[plan.key[0]]:
-                    self.generation_keys[plan.key[0]].append(plan.key)
+            keys = self.generation_keys[plan.key[0]] if plan.kind == "generate_until" else None
+            if keys is not None and plan.key not in keys:
+                keys.append(plan.key)
         return plan
 
     def sample_of(self, task_name: str) -> TaskSample | None:
@@ -139,7 +138,7 @@ class RunPlans:
         held = frozenset(
             name for name, size in self.sample_sizes.items() if sample.holds(doc_id, size)
         )
-        return held or _NO_METRICS  # one shared empty set, not one per planned document
+        return held or _NO_METRICS  # one shared empty set per run
 
     def sample_record(self, task_name: str) -> dict[str, Any] | None:
         """What the geometry file records of the task's sample (`TaskSample.record`)."""
@@ -153,8 +152,7 @@ class RunPlans:
     def reported_id(self, task_name: str, doc_id: int) -> int:
         """The ``doc_id`` lm-eval's samples file gives the document of requests ``doc_id``.
 
-        They differ under ``--samples`` (`lm_eval_adapter.reported_doc_id`);
-        everything the run writes or warns names documents by this one.
+        Everything the run writes or warns names documents by this one.
         """
         samples = self.lm_eval_options.get("samples")
         if not samples:  # the common case: no --samples, the ids are lm-eval's own
@@ -163,10 +161,7 @@ class RunPlans:
         return reported_doc_id(chosen, doc_id)
 
     def plan_for(self, task_name: str, doc_id: int) -> DocumentPlan | None:
-        """The plan of a document.
-
-        Documents the model never saw (lm-eval's response cache answered
-        them) are planned here from the task's requests.
+        """The plan of a document (planned now if lm-eval's cache answered it).
 
         Returns:
             None, after one warning, for a document without geometry.
@@ -190,10 +185,6 @@ class RunPlans:
                 "measures no geometry for rolling log-likelihood, so its documents have none",
             )
         return plan
-
-    def generation_keys_of(self, context: str) -> list[GeometryKey]:
-        """The planned keys of a generation prompt (one per distinct gold answer)."""
-        return self.generation_keys.get(context, [])
 
     def documents_at(self, key: GeometryKey) -> tuple[DocumentRef, ...]:
         """The documents measured at ``key`` (their identity, for the plugins)."""

@@ -1,28 +1,15 @@
 """The document sample of the sampled (Jacobian) metrics: seeded, random, stratified.
 
-A sampled metric (``coupling``, ``alignment_ratio``, ...) is computed on
-``coupling_docs`` documents per task (its `MetricSpec.sample_option`). Which
-ones is decided here, before any forward pass, from the task alone:
-
-1. The population is the documents lm-eval evaluates: the task's documents,
-   the first ``--limit`` of them, or the ``--samples`` listed for the task,
-   read from lm-eval's own document iterator and named by the ``doc_id``
-   lm-eval's samples file gives them (under ``--samples`` the requests carry
-   another ``doc_id``, their position in the list: the sample is matched to
-   the requests through it). It does not depend on the model, the batch size
-   or the data-parallel rank.
-2. Each document's stratum is its gold answer for a multiple-choice task
-   (the task's own label); generation tasks have one stratum. A group's
-   subtasks are leaf tasks of their own, each with its own sample, so a
-   group's sample is stratified by subtask.
-3. Within each stratum the documents are shuffled by a generator seeded with
-   ``(sample_seed, task name)``; the strata are then interleaved so that every
-   prefix of the order holds each stratum in proportion to its size (the
-   largest shortfall from ``k * N_s / N`` goes next, ties to the first
-   stratum in sorted order).
-4. A sample of n documents is the first n of that order, so a smaller sample
-   is part of a larger one and each stratum's share is within one document of
-   proportional (``docs/metrics.md``, "The coupling sample").
+A sampled metric is computed on ``coupling_docs`` documents per task (its
+`MetricSpec.sample_option`), drawn here once, before any forward pass, from the
+task alone (docs/metrics.md, "The coupling sample"): the population is the
+documents lm-eval evaluates (``--limit``, ``--samples``); each stratum is a gold
+answer of a multiple-choice task (one stratum otherwise); within each stratum
+the documents are shuffled by a generator seeded with ``(sample_seed, task
+name)``, and the strata are interleaved so that every prefix of the order holds
+each stratum in proportion to its size (the largest shortfall from
+``k * N_s / N`` goes next, ties to the first stratum in sorted order). A sample
+of n documents is the first n of that order.
 """
 
 from __future__ import annotations
@@ -50,28 +37,24 @@ class TaskSample:
             ``doc_id`` lm-eval reports (its samples file's).
         request_ids: the same documents by the ``doc_id`` of their requests
             (what the model sees; they differ under ``--samples``,
-            `lm_eval_adapter.evaluated_documents`); None: the same as ``order``.
+            `lm_eval_adapter.evaluated_documents`).
     """
 
     task_name: str
     seed: int
     stratified_by: str | None
     order: tuple[int, ...]
-    request_ids: tuple[int, ...] | None = None
+    request_ids: tuple[int, ...]
     _position: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        ids = self.order if self.request_ids is None else self.request_ids
-        object.__setattr__(self, "_position", {doc_id: i for i, doc_id in enumerate(ids)})
+        position = {doc_id: i for i, doc_id in enumerate(self.request_ids)}
+        object.__setattr__(self, "_position", position)
 
     def holds(self, doc_id: int, size: int | None) -> bool:
         """Whether the sample of ``size`` documents (None: all) holds requests ``doc_id``."""
         position = self._position.get(doc_id)
         return position is not None and (size is None or position < size)
-
-    def doc_ids(self, size: int | None) -> frozenset[int]:
-        """The documents of a sample of ``size`` (None: all of them), as lm-eval reports them."""
-        return frozenset(self.order if size is None else self.order[:size])
 
     def record(self, sizes: Mapping[str, int | None]) -> dict[str, Any]:
         """What the geometry file records: seed, stratification, population, doc ids."""
@@ -81,7 +64,8 @@ class TaskSample:
             "seed": self.seed,
             "population": len(self.order),
             "doc_ids": {
-                option: sorted(self.doc_ids(size)) for option, size in sorted(sizes.items())
+                option: sorted(self.order[:size] if size is not None else self.order)
+                for option, size in sorted(sizes.items())
             },
         }
 
@@ -122,21 +106,6 @@ def drawing_order(
     return tuple(order)
 
 
-def population(
-    task: Any, task_name: str, lm_eval_options: Mapping[str, Any]
-) -> list[tuple[int, int, Any]]:
-    """The documents lm-eval evaluates for ``task`` (``--limit`` and ``--samples`` applied).
-
-    Read from lm-eval itself (`lm_eval_adapter.evaluated_documents`): each is
-    ``(request id, reported id, document)``, the ``doc_id`` of its requests
-    and the ``doc_id`` lm-eval's samples file gives it (under ``--samples``
-    lm-eval numbers the requests 0, 1, ... and reports the listed index).
-    """
-    samples = lm_eval_options.get("samples")
-    chosen = samples.get(task_name) if isinstance(samples, Mapping) else None
-    return evaluated_documents(task, lm_eval_options.get("limit"), chosen)
-
-
 def gold_strata(task: Any, docs: Iterable[Any]) -> list[Hashable] | None:
     """Each document's gold answer index (multiple choice), or None for other tasks.
 
@@ -170,7 +139,11 @@ def task_sample(
         lm_eval_options: the run's recorded lm-eval options (``limit``, ``samples``).
         largest: the largest sample size asked for (None: all documents).
     """
-    documents = population(task, task_name, lm_eval_options)
+    samples = lm_eval_options.get("samples")
+    chosen = samples.get(task_name) if isinstance(samples, Mapping) else None
+    # (request id, reported id, document): under --samples lm-eval numbers the requests
+    # 0, 1, ... and reports the listed index.
+    documents = evaluated_documents(task, lm_eval_options.get("limit"), chosen)
     request_of = {reported: request for request, reported, _ in documents}
     reported_ids = list(request_of)
     if largest is None or largest >= len(reported_ids):

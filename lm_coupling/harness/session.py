@@ -1,10 +1,9 @@
 """State of one geometry run: its plans, its measurements and its task records.
 
-One `GeometrySession` lives for one ``lm_eval ... --metrics`` run. The model
-wrapper plans documents from the requests lm-eval hands it (`RunPlans`) and
-stores their measurements during the forward passes (`MeasurementStore`);
-the task glue reads them when lm-eval scores each document (`RunRecords`);
-the run's end writes the geometry files from the records.
+The model wrapper plans documents from the requests lm-eval hands it
+(`RunPlans`) and stores their measurements during the forward passes
+(`MeasurementStore`); the task glue reads them when lm-eval scores each
+document (`RunRecords`).
 """
 
 from __future__ import annotations
@@ -28,20 +27,16 @@ log = logging.getLogger("lm_coupling")
 class GeometrySession:
     """Everything one run measures: its plans, measurements and records, and its options.
 
-    Built whole, once per run, by the run's model (`CouplingHFLM.open_session`:
-    the run's configuration, then the runner on the loaded model, then the
-    cache) and handed to the task manager (`GeometryTaskManager`); it holds
-    no reference to the model: the task glue passes the model's
-    ``measure_alone``.
+    Built once per run by the run's model (`CouplingHFLM.open_session`) and
+    handed to the task manager (`GeometryTaskManager`); it holds no reference
+    to the model.
 
     Args:
         selection: the run's metrics and options.
         runner: the geometry runner on the run's model.
         model_shape: layers, width, parameters and vocabulary of the model.
-        cache_path_prefix: lm-eval's ``--use_cache`` path, if any (documents
-            it answers are measured alone, as expected).
-        cache: the geometry cache (a ``GeometryCache``) beside lm-eval's
-            ``--use_cache`` database, else None.
+        cache_path_prefix: lm-eval's ``--use_cache`` path, if any.
+        cache: the geometry cache beside lm-eval's ``--use_cache`` database, else None.
         lm_eval_options: the lm-eval options the run uses, as the results
             record them (`lm_coupling.harness.run_options.check_run_options`).
 
@@ -71,13 +66,8 @@ class GeometrySession:
         self.measurements = MeasurementStore(
             self.plans, self.records, selection.metrics, streamed, cache
         )
-        self._first_batch_claimed = False  # preflight's read-out check, once per run
+        self.first_batch_checked = False  # preflight's read-out check, once per run
         self._completed: set[str] = set()  # tasks whose deferred metrics are computed
-
-    def claim_first_batch(self) -> bool:
-        """True the first time only: the run's first captured batch (preflight checks it)."""
-        claimed, self._first_batch_claimed = self._first_batch_claimed, True
-        return not claimed
 
     def options_used(self) -> dict[str, Any]:
         """The options, each metric's K as used on this model (`MetricSpec.k_option`)."""
@@ -96,22 +86,13 @@ class GeometrySession:
 
     def announce_changed_options(self) -> None:
         """Say once, at the start of the run, which options the model changes (a K too large)."""
-        used = self.options_used()
+        used, d_model = self.options_used(), self.model_shape.get("d_model")
         for name, asked in self.options_changed().items():
             log.warning(
-                "lm-coupling: %s=%s is more than this model can give (d_model %s): %s=%s is "
-                "used; the results record both (config.lm_coupling.options and "
-                "options_requested)",
-                name,
-                asked,
-                self.model_shape.get("d_model"),
-                name,
-                used[name],
+                f"lm-coupling: {name}={asked} is more than this model can give (d_model "
+                f"{d_model}): {name}={used[name]} is used; the results record both "
+                "(config.lm_coupling.options and options_requested)"
             )
-
-    def plugin_versions(self) -> dict[str, str]:
-        """Metric plugins in use and their distributions, for the results file."""
-        return plugin_versions(self.selection)
 
     # -- scoring ----------------------------------------------------------
     def complete_task(
@@ -119,12 +100,10 @@ class GeometrySession:
     ) -> None:
         """Once per task, before lm-eval scores it: the deferred metrics' per-document values.
 
-        lm-eval runs every request of the run before it scores any document,
-        so every document of the task is measured here (a document lm-eval
-        answered from its cache is measured alone now); the plugins owning a
-        selected deferred metric (`MetricSpec.deferred`) then compute its
-        values and profiles from the task's documents (``lmc_complete_task``),
-        which lm-eval receives per document as it scores them.
+        Every request has run by then, so every document of the task is
+        measured; the plugins owning a selected deferred metric
+        (`MetricSpec.deferred`) compute its values and profiles from them
+        (``lmc_complete_task``).
         """
         if task_name in self._completed:
             return

@@ -1,18 +1,12 @@
 """The interpreter start-up hook behind ``lm_eval ... --metrics ...``.
 
 lm-eval 0.4.13 has no ``--metrics`` flag and discovers no plugins, so the
-package installs ``lm_coupling_startup.pth`` into site-packages. Its one line
-decides from ``sys.argv`` alone, importing nothing (``os`` and ``sys`` are
-loaded before any ``.pth`` file runs): only when the program is
-``lm_eval``/``lm-eval`` (or ``python -m lm_eval``), an argument is exactly
-``--metrics``/``--metric_args`` (or ``--metrics=...``/``--metric_args=...``),
-and the off switch is not set, does it import this module and call
-`maybe_install`. Every other program starts exactly as without the package.
-`maybe_install` then waits, with an import hook, for lm-eval's ``run``
-command module to load and adds the flags to it. `is_lm_eval_with_metrics`
-is the same decision written out (the ``.pth`` line must stay one line).
-
-Set ``LM_COUPLING_NO_STARTUP_HOOK=1`` to switch the hook off.
+package installs ``lm_coupling_startup.pth``, whose one line imports this
+module and calls `maybe_install` only when the program is ``lm_eval`` (or
+``python -m lm_eval``) with a ``--metrics``/``--metric_args`` argument
+(`is_lm_eval_with_metrics` is the same decision written out). `maybe_install`
+then waits, with an import hook, for lm-eval's ``run`` command module to load
+and adds the flags to it. ``LM_COUPLING_NO_STARTUP_HOOK=1`` switches it off.
 """
 
 from __future__ import annotations

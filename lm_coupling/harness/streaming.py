@@ -1,12 +1,6 @@
 """Per-task running summaries, so that a run's memory does not grow with its documents.
 
-Each document's profiles are folded into running sums as soon as it is
-measured, its counts and timings as lm-eval scores it
-(`lm_coupling.harness.task_records.TaskRecords.add_profiles`);
-only the documents that carry a sampled metric's values (at most the sample,
-``coupling_docs`` per task) are kept whole, for the plugins' task aggregation
-(every other document's plugin ``summaries``, if any, are kept alone). Each
-profile is summarised per shape (`ProfileByShape`), so a document whose
+Each profile is summarised per shape (`ProfileByShape`), so a document whose
 profile has another shape than most is still reported, naming its plugin.
 The summaries merge across data-parallel ranks (Chan, Golub and LeVeque's
 pairwise update of the mean and the sum of squared deviations).
@@ -25,15 +19,13 @@ class RunningProfile:
     """Element-wise NaN-aware count, mean and sum of squared deviations of one profile.
 
     Each document's profile is folded in as it comes (Welford's update, the
-    case ``n_b = 1`` of `_fold`), in place: nothing is kept per document.
+    case ``n_b = 1`` of `_fold`): nothing is kept per document.
 
     Attributes:
         n: finite values per element.
         mean: their mean (0 where n is 0).
         m2: the sum of their squared deviations from the mean.
-        mixed: profiles of different shapes were added (the summary is then
-            None; `ProfileByShape` keeps one `RunningProfile` per shape, so a
-            run never mixes them).
+        mixed: profiles of different shapes were added (the summary is then None).
     """
 
     n: np.ndarray | None = None
@@ -97,12 +89,9 @@ class RunningProfile:
 class ProfileByShape:
     """One profile's running summary per shape, and which documents had each shape.
 
-    A plugin whose profile has another shape on some documents than on most
-    (docs/design.md, the plugin contract) must not lose the whole summary, nor
-    have the odd documents vanish silently: each shape keeps its own
-    `RunningProfile`, and the documents of each shape are kept as runs of
-    positions in the task's scoring order (``[start, stop)``: one run when
-    every document has one shape, so memory stays flat in N).
+    A profile of another shape on some documents neither spoils the summary
+    nor vanishes: each shape keeps its own `RunningProfile`, and its documents
+    as runs ``[start, stop)`` of positions in the task's scoring order.
 
     Attributes:
         shapes: running summary per shape, in the order the shapes first came.
@@ -131,13 +120,9 @@ class ProfileByShape:
             for start, stop in other.runs[shape]:
                 _extend_runs(runs, start + offset, stop + offset)
 
-    def counts(self) -> dict[tuple[int, ...], int]:
-        """Documents per shape."""
-        return {shape: sum(b - a for a, b in runs) for shape, runs in self.runs.items()}
-
     def shape(self) -> tuple[int, ...] | None:
         """The shape most documents' profile has (the first to come, on a tie)."""
-        counts = self.counts()
+        counts = {shape: sum(b - a for a, b in runs) for shape, runs in self.runs.items()}
         return max(counts, key=counts.__getitem__) if counts else None
 
     def summary(self) -> dict[str, Any] | None:
@@ -167,29 +152,24 @@ def _extend_runs(runs: list[list[int]], start: int, stop: int) -> None:
 
 @dataclass
 class RunningTimings:
-    """Sums and counts of each document's timings (`DocumentGeometry.timings`)."""
+    """Sums and counts of each document's timings (`DocumentGeometry.timings`).
 
-    scalars: dict[str, list[float]] = field(default_factory=dict)  # name -> [sum, count]
-    layers: dict[str, list[Any]] = field(default_factory=dict)  # name -> [sum array, count]
+    A timing is seconds (a number) or seconds per layer (a list); one whose
+    per-layer length differs between documents is left out of ``per_layer``.
+    """
+
+    totals: dict[str, list[Any]] = field(default_factory=dict)  # name -> [sum, count]
     mixed: set[str] = field(default_factory=set)
 
     def add(self, timings: dict[str, Any]) -> None:
         """Fold one document's timings in."""
-        scalars = self.scalars
         for name, value in timings.items():
-            if isinstance(value, (list, tuple, np.ndarray)):
-                self._add_layers(name, np.asarray(value, dtype=np.float64), 1)
-                continue
-            entry = scalars.get(name)
-            if entry is None:
-                entry = scalars[name] = [0.0, 0]
-            entry[0] += float(value)
-            entry[1] += 1
+            self._add(name, np.asarray(value, dtype=np.float64), 1)
 
-    def _add_layers(self, name: str, total: np.ndarray, count: int) -> None:
-        entry = self.layers.get(name)
+    def _add(self, name: str, total: np.ndarray, count: int) -> None:
+        entry = self.totals.get(name)
         if entry is None:
-            self.layers[name] = [total.copy(), count]
+            self.totals[name] = [total.copy(), count]
         elif entry[0].shape != total.shape:
             self.mixed.add(name)
         else:
@@ -198,29 +178,26 @@ class RunningTimings:
 
     def merge(self, other: RunningTimings) -> None:
         """Fold another rank's timings in."""
-        for name, (total, count) in other.scalars.items():
-            entry = self.scalars.setdefault(name, [0.0, 0])
-            entry[0] += total
-            entry[1] += count
-        for name, (total, count) in other.layers.items():
-            self._add_layers(name, total, count)
+        for name, (total, count) in other.totals.items():
+            self._add(name, total, count)
         self.mixed |= other.mixed
 
     def summary(self) -> dict[str, Any]:
-        """The geometry file's ``timings`` (`lm_coupling.harness.outputs.timing_summary`)."""
-        if not self.scalars and not self.layers:
+        """The geometry file's ``timings``: seconds per document, and per layer."""
+        if not self.totals:
             return {}
-        counts = {name: count for name, (_, count) in self.scalars.items()}
+        scalars = {k: v for k, v in self.totals.items() if v[0].ndim == 0}
+        counts = {name: count for name, (_, count) in scalars.items()}
         return {
             "n_documents": max(counts.values(), default=0),
             "n_documents_per_part": counts,
             "seconds_per_document": {
-                k: total / count for k, (total, count) in self.scalars.items()
+                k: float(total / count) for k, (total, count) in scalars.items()
             },
             "per_layer": {
                 k: (total / count).tolist()
-                for k, (total, count) in self.layers.items()
-                if k not in self.mixed
+                for k, (total, count) in self.totals.items()
+                if total.ndim and k not in self.mixed
             },
         }
 

@@ -1,20 +1,13 @@
 """Unknown task names, reported in about a second instead of after lm-eval's task index.
 
-lm-eval builds its task index by loading every task YAML under its task
-folder and the include paths (about 14,000 files in lm-eval 0.4.13: 20-36 s
-on a loaded 2-core machine) before it can say that a name matches nothing.
-`check_task_names` reads the same files as text instead (with the include
-templates, files without an extension: about 1 s) and collects every
-word that follows a ``task:``, ``group:`` or ``tag:`` key (inline, as a
-``[a, b]`` list, or as ``- a`` items below the key). That set holds every name
-lm-eval's index can hold (a name always comes from one of these keys in some
-YAML file; a file's includes are files under the same folders), plus some
-words that are not names: so a word outside it is certainly no task, and a
-word inside it is left to lm-eval's own resolution (`lm_coupling.harness.run.
-resolve_tasks`), which still reports a miss, later. Checked against lm-eval
-0.4.13's index: all 14,761 of its names are in the set. Glob patterns
-(``mmlu_*``) match as lm-eval matches them (``fnmatch``); YAML file paths are
-not checked here.
+lm-eval loads every task YAML (about 14,000 files in 0.4.13: 20-36 s on a
+loaded 2-core machine) before it can say that a name matches nothing.
+`check_task_names` reads the same files as text (about 1 s) and collects every
+word after a ``task:``, ``group:`` or ``tag:`` key: a superset of the names
+lm-eval's index can hold (all 14,761 of 0.4.13's), so a word outside it is
+certainly no task; a word inside it is left to lm-eval's own resolution
+(`lm_coupling.harness.run.resolve_tasks`). Glob patterns (``mmlu_*``) match as
+lm-eval matches them (``fnmatch``); YAML file paths are not checked here.
 """
 
 from __future__ import annotations
@@ -104,11 +97,15 @@ def check_task_names(tasks: str | Iterable[object], include_paths: Iterable[str]
         return
     known = task_names([lm_eval_tasks_dir(), *map(Path, include_paths)])
     missing = [w for w in words if w not in known and not fnmatch.filter(known, w)]
-    if not missing:
-        return
+    if missing:
+        raise unknown_tasks(missing, known)
+
+
+def unknown_tasks(missing: list[str], known: Iterable[str]) -> ConfigurationError:
+    """The error for task names that match no task, with the names closest to the first."""
     close = difflib.get_close_matches(missing[0], sorted(known), n=3)
     hint = f" Close names: {', '.join(close)}." if close else ""
-    raise ConfigurationError(
+    return ConfigurationError(
         f"task(s) not found: {', '.join(missing)}.{hint} `lm_eval ls tasks` lists them; "
         "lm-coupling's offline tasks are named lmc_*_offline (all six: lmc_openllm_v1_offline)"
     )

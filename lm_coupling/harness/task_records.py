@@ -1,12 +1,10 @@
 """Per-task records of one run: each document's geometry summarised as lm-eval scores it.
 
-`RunRecords` scores: it gives lm-eval each document's own values (undefined
-ones left out, with one warning naming the cause), records each scored
-document once in its task's `TaskRecords`, reports the capture counts, and
-gathers the records across data-parallel ranks.
-
-Every document's trajectory/lens geometry has one source, counted per task
-(`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
+`RunRecords` gives lm-eval each document's own values (undefined ones left
+out, with one warning naming the cause), records each scored document once in
+its task's `TaskRecords`, reports the capture counts and gathers the records
+across data-parallel ranks. Every document's trajectory/lens geometry has one
+source (`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
 measured alone afterwards (``alone``), read from the geometry cache
 (``cached``), or ``failed`` (NaN, with a warning naming the document).
 """
@@ -33,20 +31,12 @@ CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
 class TaskRecords:
     """Per-document geometry of one task, as lm-eval scored it, summarised as it arrives.
 
-    Memory stays flat in the number of documents: each document's profiles,
-    finite-value counts and timings are folded into running summaries
-    (`lm_coupling.harness.streaming`); only documents that carry a sampled
-    metric's values (at most the sample, ``coupling_docs`` per task) are kept
-    whole, for the plugins' task aggregation (``lmc_aggregate_task``); of the
-    other documents only a plugin's per-document ``summaries`` are kept (none
-    unless a task-level measure such as ``dataset_entropy`` is selected, whose
-    summaries grow with N: ``(L+1) d`` numbers per document).
-
-    Profiles are folded in as soon as a document is measured (`add_profiles`,
-    from `MeasurementStore.store`), not when lm-eval scores it: lm-eval scores
-    only after every request has run, so a measurement waiting for its score
-    keeps a few numbers per metric, not its ``(L+1)``-long profiles. Documents
-    in a sampled metric's sample keep theirs until scoring (at most the sample).
+    Memory stays flat in the number of documents: profiles (folded in as
+    soon as a document is measured, `add_profiles`), finite-value counts and
+    timings are running summaries (`lm_coupling.harness.streaming`); only the
+    documents that carry a sampled metric's values (at most ``coupling_docs``
+    per task) are kept whole, for the plugins' ``lmc_aggregate_task``, and of
+    the others only a plugin's per-document ``summaries``, if any.
 
     Attributes:
         doc_ids: scored documents, in scoring order.
@@ -132,7 +122,7 @@ class RunRecords:
     Args:
         plans: the run's plans (their selection, reported ids and warnings).
         cache_path_prefix: lm-eval's ``--use_cache`` path, if any (documents
-            it answers are measured alone, as expected).
+            measured alone are then expected).
 
     Attributes:
         tasks: each task's records.
@@ -145,9 +135,6 @@ class RunRecords:
         self.cache_path_prefix = cache_path_prefix
         self.tasks: dict[str, TaskRecords] = defaultdict(TaskRecords)
         self.scored_ids: set[DocumentId] = set()
-        self._own_parts: dict[frozenset[str], tuple[list[str], set[str], bool]] = {}
-        specs = plans.selection.specs
-        self._sampled_names = frozenset(n for n, spec in specs.items() if spec.sampled)
 
     def document_values(
         self,
@@ -158,9 +145,7 @@ class RunRecords:
     ) -> dict[str, float]:
         """The per-document values lm-eval aggregates (undefined ones left out).
 
-        A value is undefined (NaN) for degenerate documents, and a sampled
-        metric is undefined outside its document sample: lm-eval then averages
-        each metric over the documents that define it.
+        lm-eval then averages each metric over the documents that define it.
 
         Args:
             plan: the scored document's plan.
@@ -192,18 +177,19 @@ class RunRecords:
         return values
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
-        """The part of a measurement that belongs to ``plan``'s document."""
-        metrics, profiles, sampled = self._own_metrics(plan.sampled_metrics)
-        if (
-            not sampled
-            and not geometry.profiles
-            and not geometry.failures
-            and not geometry.summaries
-            and geometry.jacobian_methods is None
-            and len(geometry.values) == len(metrics)
-            and all(name in geometry.values for name in metrics)
-        ):
-            return geometry  # all of it is the document's own (never changed by the caller)
+        """The part of a measurement that belongs to ``plan``'s document.
+
+        A sampled metric outside the document's sample is not its own, nor is
+        a task-level metric (its task's value is added at the end).
+        """
+        specs = self.plans.selection.specs
+        metrics = [
+            n
+            for n in self.plans.selection.metrics
+            if (not specs[n].sampled or n in plan.sampled_metrics) and not specs[n].task_level
+        ]
+        profiles = {p for n in metrics for p in specs[n].profiles}
+        sampled = any(specs[n].sampled for n in metrics)
         return DocumentGeometry(
             values={name: geometry.values.get(name, math.nan) for name in metrics},
             profiles={k: v for k, v in geometry.profiles.items() if k in profiles},
@@ -213,22 +199,6 @@ class RunRecords:
             failures=[f for f in geometry.failures if set(f.get("metrics", ())) & set(metrics)],
         )
 
-    def _own_metrics(self, sampled_metrics: frozenset[str]) -> tuple[list[str], set[str], bool]:
-        """``(metrics, profiles, any sampled)`` of a document in these samples (built once each)."""
-        parts = self._own_parts.get(sampled_metrics)
-        if parts is None:
-            selection = self.plans.selection
-            specs = selection.specs
-            metrics = [
-                n
-                for n in selection.metrics
-                if (not specs[n].sampled or n in sampled_metrics) and not specs[n].task_level
-            ]  # a task-level metric has no per-document value: its task's value is added at the end
-            profiles = {p for n in metrics for p in specs[n].profiles}
-            parts = metrics, profiles, any(specs[n].sampled for n in metrics)
-            self._own_parts[sampled_metrics] = parts
-        return parts
-
     def scored(self, task_name: str, doc_id: int | None) -> bool:
         """Whether the document's geometry was already given to lm-eval (an earlier filter)."""
         return (task_name, doc_id) in self.scored_ids
@@ -236,9 +206,8 @@ class RunRecords:
     def internal_failure(self, task_name: str, doc_id: int | None, error: str) -> None:
         """Record a document whose geometry an lm-coupling error lost (its scores are kept).
 
-        The document counts as ``failed`` with the error in the geometry file,
-        one warning names it, and the end-of-run account reports the task as
-        an error: a bug here never passes as a quiet NaN.
+        It counts as ``failed`` with the error in the geometry file, and one
+        warning names it: a bug here never passes as a quiet NaN.
         """
         ident = (task_name, doc_id)
         if ident in self.scored_ids:
@@ -265,7 +234,8 @@ class RunRecords:
             return
         self.scored_ids.add(ident)
         records = self.tasks[plan.task_name]
-        keep = not self._sampled_names.isdisjoint(geometry.values)
+        specs = self.plans.selection.specs
+        keep = any(specs[name].sampled for name in geometry.values if name in specs)
         doc_id = self.plans.reported_id(*ident)
         records.add(doc_id, geometry, keep)
         source, error = outcome
@@ -279,8 +249,7 @@ class RunRecords:
         """Per task: ``capture`` counts and ``n_measured`` per metric.
 
         Warns once per task whose documents were measured alone without
-        ``--use_cache`` (a second forward pass the batch matching should
-        have made unnecessary).
+        ``--use_cache`` (a second forward pass).
         """
         report = {}
         for task_name, records in sorted(self.tasks.items()):
@@ -300,11 +269,6 @@ class RunRecords:
                 "n_measured": records.n_measured(self.plans.selection.metrics),
             }
         return report
-
-    # -- gathering across ranks --------------------------------------------
-    def export(self) -> dict[str, TaskRecords]:
-        """This rank's records, for gathering across data-parallel ranks."""
-        return dict(self.tasks)
 
     def merge(self, gathered: list[dict[str, TaskRecords]]) -> None:
         """Replace the records by those gathered from every rank."""

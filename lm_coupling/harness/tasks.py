@@ -1,22 +1,12 @@
 """Attach per-document geometry to the tasks lm-eval loads for a run.
 
-`GeometryTaskManager` is lm-eval's ``TaskManager`` for one run: every task it
-loads gets the run's geometry attached (`attach_geometry`). Each task's
-``process_results`` is wrapped so that the document's geometry is added to the
-metrics it returns: lm-eval then aggregates it (mean, stderr), prints it,
-writes it to the results JSON and samples JSONL, gathers it across ranks and
-logs it to W&B like ``acc``.
-
-lm-eval calls ``process_results(doc, results)`` without the document's id;
-the task's ``doc_iterator``, which yields ``(doc_id, doc)`` right before lm-eval
-scores that document, is wrapped to tell the glue which document it is, so
-documents are identified by ``(task, doc_id)`` as their requests are (two
-identical documents stay two documents).
-
-Geometry does not depend on lm-eval's answer filters (GSM8K's
-``strict-match`` and ``flexible-extract`` score one generation twice): it is
-added to the document's first filtered result only, so each metric appears
-once per task.
+`GeometryTaskManager` is lm-eval's ``TaskManager`` for one run: each task it
+loads has its ``process_results`` wrapped so that the document's geometry is
+added to the metrics it returns (lm-eval then aggregates, prints, writes,
+gathers and logs it like ``acc``), and its ``doc_iterator`` wrapped to say
+which document is scored (``process_results`` gets no id). Geometry does not
+depend on lm-eval's answer filters: it is added to a document's first filtered
+result only, so each metric appears once per task.
 """
 
 from __future__ import annotations
@@ -42,17 +32,11 @@ MeasureAlone = Callable[[DocumentPlan], DocumentGeometry]
 class GeometryTaskManager(TaskManager):
     """lm-eval's task manager for one geometry run: loaded tasks get its session.
 
-    Args:
-        session: the run's geometry session.
-        measure_alone: measures a document's prompt alone (the run's model,
-            `CouplingHFLM.measure_alone`), for documents lm-eval answered from its cache.
-        **kwargs: lm-eval's ``TaskManager`` arguments (``include_path``, ``metadata``).
+    Built by `sharing_index` (a new ``TaskManager`` indexes every task folder: about 15 s).
     """
 
-    def __init__(self, session: GeometrySession, measure_alone: MeasureAlone, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.session = session
-        self.measure_alone = measure_alone
+    session: GeometrySession
+    measure_alone: MeasureAlone
 
     @classmethod
     def sharing_index(
@@ -63,12 +47,10 @@ class GeometryTaskManager(TaskManager):
         *,
         measure_alone: MeasureAlone,
     ) -> GeometryTaskManager:
-        """A manager for ``session`` that reuses ``manager``'s task index (no re-indexing).
+        """A manager for ``session`` reusing ``manager``'s task index, with the run's metadata.
 
-        lm-eval indexes every task folder when a ``TaskManager`` is built (about
-        15 s); a notebook or sweep running many evaluations builds one and passes
-        it. The run's own task metadata replaces the shared manager's (lm-eval
-        merges it into every task it loads, through the manager's task factory).
+        ``measure_alone`` (`CouplingHFLM.measure_alone`) measures the documents
+        lm-eval answered from its cache.
         """
         from lm_coupling.harness.lm_eval_adapter import share_task_index
 

@@ -1,10 +1,4 @@
-"""lm-coupling's task folder, and the error for a task whose data cannot be reached.
-
-Read by the core (`lm_coupling.harness.run`, which puts the folder on lm-eval's
-include path) and by the task glue (`lm_coupling.harness.tasks`, which turns
-a download failure into `DataUnavailableError`): a module of its own, so
-neither imports the other.
-"""
+"""lm-coupling's task folder, and the error for a task whose data cannot be reached."""
 
 from __future__ import annotations
 
@@ -17,18 +11,13 @@ TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
 """lm-coupling's task YAMLs (the ``lmc_*`` tasks); always on the include path."""
 
 
-def offline_hint(task_list: Any, exc: Exception) -> str:
-    """The message for a hub task whose data cannot be downloaded."""
+def data_unavailable(task_list: Any, exc: Exception) -> DataUnavailableError:
+    """`DataUnavailableError` for a hub task whose data cannot be downloaded."""
     offline = sorted(p.stem for p in TASKS_DIR.glob("lmc_*_offline.yaml"))
-    return (
+    return DataUnavailableError(
         f"the data of {task_list!r} cannot be downloaded ({exc}). Without network, run "
         f"lm-coupling's offline variants, which read local JSONL files: {', '.join(offline)}, "
         "lmc_mmlu_offline (all six benchmarks: lmc_openllm_v1_offline). Point "
         "$LM_COUPLING_DATA_DIR at your converted files (layout: lm_coupling/tasks/README.md); "
         "without it they run on the bundled sample documents."
     )
-
-
-def data_unavailable(task_list: Any, exc: Exception) -> DataUnavailableError:
-    """`DataUnavailableError` for a task whose data cannot be reached."""
-    return DataUnavailableError(offline_hint(task_list, exc))

@@ -345,7 +345,7 @@ def test_commit_from_path_reads_the_commit_of_a_git_folder(tmp_path):
 def test_the_metadata_hint_comes_from_the_task_logger():
     import logging
 
-    from lm_coupling.harness.quiet import OwnTaskMetadataFilter
+    from lm_coupling.harness.quiet import QuietFilter
 
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
@@ -363,7 +363,7 @@ def test_the_metadata_hint_comes_from_the_task_logger():
         lm_eval_log.setLevel(level)
     hints = [r for r in records if r.getMessage().startswith(f"{TASK}: Custom kwargs")]
     assert hints, _broke("TASK_LOGGER", f"no --metadata hint for {TASK} through it")
-    assert not OwnTaskMetadataFilter().filter(hints[0]), _broke(
+    assert not QuietFilter().filter(hints[0]), _broke(
         "TASK_LOGGER", f"the hint's text changed: {hints[0].getMessage()[:80]!r}"
     )
 

@@ -79,11 +79,11 @@ def _count_warnings(task, raw: dict, caplog) -> list[str]:
     """Aggregate ``raw`` with lm-eval's own code inside a geometry run; the warnings left."""
     from lm_eval.evaluator_utils import _compute_task_aggregations
 
-    from lm_coupling.harness.run import sampled_count_filter
+    from lm_coupling.harness.quiet import quiet_lm_eval
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="lm_eval.evaluator_utils"):
-        with sampled_count_filter(["lss", "coupling"]):
+        with quiet_lm_eval(["lss", "coupling"]):
             _compute_task_aggregations(task, raw, bootstrap_iters=0)
     return [r.getMessage() for r in caplog.records if "not scored on the same" in r.getMessage()]
 
