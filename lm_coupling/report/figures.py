@@ -249,15 +249,15 @@ def _fit_text(metric: str, target: str, fit: Mapping | None, n: int) -> str:
 
 def _point_labels(data: pd.DataFrame) -> tuple[list[str], list[str]]:
     """Point labels (the step for checkpoints of a family, else the model) and colour groups."""
-    steps = data["revision"].map(parse_step) if "revision" in data else pd.Series(None)
+    names = [short_name(str(m)) for m in data["model"]]
+    if "revision" not in data:
+        return names, ["models"] * len(data)
+    steps = data["revision"].map(parse_step)
     if steps.notna().all() and len(data):
-        return [f"{int(s)}" for s in steps], [_short(str(m)) for m in data["model"]]
-    names = [_short(str(m)) for m in data["model"]]
-    if "revision" in data:
-        names = [
-            n if r == "main" else f"{n}@{r}" for n, r in zip(names, data["revision"], strict=True)
-        ]
-    return names, ["models"] * len(data)
+        return [f"{int(s)}" for s in steps], names
+    revisions = data["revision"]
+    labels = [n if r == "main" else f"{n}@{r}" for n, r in zip(names, revisions, strict=True)]
+    return labels, ["models"] * len(data)
 
 
 def metric_vs_score(
