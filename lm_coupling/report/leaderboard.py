@@ -1,30 +1,9 @@
 """Build the leaderboard table (one row per model identity) and the long geometry table.
 
-Columns of ``leaderboard.csv`` (schema `SCHEMA_VERSION`, see
-`lm_coupling.report.benchmarks` for the changes between versions):
-
-- ``model, revision, dtype, step, n_params, n_layers, d_model`` (integers,
-  empty where unknown);
-- one column per leaderboard benchmark present (``arc, hellaswag, mmlu,
-  truthfulqa, winogrande, gsm8k``: scores in [0, 1], the metric of
-  `BENCHMARKS`), filled only from runs in the Open LLM v1 setting (the
-  shots of `Benchmark.shots`; a ``--limit`` run fills it and is named in
-  ``limited``), ``n_benchmarks`` (how many of the six this row has) and
-  ``average``: the mean of the six, only when all six are present (NaN
-  otherwise: a mean over a different subset per model compares nothing);
-- ``score:<task>:<metric>`` for every other task that was run, and for a
-  benchmark task run with other shots: its primary metric
-  (`lm_coupling.report.loading.primary_score_metric`; ``,<filter>`` is
-  appended when the filter is not ``none``). Subtasks of a scored group
-  (MMLU's subjects) are represented by the group;
-- per geometry metric ``<metric>`` (a metric with a K option is named after
-  the K asked for: ``coupling_k10``, ``coupling_k0.1``), ``<metric>__tasks``,
-  ``<metric>__n`` and, for a metric with a K, ``<metric>__k_used`` (the K
-  after the d_model - 1 cap, per model); then ``thought_fixation_boundary``
-  with the same companions. Which tasks a value is averaged over: see
-  `lm_coupling.report.tasksets`;
-- ``settings, limited, metric_options, mixed_settings``: what the row was
-  measured with (`lm_coupling.report.row_settings`).
+The columns of ``leaderboard.csv`` and ``geometry_long.csv`` are listed in
+docs/report.md, "The tables"; which tasks a geometry value is averaged over
+is `lm_coupling.report.tasksets`, what a row was measured with
+`lm_coupling.report.row_settings`.
 """
 
 from __future__ import annotations
@@ -90,10 +69,7 @@ def in_open_llm_setting(task: str, shots: Any) -> bool:
 
 
 def benchmark_scores(selected: pd.DataFrame) -> pd.DataFrame:
-    """The leaderboard score of every (identity, benchmark), columns ``SOURCE_COLUMNS``.
-
-    Only runs in the Open LLM v1 setting (`in_open_llm_setting`) count.
-    """
+    """The leaderboard score of every (identity, benchmark) in the Open LLM v1 setting."""
     scores = selected[selected["kind"] == "score"]
     parts = []
     for bench in BENCHMARKS:
@@ -138,46 +114,23 @@ def _match_external(model: str, external: pd.DataFrame) -> pd.Series | None:
 def join_external(
     scores: pd.DataFrame, identities: pd.DataFrame, external: pd.DataFrame, path: str
 ) -> pd.DataFrame:
-    """Replace run scores with external ones where the ``--scores`` CSV has them.
-
-    A model matches on its full name or on the last part of a local path.
-    External values win over the runs' own (runs made with ``--limit`` score
-    only a few documents).
-    """
+    """Replace run scores with the ``--scores`` CSV's (matched on the name or its last part)."""
     columns = [b.column for b in BENCHMARKS if b.column in external.columns]
     rows = []
-    for ident in identities.itertuples(index=False):
-        match = _match_external(ident.model, external)
-        if match is None:
-            continue
-        for column in columns:
+    for ident in identities.itertuples(index=False, name=None):
+        match = _match_external(ident[0], external)
+        for column in columns if match is not None else []:
             value = pd.to_numeric(match[column], errors="coerce")
             if pd.notna(value):
-                rows.append(
-                    dict(
-                        model=ident.model,
-                        revision=ident.revision,
-                        dtype=ident.dtype,
-                        benchmark=column,
-                        task="",
-                        metric="",
-                        filter="",
-                        setting="",
-                        value=float(value),
-                        source=str(path),
-                    )
-                )
+                blank = dict.fromkeys(("task", "metric", "filter", "setting"), "")
+                rows.append(dict(zip(IDENTITY, ident, strict=True), **blank, benchmark=column,
+                                 value=float(value), source=str(path)))  # fmt: skip
     if not rows:
         return scores
     ext = pd.DataFrame(rows, columns=SOURCE_COLUMNS)
     keep = scores.merge(ext[[*IDENTITY, "benchmark"]], how="left", indicator=True)
     keep = keep[keep["_merge"] == "left_only"].drop(columns="_merge")
     return pd.concat([keep, ext], ignore_index=True)
-
-
-def _filters(task: str) -> tuple[str, ...] | None:
-    bench = benchmark_of(task)
-    return bench.filters if bench is not None else None
 
 
 SCORE_PREFIX = "score:"
@@ -190,22 +143,22 @@ def task_score_column(task: str, metric: str, filt: str) -> str:
     return f"{SCORE_PREFIX}{task}:{metric}{suffix}"
 
 
-def task_scores(selected: pd.DataFrame, groups: set[str] | None = None) -> pd.DataFrame:
+def task_scores(selected: pd.DataFrame) -> pd.DataFrame:
     """Primary scores of the tasks outside the Open LLM v1 columns, one column each.
 
-    These are the tasks that are not leaderboard benchmarks, and benchmark
-    tasks run with other shots than the Open LLM v1 setting (GSM8K 2-shot);
-    a benchmark's filters are taken in `Benchmark.filters` order. ``groups``:
-    the scored groups of the whole table (default: `scored_groups` of ``selected``).
+    Tasks that are no benchmark, and benchmarks run outside the v1 setting.
     """
-    groups = scored_groups(selected) if groups is None else groups
+    groups = scored_groups(selected)
     rows = selected[(selected["kind"] == "score") & selected["primary_score"].astype(bool)]
     keep = [
         not in_open_llm_setting(task, shots) and task_unit(task, group, groups) == task
         for task, group, shots in zip(rows["task"], rows["group"], rows["shots"], strict=True)
     ]
     rows = rows[pd.Series(keep, index=rows.index, dtype=bool)]
-    ranked = [_first_filter(part, _filters(task)) for task, part in rows.groupby("task")]
+    ranked = [
+        _first_filter(part, getattr(benchmark_of(task), "filters", None))
+        for task, part in rows.groupby("task")
+    ]
     rows = pd.concat(ranked) if ranked else rows
     rows = rows.drop_duplicates([*IDENTITY, "task"], keep="first")
     if rows.empty:
@@ -215,10 +168,6 @@ def task_scores(selected: pd.DataFrame, groups: set[str] | None = None) -> pd.Da
     )
     wide = rows.pivot_table(index=IDENTITY, columns="column", values="value", aggfunc="first")
     return wide[sorted(wide.columns)]
-
-
-def _geometry_lookup(geometry: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    return {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
 
 
 GEOMETRY_ROW_COLUMNS = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used", "file"]
@@ -283,28 +232,22 @@ def _boundary_records(
     return rows
 
 
-def _geometry_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS).astype({"value": float, "n": float})
-
-
 def geometry_rows(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
     """One row per (identity, task, metric): value, unit, documents measured, K used.
 
-    A value's geometry file is the one written beside its own results file
-    (``loaded.by_results``), else the newest for its model and task. The
-    thought/fixation boundary is read from the runs' catalogue's boundary
-    profiles. The value rows come first, in ``selected``'s order, then the
-    boundary rows.
+    A value's geometry file is the one beside its own results file, else the
+    newest for its model and task; the thought/fixation boundary rows follow.
     """
     catalogue, geometry = loaded.catalogue, loaded.geometry
     geo = _first_filter(selected[selected["kind"] == "geometry"], None)
-    lookup = _geometry_lookup(geometry)
+    lookup = {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
     groups = scored_groups(selected)
     keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
     group_of = dict(zip(keys, selected["group"], strict=True))
     rows = _value_records(geo, lookup, loaded.by_results, groups, catalogue)
     rows += _boundary_records(geometry, group_of, groups, catalogue)
-    return _geometry_frame(rows)
+    frame = pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS)
+    return frame.astype({"value": float, "n": float})
 
 
 def build_leaderboard(
@@ -336,12 +279,8 @@ def row_columns(
 ) -> pd.DataFrame:
     """The leaderboard's columns other than geometry, one row per identity of ``selected``.
 
-    Identity, step, shape, the benchmarks present, ``n_benchmarks``,
-    ``average``, the ``score:`` columns and the settings columns
-    (`row_settings`), in that order, in ``selected``'s identity order, counts
-    not yet made integers (`integer_columns`). Every value of a row comes from
-    the row's own values; the scored groups of the whole table are the one
-    input from other rows.
+    Identity, step, shape, the benchmarks, ``n_benchmarks``, ``average``, the
+    ``score:`` columns and the settings columns, in ``selected``'s order.
     """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
@@ -380,13 +319,7 @@ def integer_columns(board: pd.DataFrame) -> pd.DataFrame:
 
 
 def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
-    """Per-task geometry: scalars (``layer`` empty) and per-layer profiles from geometry files.
-
-    ``n`` of a scalar is the number of documents it was measured on (a sampled
-    metric's sample, not the task size); of a profile entry, the documents
-    with a finite value at that layer. ``layer`` numbers a profile by its
-    catalogue axis, the same for every plugin: states 0..L, blocks 1..L.
-    """
+    """Per-task geometry: scalars (``layer`` empty) and per-layer profiles (docs/report.md)."""
     rows = geometry_rows(selected, loaded)
     rows = rows[rows["metric"] != BOUNDARY_COLUMN]
     stderr = _first_filter(selected[selected["kind"] == "geometry"], None)
@@ -409,11 +342,7 @@ def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame
 
 
 def _profile_rows(geometry: list[dict[str, Any]], catalogue: Catalogue) -> pd.DataFrame:
-    """Every per-layer profile entry of ``geometry`` as rows of ``LONG_COLUMNS``.
-
-    Built as plain lists and turned into one DataFrame at the end (a frame
-    per profile cost seconds on a campaign of 50 models x 10 tasks).
-    """
+    """Every per-layer profile entry of ``geometry`` as rows of ``LONG_COLUMNS``."""
     columns: dict[str, list] = {c: [] for c in LONG_COLUMNS}
     for item in geometry:
         identity, task = item["identity"], item.get("task", "")
@@ -466,10 +395,8 @@ def settings_messages(
 ) -> list[str]:
     """Everything the leaderboard combines across settings, one message each.
 
-    Tasks of one row run in different settings (`setting_conflicts`: the
-    other settings' values are left out), rows that combine metric options
-    (`mixed_messages`), and tasks measured in different settings on
-    different rows (`cross_row_messages`).
+    `setting_conflicts` (values left out), `mixed_messages` (rows combining
+    metric options) and `cross_row_messages` (a task in several settings).
     """
     table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
     return setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)

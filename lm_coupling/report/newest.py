@@ -1,23 +1,10 @@
 """Which of several runs' values the report uses: one setting per task, then the newest run.
 
-Two runs of one model may measure a task in different settings (shots,
-``--limit``: `lm_coupling.report.settings`). Their values are not
-comparable, so a row never takes one metric of a task from one setting and
-another from the other (the score of a 2-shot, 4-document rerun beside the
-geometry of the full 0-shot run). The rule, per (model, revision, dtype,
-task):
-
-1. the setting of the newest run that has the task is the task's setting,
-   except that a complete run wins over a ``--limit`` run with the same
-   shots (`task_setting`): a smoke test on a few documents never stands in
-   for a complete run;
-2. among the runs in that setting, the newest run wins per (metric, filter),
-   so a rerun without ``--metrics`` keeps the geometry of an earlier run of
-   the same setting;
-3. the values of runs in other settings are left out: ``provenance.csv``
-   says ``status`` "other setting", and `setting_conflicts` says which
-   values were dropped (the report and the leaderboard after each run turn each into
-   a `SettingsWarning`).
+Per (model, revision, dtype, task): the newest run's setting, except that a
+complete run wins over a ``--limit`` run with the same shots; among runs in
+that setting, the newest wins per (metric, filter); runs in other settings
+are left out, ``status`` "other setting" in ``provenance.csv``, and
+`setting_conflicts` says so (docs/report.md, "Settings", rule 1).
 """
 
 from __future__ import annotations

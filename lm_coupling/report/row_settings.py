@@ -1,22 +1,8 @@
 """What each leaderboard row was measured with: shots, limit and metric options.
 
-Columns added to ``leaderboard.csv`` (one value per row):
-
-- ``settings``: the setting of each task (unit) of the row, grouped by
-  setting: ``25-shot: arc_challenge; 5-shot, limit 4: gsm8k``;
-- ``limited``: the units whose values rest on a ``--limit`` subset
-  (``;``-separated, empty when none);
-- ``metric_options``: the geometry options of the row's runs
-  (``coupling_docs=25, k=47 (asked 100), norm=l1, ...``); runs with
-  different options are listed one after the other, separated by ``|``;
-- ``mixed_settings``: what the row combines, empty when nothing: for each
-  geometry column fed by runs whose metric options differ (other than K,
-  which names the column, the sample size ``coupling_docs`` and the
-  numerical route ``jacobian_*``), the column and the values seen, such as
-  ``coupling_k10: norm=l1/l2``. Every such row also gives a
-  `SettingsWarning` (`mixed_messages`).
-
-Within one task the settings never mix (`lm_coupling.report.newest`).
+The columns ``settings``, ``limited``, ``metric_options`` and
+``mixed_settings`` of ``leaderboard.csv`` (docs/report.md, "Settings"), and
+the summary's notes and warnings about them.
 """
 
 from __future__ import annotations

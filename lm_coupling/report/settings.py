@@ -1,21 +1,7 @@
 """The setting each value of the report was measured with, read from lm-eval's results JSON.
 
-A run measures a task in a setting:
-
-- **shots**: ``n-shot[task]`` of the results JSON, else
-  ``configs[task].num_fewshot`` (a group without either takes the shots of
-  its subtasks when they agree);
-- **limit**: the documents evaluated when ``--limit`` cut the task short,
-  ``n-samples[task].effective`` when it is below ``original`` (a ``--limit``
-  above the task's size changes nothing and is no limit), else
-  ``config.limit`` when that is set; None for a complete task. A group is
-  limited when any of its subtasks is;
-- **metric options**: ``config.lm_coupling.options`` (each K as used on the
-  model) and ``options_requested`` (the K that was asked for, present only
-  where the model changed it: ``k=100`` on ``d_model`` 48 runs at 47).
-
-Two values of one task are comparable only in one setting; the rule that
-enforces it is `lm_coupling.report.loading.newest_values`.
+Shots, limit and metric options, as docs/report.md ("Settings") defines
+them; the rule that keeps one setting per task is `lm_coupling.report.newest`.
 """
 
 from __future__ import annotations
