@@ -1,25 +1,11 @@
-"""Checkpoint series: which leaderboard rows are independent models.
+"""Checkpoint series: which leaderboard rows are independent models (docs/report.md).
 
-A leaderboard row is one (model, revision, dtype) (docs/report.md, "Rows").
-Rows that share ``model`` are versions of one model: the checkpoints of one
-training run (``revision=step1000``, the family demo's ``<size>/step<N>``
-folders, Pythia's hub revisions) or one checkpoint in two dtypes. Successive
-checkpoints of one run are not independent samples, so the across-model
-statistics (`lm_coupling.report.stats`, `lm_coupling.report.controls`, the
-summary's primary test, the Figure 1a panels) count **one row per model**:
-by default its last checkpoint (``checkpoint="last"``), or its first
-(``"first"``), or a named revision (``"step1000"``) that every series must
-have.
-
-Order within a series: revisions naming a training step (`parse_step`) by
-step, then other named revisions (by name), then ``main`` (the hub's final
-model) last. Several dtypes of the chosen checkpoint: the first in
-leaderboard order (dtype name order).
-
-A series (a model with two or more rows) gets its own analysis instead,
-``checkpoints.csv`` (`series_table`) and ``emergence.png``: each quantity
-against the step, per run, with no p-value (the checkpoints of one run are
-not independent draws, so a test that assumes they are would be wrong).
+Rows that share ``model`` are one model (the checkpoints of one training run,
+or one checkpoint in two dtypes). The across-model statistics count one row
+per model, its last checkpoint by default; a series gets ``checkpoints.csv``
+and ``emergence.png`` instead, with no p-value (checkpoints of one run are
+not independent draws). Series order: steps by step, other revision names,
+then ``main`` last; several dtypes: the first in dtype order.
 """
 
 from __future__ import annotations
@@ -52,9 +38,7 @@ def revision_order(revision: object) -> tuple[int, float, str]:
     step = parse_step(text)
     if step is not None:
         return (0, float(step), text)
-    if text == "main":
-        return (2, math.inf, text)
-    return (1, math.inf, text)
+    return (2 if text == "main" else 1, math.inf, text)
 
 
 @dataclass
@@ -98,31 +82,23 @@ def independent_rows(board: pd.DataFrame, checkpoint: str = "last") -> Independe
         pairs = zip(rows["revision"], rows["dtype"], strict=True)
         keys = [(revision_order(r), str(d)) for r, d in pairs]
         order = [i for _, i in sorted(zip(keys, rows.index, strict=True))]
-        if len(order) == 1:
-            used.append(order[0])
-            continue
-        series[str(model)] = order
-        if rule == "last":
-            last = revision_order(board.at[order[-1], "revision"])
-            used.append(next(i for i in order if revision_order(board.at[i, "revision"]) == last))
-        elif rule == "first":
-            used.append(order[0])
+        if len(order) > 1:
+            series[str(model)] = order
+        revisions = [str(board.at[i, "revision"]) for i in order]
+        if rule in ("last", "first"):
+            wanted = revisions[-1 if rule == "last" else 0]
         else:
-            hit = [i for i in order if str(board.at[i, "revision"]) == rule]
-            if hit:
-                used.append(hit[0])
-            else:
-                lacking.append(f"{model} ({', '.join(_revisions(board, order))})")
+            wanted = rule if rule in revisions or len(order) == 1 else None
+        if wanted is None:
+            lacking.append(f"{model} ({', '.join(dict.fromkeys(revisions))})")
+        else:
+            used.append(order[revisions.index(wanted)] if wanted in revisions else order[0])
     if lacking:
         raise ReportInputError(
             f"--checkpoint {rule}: no such revision in {len(lacking)} checkpoint series: "
             f"{'; '.join(lacking)}. Give last, first or a revision every series has."
         )
     return Independence(rule, sorted(used), series)
-
-
-def _revisions(board: pd.DataFrame, order: list[int]) -> list[str]:
-    return list(dict.fromkeys(str(board.at[i, "revision"]) for i in order))
 
 
 def _label(board: pd.DataFrame, index: int) -> str:
@@ -148,7 +124,7 @@ def series_notes(board: pd.DataFrame, independence: Independence, shown: int = 1
     ]
     for model, order in list(independence.series.items())[:shown]:
         taken = next(i for i in order if i in chosen)
-        revisions = _revisions(board, order)
+        revisions = list(dict.fromkeys(str(board.at[i, "revision"]) for i in order))
         listed = ", ".join(
             revisions if len(revisions) <= 6 else [*revisions[:3], "...", *revisions[-2:]]
         )
