@@ -7,8 +7,6 @@ the summary's notes and warnings about them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from lm_coupling.report.benchmarks import benchmark_of
@@ -64,42 +62,20 @@ def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
     return "; ".join(parts)
 
 
-def _row_records(
-    selected: pd.DataFrame, by_file: dict[str, RunFile], groups: set[str]
-) -> dict[tuple, dict[str, Any]]:
-    """The `ROW_SETTING_COLUMNS` of every identity in ``selected``, by identity."""
-    records: dict[tuple, dict[str, Any]] = {}
+def row_settings(selected: pd.DataFrame, runs: list[RunFile]) -> pd.DataFrame:
+    """The `ROW_SETTING_COLUMNS` of every row of ``selected`` (`newest_values`), by identity."""
+    by_file = {str(run.path): run for run in runs}
+    groups = scored_groups(selected)
+    records, index = [], []
     for identity, rows in selected.groupby(IDENTITY, sort=False):
         settings, limited = _settings_text(rows, groups)
         geometry = rows[rows["kind"] == "geometry"]
         options = _options_of(list(dict.fromkeys(geometry["file"])), by_file)
-        records[tuple(identity)] = dict(
-            settings=settings,
-            limited=limited,
-            metric_options=" | ".join(options_text(u, r) for u, r in options),
-            mixed_settings=_mixed_text(geometry, by_file),
-        )
-    return records
-
-
-def row_settings(
-    selected: pd.DataFrame, runs: list[RunFile], groups: set[str] | None = None
-) -> pd.DataFrame:
-    """The `ROW_SETTING_COLUMNS` of every row, indexed by identity (see the module docstring).
-
-    Args:
-        selected: the values the leaderboard uses (`newest_values`).
-        runs: the parsed results files (their options and settings).
-        groups: the scored groups of the whole table (default: `scored_groups` of
-            ``selected``).
-    """
-    by_file = {str(run.path): run for run in runs}
-    groups = scored_groups(selected) if groups is None else groups
-    ids = selected[IDENTITY].drop_duplicates()
-    built = _row_records(selected, by_file, groups)
-    records = [built[identity] for identity in ids.itertuples(index=False, name=None)]
+        used = " | ".join(options_text(u, r) for u, r in options)
+        records.append((settings, limited, used, _mixed_text(geometry, by_file)))
+        index.append(tuple(identity))
     frame = pd.DataFrame(records, columns=ROW_SETTING_COLUMNS)
-    frame.index = pd.MultiIndex.from_frame(ids)
+    frame.index = pd.MultiIndex.from_frame(pd.DataFrame(index, columns=IDENTITY))
     return frame
 
 

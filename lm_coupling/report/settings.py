@@ -30,16 +30,9 @@ class TaskSetting:
         return text
 
 
-def _as_int(value: Any) -> int | None:
+def _parsed(value: Any, kind: type = float) -> Any:
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _limit(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
+        return None if value is None else kind(value)
     except (TypeError, ValueError):
         return None
 
@@ -49,17 +42,17 @@ def task_settings(data: dict[str, Any], tasks: list[str]) -> dict[str, TaskSetti
     n_shot = data.get("n-shot") or {}
     configs = data.get("configs") or {}
     samples = data.get("n-samples") or {}
-    limit = _limit((data.get("config") or {}).get("limit"))
+    limit = _parsed((data.get("config") or {}).get("limit"))
     children: dict[str, list[str]] = {}
     for group, subtasks in (data.get("group_subtasks") or {}).items():
         children[str(group)] = [str(t) for t in subtasks] if isinstance(subtasks, list) else []
 
     def own(task: str) -> TaskSetting | None:
-        shots = _as_int(n_shot.get(task))
+        shots = _parsed(n_shot.get(task), int)
         if shots is None:
-            shots = _as_int((configs.get(task) or {}).get("num_fewshot"))
+            shots = _parsed((configs.get(task) or {}).get("num_fewshot"), int)
         count = samples.get(task) or {}
-        original, effective = _limit(count.get("original")), _limit(count.get("effective"))
+        original, effective = _parsed(count.get("original")), _parsed(count.get("effective"))
         if original is not None and effective is not None:
             cut = effective if effective < original else None
         elif task in configs or task in n_shot:
@@ -86,11 +79,8 @@ def task_settings(data: dict[str, Any], tasks: list[str]) -> dict[str, TaskSetti
 def metric_options(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(options used, options requested where changed)`` of a run's geometry metrics."""
     lmc = (data.get("config") or {}).get("lm_coupling") or {}
-    used = lmc.get("options")
-    asked = lmc.get("options_requested")
-    return (dict(used) if isinstance(used, dict) else {}), (
-        dict(asked) if isinstance(asked, dict) else {}
-    )
+    used, asked = lmc.get("options"), lmc.get("options_requested")
+    return tuple(dict(x) if isinstance(x, dict) else {} for x in (used, asked))
 
 
 def options_text(options: dict[str, Any], requested: dict[str, Any] | None = None) -> str:

@@ -1,30 +1,12 @@
-"""Where a run's geometry time went: ``timings.csv`` and the timings section of ``summary.md``.
+"""Where a run's geometry time went: ``timings.csv`` and the summary's timings section.
 
-A geometry file may hold a top-level ``timings`` section::
-
-    {"n_documents": int,
-     "seconds_per_document": {"forward_capture": s, "jacobian_products": s,
-                              "factorisation": s, "metrics": s},
-     "per_layer": {"jacobian_products": [L floats], "factorisation": [L floats]}}
-
-(means over the documents measured; any key may be missing). Other groups
-are kept too (``jacobian``: a document's whole share of the batched
-Jacobian engine; ``jacobian_forward``), and ``n_documents_per_part``, when
-present, gives each group's own document count (the Jacobian groups run on
-the sampled documents only). ``plugin:<name>`` groups are each plugin's
-own seconds (its reducer during the forward pass and its
-``lmc_compute_batch``); the summary gives each one's share of the capture
-time. ``timings.csv`` has one row per (model,
-revision, dtype, task, group) with columns `TIMING_COLUMNS`; files without
-the section give no row. The per-layer lists stay in the geometry files.
-
-The summary gives, per model, the seconds per document of each group (the
-mean over tasks, weighted by their documents) and what the Jacobian work
-(``jacobian`` when recorded, else ``jacobian_products`` +
-``factorisation``; paid once per sampled document) costs per task at the
-run's sample size (the option the caller names: the Jacobian engine's
-shared sample, `lm_coupling.plugins.specs.DEFAULT_SAMPLE_OPTION`), so a user
-can decide whether to lower it.
+Read from each geometry file's ``timings`` section (docs/outputs.md):
+``seconds_per_document`` per group (``forward_capture``, ``jacobian``,
+``jacobian_forward``, ``jacobian_products``, ``factorisation``, ``metrics``,
+and ``plugin:<name>``: each plugin's own seconds), ``n_documents`` and
+``n_documents_per_part``. The summary gives, per model, the seconds per
+document of each group, the Jacobian work per task at the run's sample size,
+and each plugin's share of the capture time (docs/report.md, "timings.csv").
 """
 
 from __future__ import annotations
@@ -46,8 +28,7 @@ GROUPS = (
     "metrics",
 )
 JACOBIAN_GROUPS = ("jacobian_products", "factorisation")
-PLUGIN_GROUP = "plugin:"
-"""Prefix of a plugin's own seconds (``plugin:builtin.trajectory``)."""
+PLUGIN_GROUP = "plugin:"  # a plugin's own seconds: ``plugin:builtin.trajectory``
 CAPTURE_GROUPS = ("forward_capture", "metrics")
 
 
@@ -119,11 +100,7 @@ def jacobian_seconds(row: pd.Series) -> float:
 
 
 def timings_markdown(table: pd.DataFrame, sizes: dict[tuple, float], option: str) -> str:
-    """The summary section (empty string when no file had timings).
-
-    ``sizes`` are `sample_sizes` of ``option``, the option sizing the sample
-    the Jacobian work is paid on.
-    """
+    """The summary section ("" without timings); ``sizes``: `sample_sizes` of ``option``."""
     if table.empty:
         return ""
     wide = _per_model(table)
@@ -153,9 +130,9 @@ def timings_markdown(table: pd.DataFrame, sizes: dict[tuple, float], option: str
 def plugin_shares(plugins: pd.DataFrame, wide: pd.DataFrame) -> list[str]:
     """Per model, each plugin's seconds per document and share of the capture time.
 
-    The capture time is ``forward_capture`` + ``metrics`` (the forward pass
-    with its reducers, then the plugins' ``lmc_compute_batch``); a plugin's
-    seconds are its reducer's calls and its ``lmc_compute_batch``.
+    Capture time: ``forward_capture`` + ``metrics`` (the forward pass with the
+    reducers, then ``lmc_compute_batch``); a plugin's seconds: its reducer and
+    its ``lmc_compute_batch``.
     """
     lines = []
     for identity, row in plugins.iterrows():
