@@ -264,15 +264,23 @@ def metric_vs_score(
     if not log_x:
         ax.ticklabel_format(axis="x", useOffset=False)
     ax.ticklabel_format(axis="y", useOffset=False)
-    zoom_x = _label_zoom(ax, metric, "x", catalogue)
-    x_name = declared_label(metric, catalogue)
-    ax.set_xlabel(fitted_label(ax, x_name + (" (log scale)" if log_x else zoom_x), "x"))
-    y_name = declared_label(target, catalogue)
-    ax.set_ylabel(fitted_label(ax, y_name + _label_zoom(ax, target, "y", catalogue), "y"))
-    zoomed = zoom_span_text(ax, {"y": target} if log_x else {"x": metric, "y": target}, catalogue)
-    ax.set_title(title + (f"\n{zoomed}" if zoomed else ""), fontsize=8, wrap=True)
+    ax.set_title(_scatter_text(ax, metric, target, title, catalogue), fontsize=8, wrap=True)
     place_labels(ax, data[metric].to_numpy(float), data[target].to_numpy(float), labels)
     return ax
+
+
+def _scatter_text(
+    ax: Axes, x: str, y: str, title: str, catalogue: Catalogue | None, size: float | None = None
+) -> str:
+    """Label a scatter panel's axes (zoom or log scale stated); ``title`` with its zoom line."""
+    log_x = ax.get_xscale() == "log"
+    x_text = " (log scale)" if log_x else _label_zoom(ax, x, "x", catalogue)
+    font = {"fontsize": size} if size else {}
+    ax.set_xlabel(fitted_label(ax, declared_label(x, catalogue) + x_text, "x", size), **font)
+    y_text = declared_label(y, catalogue) + _label_zoom(ax, y, "y", catalogue)
+    ax.set_ylabel(fitted_label(ax, y_text, "y", size), **font)
+    zoomed = zoom_span_text(ax, {"y": y} if log_x else {"x": x, "y": y}, catalogue)
+    return title + (f"\n{zoomed}" if zoomed else "")
 
 
 def _ring_influential(ax: Axes, data: pd.DataFrame, metric: str, target: str, fit: Mapping):
@@ -462,17 +470,12 @@ def training_dynamics(
 ) -> np.ndarray:
     """Score and geometry over training, and geometry against score, per model.
 
-    Top row: ``target`` and each of ``metrics`` against training step (from
-    the revision, e.g. ``step512``; symmetric-log axis so that the
-    initialisation, step 0, is shown). Bottom row: the legend, then each
-    metric against ``target``, the checkpoints of a model joined in step
-    order and its last one ringed, so that the path from initialisation to
-    the trained model reads left to right or right to left (the papers'
-    emergence plots). A metric whose values span more than two decades
-    (expodistance at initialisation) gets a log axis. No line is fitted and
-    no p-value given: the checkpoints of one run are not independent samples
-    (`lm_coupling.report.checkpoints`); a zoomed [0, 1] axis says by how much
-    (`zoom_span_text`).
+    Top row: ``target`` and each of ``metrics`` against the training step
+    (symmetric-log axis, so step 0 shows). Bottom row: the legend, then each
+    metric against ``target``, a model's checkpoints joined in step order and
+    its last one ringed (the papers' emergence plots). A metric spanning more
+    than two decades gets a log axis. No fit and no p-value: the checkpoints
+    of one run are not independent samples.
 
     Returns:
         The ``2 x (len(metrics) + 1)`` axes array (the bottom-left one holds the legend).
@@ -510,16 +513,8 @@ def training_dynamics(
             )  # fmt: skip
         if spans_decades(data[column].to_numpy(float)):
             ax.set_xscale("log")
-        x_text = column + _label_zoom(ax, column, "x", catalogue)
-        ax.set_xlabel(fitted_label(ax, x_text, "x", 8), fontsize=8)
-        y_text = target + _label_zoom(ax, target, "y", catalogue)
-        ax.set_ylabel(fitted_label(ax, y_text, "y", 8), fontsize=8)
-        log = ax.get_xscale() == "log"
-        zoomed = zoom_span_text(ax, {"y": target} if log else {"x": column, "y": target}, catalogue)
-        heading = fitted_label(ax, f"{target} vs {column}", "x", 9)
-        ax.set_title(
-            f"{heading}\n(ring: last step)" + (f"\n{zoomed}" if zoomed else ""), fontsize=9
-        )
+        heading = fitted_label(ax, f"{target} vs {column}", "x", 9) + "\n(ring: last step)"
+        ax.set_title(_scatter_text(ax, column, target, heading, catalogue, 8), fontsize=9)
     figure = axes[0][0].figure
     note = (
         "Checkpoints of one training run, per run: not independent samples, so no fit "

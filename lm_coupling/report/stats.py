@@ -1,31 +1,17 @@
-"""Across-model correlations of geometry with benchmark scores.
+"""Across-model correlations of geometry with benchmark scores (``correlations.csv``).
 
-Every function returns a tidy DataFrame with the columns listed in its
-docstring (``CORRELATION_COLUMNS``). Estimator: OLS of the score on the metric
-with HC3 heteroskedasticity-robust errors (``estimator = "OLS-HC3"``); the
-p-values of the whole family are adjusted with Holm's step-down method
-(``correction = "holm"``). The bootstrap resamples models with replacement
-(``numpy.random.default_rng(seed)``, ``N_BOOT`` draws) and gives the
-percentile 95% interval of the OLS slope; draws whose metric column is
-constant are dropped (``n_boot`` counts the draws kept).
+Estimator: OLS of the score on the metric with HC3 robust errors; p-values
+of the whole family Holm-adjusted. The bootstrap resamples models with
+replacement (``numpy.random.default_rng(seed)``, ``N_BOOT`` draws; draws with
+a constant metric are dropped, ``n_boot`` counts those kept) and gives the
+percentile 95% interval of the slope. Below ``MIN_MODELS`` (5) models a pair
+gets no fit, p-value or Holm adjustment, and ``reason`` says why.
 
-Minimum number of models: a pair measured on fewer than ``MIN_MODELS`` (5)
-models gets no fit, no p-value and no Holm adjustment: every statistic is
-NaN and ``reason`` says why (with four points an OLS line has two residual
-degrees of freedom, and one model decides the slope). The same constant
-gates `controls.csv` and the figures.
-
-Influence: ``cooks_d_max`` is the largest Cook's distance of the OLS fit
-(statsmodels ``OLSInfluence``; infinite for a point of leverage 1) and
-``cooks_d_model`` the model it belongs to; ``influential`` is True when it
-exceeds ``COOKS_THRESHOLD`` = 1 (Cook and Weisberg's conventional cut-off:
-removing that one model moves the fitted line by more than the whole
-fit's 50% confidence region), and
-``r2_without`` is the R^2 of the fit refitted without that model. Read the
-rank statistics (Spearman, Kendall) beside OLS for such a row: they do not
-depend on how far the point lies. ``x_log_scale`` is True when the metric is
-positive and spans more than two decades over the models (the figures then
-use a log axis: expodistance at initialisation).
+Influence: ``cooks_d_max`` is the largest Cook's distance (infinite at
+leverage 1), ``cooks_d_model`` its model, ``influential`` whether it exceeds
+``COOKS_THRESHOLD`` = 1 (Cook and Weisberg's cut-off), ``r2_without`` the R^2
+refitted without that model. ``x_log_scale``: the metric is positive and
+spans more than two decades (the figures use a log axis).
 """
 
 from __future__ import annotations
@@ -43,8 +29,7 @@ N_BOOT = 2000
 MIN_MODELS = 5
 DECADES = 2.0
 COOKS_THRESHOLD = 1.0
-ALPHA = 0.05
-"""Level below which a fit's Holm-adjusted p-value counts as significant (`significant`)."""
+ALPHA = 0.05  # a fit is significant when its Holm-adjusted p is below this (`significant`)
 ESTIMATOR = "OLS-HC3"
 CORRECTION = "holm"
 FIT_COLUMNS = [
@@ -186,17 +171,11 @@ def bootstrap_slope(x: np.ndarray, y: np.ndarray, seed: int, n_boot: int = N_BOO
 def fit_pair(
     x: np.ndarray, y: np.ndarray, seed: int = 0, labels: list[str] | None = None
 ) -> dict[str, object]:
-    """All across-model statistics of y against x (``FIT_COLUMNS`` plus ``reason``).
+    """All across-model statistics of y (scores) against x (metric): ``FIT_COLUMNS``, ``reason``.
 
-    Args:
-        x: metric of each model.
-        y: score of each model.
-        seed: bootstrap seed.
-        labels: model names (for ``cooks_d_model``).
-
-    Returns:
-        A dict; statistics are NaN and ``reason`` says why when the pair
-        cannot be fitted (fewer than ``MIN_MODELS`` models, or a constant column).
+    Statistics are NaN and ``reason`` says why when the pair cannot be fitted
+    (fewer than ``MIN_MODELS`` models, or a constant column); ``labels`` name
+    the models for ``cooks_d_model``.
     """
     out: dict[str, object] = {c: math.nan for c in FIT_COLUMNS}
     out.update(n=len(x), cooks_d_model="", influential=False, x_log_scale=spans_decades(x))
@@ -230,11 +209,7 @@ def fit_pair(
 
 
 def significant(fit) -> bool:
-    """Whether a ``correlations.csv`` row's slope is significant: Holm-adjusted p below `ALPHA`.
-
-    Holm's p, not HC3's: a report scans every metric against every score,
-    and docs/report.md tells the reader to read ``p_holm`` for that reason.
-    """
+    """Whether a ``correlations.csv`` row's Holm-adjusted p (the family's) is below `ALPHA`."""
     p = fit.get("p_holm", math.nan) if fit is not None else math.nan
     return bool(p is not None and math.isfinite(float(p)) and float(p) < ALPHA)
 
