@@ -31,15 +31,8 @@ OTHER_SETTING = "other setting"
 def task_setting(ordered: pd.DataFrame, task_keys: list[str]) -> pd.DataFrame:
     """Per task key, the setting its values are taken from (columns ``task_keys + setting``).
 
-    The newest run's setting, except that when the newest run of a task is
-    limited and a complete run with its shots exists, the newest complete
-    run's setting is the task's. A task measured only on ``--limit`` runs
-    keeps them, and the row names it in its ``limited`` column.
-
-    Args:
-        ordered: the values sorted by time, oldest first, with ``shots``,
-            ``limit`` and ``setting`` columns.
-        task_keys: the identity columns and ``task``.
+    The newest run's, unless it is limited and a complete run with its shots
+    exists (then the newest complete run's). ``ordered``: the values, oldest first.
     """
     newest = ordered.drop_duplicates(task_keys, keep="last")[
         [*task_keys, "shots", "limit", "setting"]
@@ -63,10 +56,9 @@ def newest_values(
         paths: display name -> full model path (``model_path`` column).
 
     Returns:
-        ``(selected, provenance)``: the winning rows, and one provenance row
-        per (identity, task, file) with its setting, the metrics it supplied
-        and ``status`` "used", "superseded" (a newer run of the same setting
-        gave every value) or "other setting" (see the module docstring).
+        ``(selected, provenance)``: the winning rows, and one provenance row per
+        (identity, task, file): its setting, the metrics it supplied, ``status``
+        "used", "superseded" or "other setting".
     """
     task_keys = [*IDENTITY, "task"]
     keys = [*task_keys, "metric", "filter"]
@@ -76,8 +68,6 @@ def newest_values(
     same = ordered["setting"] == ordered["_task_setting"]
     selected = ordered[same].drop_duplicates(keys, keep="last")
     selected = selected.drop(columns="_task_setting").reset_index(drop=True)
-    # The metrics each (file, task) supplied, grouped once (not one filter of the whole
-    # table per group: that made the leaderboard quadratic in the folder's runs).
     supplied = {key: set(metrics) for key, metrics in selected.groupby(["file", "task"])["metric"]}
     groups = ordered.groupby([*task_keys, "file", "timestamp"], sort=False)
     prov = []
@@ -110,19 +100,13 @@ def setting_conflicts(provenance: pd.DataFrame) -> list[str]:
     """One message per (identity, task) whose runs were in different settings.
 
     Each names the setting used (and its file), and each left-out setting with
-    its file and the metrics it had, so a user sees which values a rerun in a
-    new setting dropped.
+    its file and the metrics it had.
     """
     messages = []
     other = provenance[provenance["status"] == OTHER_SETTING]
+    used = provenance[provenance["status"] == "used"].groupby([*IDENTITY, "task"])
     for (model, rev, dtype, task), dropped in other.groupby([*IDENTITY, "task"], sort=True):
-        rows = provenance[
-            (provenance["model"] == model)
-            & (provenance["revision"] == rev)
-            & (provenance["dtype"] == dtype)
-            & (provenance["task"] == task)
-            & (provenance["status"] == "used")
-        ]
+        rows = used.get_group((model, rev, dtype, task))
         kept = "; ".join(f"{r.setting} ({r.file})" for r in rows.itertuples())
         left = "; ".join(f"{r.setting} ({r.file}: {r.metrics})" for r in dropped.itertuples())
         name = model if rev == "main" else f"{model}@{rev}"

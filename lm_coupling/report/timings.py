@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from lm_coupling.report.loading import IDENTITY
+from lm_coupling.report.summary import markdown_table
 
 TIMING_COLUMNS = [*IDENTITY, "task", "group", "seconds_per_document", "n_documents"]
 GROUPS = (
@@ -106,24 +107,22 @@ def timings_markdown(table: pd.DataFrame, sizes: dict[tuple, float], option: str
     wide = _per_model(table)
     plugins = wide[[c for c in wide.columns if c.startswith(PLUGIN_GROUP)]]
     wide = wide[[c for c in wide.columns if not c.startswith(PLUGIN_GROUP)]]
-    lines = [
+    intro = (
         "Seconds per document, by metric group (means over the documents measured, "
         "weighted over tasks; every row in `timings.csv`). The Jacobian work (`jacobian`, "
         "else `jacobian_products` + `factorisation`) is paid once per *sampled* document, so "
         f"a task costs about `{option}` times it: lower `{option}` in "
-        "`--metric_args` when that column dominates.",
-        "",
-        "| model | revision | dtype | " + " | ".join(wide.columns) + " | Jacobian work per task |",
-        "|" + "---|" * (4 + len(wide.columns)),
-    ]
+        "`--metric_args` when that column dominates."
+    )
+    rows = []
     for identity, row in wide.iterrows():
-        jac = jacobian_seconds(row)
-        docs = sizes.get(tuple(identity))
-        per_task = ""
-        if docs is not None and math.isfinite(jac):
-            per_task = f"{jac * docs:.3g} s at {option}={docs:g}"
+        jac, docs = jacobian_seconds(row), sizes.get(tuple(identity))
+        ok = docs is not None and math.isfinite(jac)
+        per_task = f"{jac * docs:.3g} s at {option}={docs:g}" if ok else ""
         cells = ["" if pd.isna(v) else f"{v:.3g}" for v in row]
-        lines.append("| " + " | ".join([*map(str, identity), *cells, per_task]) + " |")
+        rows.append([*map(str, identity), *cells, per_task])
+    columns = [*IDENTITY, *wide.columns, "Jacobian work per task"]
+    lines = [intro, "", markdown_table(pd.DataFrame(rows, columns=columns))]
     return "\n".join(lines + plugin_shares(plugins, wide))
 
 
