@@ -173,79 +173,37 @@ def task_scores(selected: pd.DataFrame) -> pd.DataFrame:
 GEOMETRY_ROW_COLUMNS = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used", "file"]
 
 
-def _value_records(
-    geo: pd.DataFrame,
-    lookup: dict[tuple, dict[str, Any]],
-    by_results: dict[tuple[str, str], dict[str, Any]],
-    groups: set[str],
-    catalogue: Catalogue,
-) -> list[dict[str, Any]]:
-    """`geometry_rows`' value rows of ``geo`` (one per identity, task and metric)."""
-    rows = []
-    for r in geo.to_dict("records"):
-        ident = tuple(r[k] for k in IDENTITY)
-        doc = by_results.get((str(r["file"]), r["task"])) or lookup.get((ident, r["task"]))
-        section = (doc or {}).get(r["base_metric"])  # a plugin's own section, by metric name
-        k_used = section.get("k") if isinstance(section, dict) else None
-        k_used = k_used if k_used is not None else r["k_used"]
-        rows.append(
-            dict(
-                zip(IDENTITY, ident, strict=True),
-                task=r["task"],
-                metric=r["metric"],
-                unit=task_unit(r["task"], r["group"], groups),
-                value=r["value"],
-                n=documents_measured(doc, r["base_metric"], r["n"], catalogue),
-                k_used=math.nan if k_used is None else float(k_used),
-                file=r["file"],
-            )
-        )
-    return rows
-
-
-def _boundary_records(
-    geometry: list[dict[str, Any]],
-    group_of: dict[tuple, str],
-    groups: set[str],
-    catalogue: Catalogue,
-) -> list[dict[str, Any]]:
-    """`geometry_rows`' thought/fixation boundary rows (one per geometry file with a profile)."""
-    rows = []
-    for doc in geometry:
-        profile = boundary_profile(doc.get("profiles") or {}, catalogue.boundary_profiles())
-        if profile is None:
-            continue
-        task = str(doc.get("task", ""))
-        group = group_of.get((*doc["identity"], task), "")
-        rows.append(
-            dict(
-                zip(IDENTITY, doc["identity"], strict=True),
-                task=task,
-                metric=BOUNDARY_COLUMN,
-                unit=task_unit(task, group, groups),
-                value=boundary_depth(profile),
-                n=float(doc.get("n_documents") or math.nan),
-                k_used=math.nan,
-                file=str(doc.get("results_file", "")),
-            )
-        )
-    return rows
-
-
 def geometry_rows(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
     """One row per (identity, task, metric): value, unit, documents measured, K used.
 
     A value's geometry file is the one beside its own results file, else the
-    newest for its model and task; the thought/fixation boundary rows follow.
+    newest for its model and task; the thought/fixation boundary rows follow
+    (one per geometry file with a boundary profile of the catalogue).
     """
     catalogue, geometry = loaded.catalogue, loaded.geometry
-    geo = _first_filter(selected[selected["kind"] == "geometry"], None)
     lookup = {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
     groups = scored_groups(selected)
     keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
     group_of = dict(zip(keys, selected["group"], strict=True))
-    rows = _value_records(geo, lookup, loaded.by_results, groups, catalogue)
-    rows += _boundary_records(geometry, group_of, groups, catalogue)
+    rows = []
+    for r in _first_filter(selected[selected["kind"] == "geometry"], None).to_dict("records"):
+        ident, task, base = tuple(r[k] for k in IDENTITY), r["task"], r["base_metric"]
+        doc = loaded.by_results.get((str(r["file"]), task)) or lookup.get((ident, task))
+        section = (doc or {}).get(base)  # a plugin's own section, by metric name
+        k_used = section.get("k") if isinstance(section, dict) else None
+        k_used = k_used if k_used is not None else r["k_used"]
+        n = documents_measured(doc, base, r["n"], catalogue)
+        unit = task_unit(task, r["group"], groups)
+        k_used = math.nan if k_used is None else float(k_used)
+        rows.append((*ident, task, r["metric"], unit, r["value"], n, k_used, r["file"]))
+    for doc in geometry:
+        profile = boundary_profile(doc.get("profiles") or {}, catalogue.boundary_profiles())
+        if profile is not None:
+            task = str(doc.get("task", ""))
+            unit = task_unit(task, group_of.get((*doc["identity"], task), ""), groups)
+            n = float(doc.get("n_documents") or math.nan)
+            rows.append((*doc["identity"], task, BOUNDARY_COLUMN, unit, boundary_depth(profile),
+                         n, math.nan, str(doc.get("results_file", ""))))  # fmt: skip
     frame = pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS)
     return frame.astype({"value": float, "n": float})
 
