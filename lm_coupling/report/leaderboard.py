@@ -123,8 +123,15 @@ def join_external(
             value = pd.to_numeric(match[column], errors="coerce")
             if pd.notna(value):
                 blank = dict.fromkeys(("task", "metric", "filter", "setting"), "")
-                rows.append(dict(zip(IDENTITY, ident, strict=True), **blank, benchmark=column,
-                                 value=float(value), source=str(path)))  # fmt: skip
+                rows.append(
+                    dict(
+                        zip(IDENTITY, ident, strict=True),
+                        **blank,
+                        benchmark=column,
+                        value=float(value),
+                        source=str(path),
+                    )
+                )
     if not rows:
         return scores
     ext = pd.DataFrame(rows, columns=SOURCE_COLUMNS)
@@ -202,8 +209,18 @@ def geometry_rows(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame
             task = str(doc.get("task", ""))
             unit = task_unit(task, group_of.get((*doc["identity"], task), ""), groups)
             n = float(doc.get("n_documents") or math.nan)
-            rows.append((*doc["identity"], task, BOUNDARY_COLUMN, unit, boundary_depth(profile),
-                         n, math.nan, str(doc.get("results_file", ""))))  # fmt: skip
+            rows.append(
+                (
+                    *doc["identity"],
+                    task,
+                    BOUNDARY_COLUMN,
+                    unit,
+                    boundary_depth(profile),
+                    n,
+                    math.nan,
+                    str(doc.get("results_file", "")),
+                )
+            )
     frame = pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS)
     return frame.astype({"value": float, "n": float})
 
