@@ -46,10 +46,9 @@ class Independence:
     """Which rows of a leaderboard the across-model statistics use.
 
     Attributes:
-        rule: the checkpoint rule (``last``, ``first`` or a revision name).
+        rule: ``last``, ``first`` or a revision name.
         used: the leaderboard index of the rows used, one per model.
-        series: per model with two or more rows: its rows' index in series
-            order (`revision_order`, then dtype).
+        series: per model with several rows, their index in series order.
     """
 
     rule: str
@@ -147,14 +146,9 @@ def _rule_words(rule: str) -> str:
 def series_table(
     board: pd.DataFrame, independence: Independence, quantities: list[str]
 ) -> pd.DataFrame:
-    """``checkpoints.csv``: every checkpoint of every series, one row per quantity.
+    """``checkpoints.csv``: every checkpoint of every series, one row per quantity (docs/report.md).
 
-    Columns `SERIES_COLUMNS`: the row's identity and ``step`` (empty when the
-    revision names none), its ``position`` in the series (1 = first) of
-    ``n_checkpoints``, ``across_models`` (True for the checkpoint the
-    across-model statistics use), and ``quantity``/``value`` for each score
-    and geometry column in ``quantities`` (missing values left out). No
-    statistic across checkpoints is computed here: see the module docstring.
+    Missing values are left out; no statistic across checkpoints is computed.
     """
     chosen = set(independence.used)
     rows = []

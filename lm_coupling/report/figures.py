@@ -217,22 +217,13 @@ def metric_vs_score(
     tasks: str = "",
     catalogue: Catalogue | None = None,
 ) -> Axes:
-    """Scatter of a geometry metric against a score with the OLS line (coupling paper, Fig. 1a).
+    """Scatter of ``metric`` (x) against ``target`` (y), a point per row (coupling paper, Fig. 1a).
 
-    The line and p-values are drawn only for a fitted ``correlations.csv``
-    row (``MIN_MODELS`` or more models, see `lm_coupling.report.stats`); the
-    most influential model is ringed and named when ``influential`` is set;
-    a metric spanning more than two decades gets a log axis. Checkpoints of a
-    family are labelled by step and coloured by model.
-
-    Args:
-        board: leaderboard rows.
-        metric: x column.
-        target: y column.
-        fit: a ``correlations.csv`` row.
-        ax: axes to draw on (a new figure when None).
-        tasks: the tasks the metric was averaged over (for the title).
-        catalogue: the run's catalogue (which columns are in [0, 1]).
+    The OLS line and p-values come from ``fit``, a ``correlations.csv`` row,
+    only when it was fitted (dashed grey when not significant); an influential
+    model is ringed and named; a metric spanning more than two decades gets a
+    log axis; checkpoints are labelled by step and coloured by model. ``tasks``
+    (the tasks the metric averages) goes in the title.
     """
     ax = ax if ax is not None else new_grid(1, 1)[0, 0]
     cols = [c for c in ("model", "revision", metric, target) if c in board.columns]
@@ -349,11 +340,7 @@ def profile_boundary(profiles: Mapping[str, Mapping], catalogue: Catalogue | Non
 
 
 def drawable(profile: Mapping | None) -> np.ndarray:
-    """A profile's mean as floats (None as NaN); empty when it is absent or not one value per layer.
-
-    Args:
-        profile: a geometry file's ``profiles[name]`` (``{"mean": [...], ...}``).
-    """
+    """A geometry file's profile mean as floats (None as NaN); empty if absent or not per layer."""
     values = (profile or {}).get("mean") or []
     if any(isinstance(v, list) for v in values):
         return np.empty(0)  # per-layer vectors (singular values): in the files only
@@ -367,14 +354,10 @@ def _floats(values: Sequence[float | None]) -> np.ndarray:
 def shown_profiles(
     profiles: Mapping[str, Mapping], n_layers: int, catalogue: Catalogue | None = None
 ) -> tuple[list[str], str]:
-    """Profiles to draw, in catalogue order, and a note on any left out.
+    """Profiles to draw (catalogue order, then unknown ones) and a note on any left out.
 
-    Every per-layer profile of the catalogue that was measured is drawn
-    (matrices have their own figures; a profile declared with
-    ``plot=False`` is in the files only); one declared with ``min_blocks``
-    is left out, and the note says so, on a model with fewer blocks.
-    Profiles in the geometry file but not in the catalogue follow, as
-    profiles over states.
+    A profile declared ``plot=False`` is in the files only; one declared with
+    ``min_blocks`` is left out of a shallower model, and the note says so.
     """
     catalogue = catalogue_or_installed(catalogue)
     order = [*catalogue.plotted_profiles()]
@@ -400,11 +383,9 @@ def profiles_figure(
     title: str,
     catalogue: Catalogue | None = None,
 ) -> Figure | None:
-    """One model's per-layer profiles, four panels to a row, with ``title`` (model and task) above.
+    """One model's per-layer profiles (`shown_profiles`), four panels to a row, under ``title``.
 
-    Every measured profile of the catalogue is drawn (`shown_profiles`);
-    one needing more blocks than the model has is left out, and the title
-    says so. None when no profile was measured.
+    None when no profile was measured.
     """
     catalogue = catalogue_or_installed(catalogue)
     names, note = shown_profiles(profiles, n_layers, catalogue)

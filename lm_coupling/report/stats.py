@@ -240,10 +240,7 @@ def model_labels(board: pd.DataFrame) -> pd.Series:
 
 
 def resolve_primary(metrics: list[str], primary: str | None) -> str | None:
-    """The metric column the primary test uses: ``primary`` itself, else the first ``primary_*``.
-
-    ``primary`` None: the metric its plugin declares primary (`Catalogue.primary_metric`).
-    """
+    """The primary test's column: ``primary`` (default: the declared one), else a ``primary_*``."""
     if primary is None:
         from lm_coupling.catalogue import Catalogue
 
@@ -264,21 +261,18 @@ def correlations(
     primary_target: str = "average",
     task_sets: dict[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Every geometry metric against every score column.
+    """Every geometry metric against every score column (``CORRELATION_COLUMNS``).
 
     Args:
-        board: the leaderboard, one row per model.
+        board: the leaderboard, one row per independent model.
         metrics: geometry columns.
-        targets: score columns (benchmarks, ``average``, per-task scores).
+        targets: score columns.
         primary: metric of the primary test (default: the declared one).
-        seed: bootstrap seed (the same seed for every pair).
+        seed: bootstrap seed (the same for every pair).
         primary_target: score column of the primary test.
-        task_sets: per metric, the tasks its values were averaged over
-            (``task_set`` column; "" when unknown).
+        task_sets: per metric, the tasks its values averaged (``task_set``).
 
-    Returns:
-        ``CORRELATION_COLUMNS``; ``p_holm`` adjusts ``p_hc3`` over the rows
-        that have one (rows below ``MIN_MODELS`` have none and are not counted).
+    ``p_holm`` adjusts ``p_hc3`` over the rows that have one.
     """
     rows = []
     main = resolve_primary(metrics, primary)

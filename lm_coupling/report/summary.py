@@ -91,13 +91,10 @@ def write_summary(
 ) -> Path:
     """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path.
 
-    Notes that start with ``WARNING`` (settings that differ, models measured
-    on different task sets) come first, under their own heading; then the
-    headline table, the settings of each row, the primary test, the timings
-    section (``timings``, see `lm_coupling.report.timings`), the checkpoint
-    series (``checkpoints``: which checkpoint the across-model statistics
-    took, `lm_coupling.report.checkpoints`) and the rest. ``independent`` is
-    the number of independent models (default: one per row).
+    Sections: warnings (notes starting ``WARNING``), the headline table, each
+    row's settings, the primary test, the checkpoint series (``checkpoints``),
+    the ``timings`` section, the other notes and links to every table and figure.
+    ``independent``: the number of independent models (default: one per row).
     """
     board = pd.read_csv(out_dir / "leaderboard.csv")
     wanted = ("model", "revision", "dtype", primary_target, primary_metric)
