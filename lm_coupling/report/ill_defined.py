@@ -20,15 +20,10 @@ MARK = "tab:red"
 def mark_ill_defined(
     ax: Axes, flags: Sequence[bool | None] | None, gaps: Sequence[float | None] | None = None
 ) -> int:
-    """Mark the flagged blocks (1-based) beside the heatmap's rows and above its columns.
+    """Mark the flagged blocks (1..L) beside a heatmap's rows and above its columns.
 
-    Args:
-        ax: the heatmap's axes (`figures.coupling_heatmap`: blocks 1..L).
-        flags: per block, whether its top-K subspace is ill-defined (None: unknown).
-        gaps: per block, ``s_K / s_{K+1}`` (for the legend's range).
-
-    Returns:
-        The number of blocks marked (0: nothing drawn).
+    ``flags``: per block, whether its top-K subspace is ill-defined; ``gaps``:
+    per block, ``s_K / s_{K+1}`` (their range is printed). Returns the count marked.
     """
     blocks = [i + 1 for i, flag in enumerate(flags or ()) if flag]
     if not blocks:

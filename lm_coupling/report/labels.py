@@ -57,14 +57,9 @@ class _BoxGrid:
 def place_labels(
     ax: Axes, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str], fontsize: float = 7
 ) -> list:
-    """Annotate points without overlap; return the annotations placed.
+    """Annotate the points ``(xs, ys)`` (data coordinates) with ``texts`` without overlap.
 
-    Args:
-        ax: axes holding the points (data coordinates).
-        xs: x of each point.
-        ys: y of each point.
-        texts: one label per point.
-        fontsize: label size in points.
+    Returns the annotations placed.
     """
     fig = ax.figure
     renderer = fig.canvas.get_renderer()

@@ -404,7 +404,7 @@ def _shapes(runs: list[RunFile], geometry: list[dict[str, Any]]) -> pd.DataFrame
 
 
 def load_results(results_dir: str | Path) -> LoadedResults:
-    """Read every results, samples and geometry file under ``results_dir`` (recursively).
+    """Read every results, samples and geometry file under ``results_dir``, recursively.
 
     Raises:
         ReportInputError: the folder does not exist or holds no readable results file.

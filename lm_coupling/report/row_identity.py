@@ -49,12 +49,9 @@ def _label(signature: dict[str, Any], differing: set[str]) -> str:
 def separate_models(runs: list[Any]) -> list[str]:
     """Give runs of different models filed under one identity identities of their own.
 
-    Runs are grouped by identity; within a group, a run joins the first model
-    (in time order) whose signature it does not contradict. When a group holds
-    more than one model, every run of it is renamed ``<model> [<what differs>]``.
-
-    Returns:
-        One message per split identity (also issued as a `ReportWarning`).
+    Within an identity, a run joins the first model (in time order) whose
+    signature it does not contradict; with several models, every run is
+    renamed ``<model> [<what differs>]``. Returns one message per split (also warned).
     """
     groups: dict[tuple, list[Any]] = {}
     for run in sorted(runs, key=lambda r: r.timestamp):
