@@ -19,12 +19,10 @@ SCHEMA_VERSION = "lm_coupling.report/4"
 
 @dataclass(frozen=True)
 class Benchmark:
-    """One leaderboard column: the lm-eval task, the metric it reports, its Open LLM v1 shots.
+    """One leaderboard column: the lm-eval task, its metric, its Open LLM v1 shots.
 
-    A run fills the column only in the Open LLM Leaderboard v1 setting, that is
-    with ``shots`` few-shot examples (lm-eval's ``n-shot`` for the task); a
-    run of the task with other shots is reported in a ``score:<task>:<metric>``
-    column of its own.
+    Only runs with ``shots`` few-shot examples fill it; other runs of the task
+    get a ``score:<task>:<metric>`` column.
     """
 
     column: str

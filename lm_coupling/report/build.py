@@ -108,12 +108,6 @@ def _figure_task(geometry: list[dict[str, Any]]) -> str | None:
     return min(counts, key=lambda t: (-counts[t], benchmark_of(t) is None, t), default=None)
 
 
-def _model_title(identity: tuple, task: str, n_tasks: int) -> str:
-    model, revision, _ = identity
-    name = model if revision == "main" else f"{model} @ {revision}"
-    return f"{name}, task {task} (1 of {n_tasks} measured; all in geometry_long.csv)"
-
-
 def _n_layers(geo: dict[str, Any], catalogue: Catalogue) -> int:
     """L of a geometry file's model: recorded, else from the length of a profile's mean."""
     recorded = int((geo.get("model") or {}).get("n_layers") or 0)
@@ -147,12 +141,9 @@ def per_model_note(choice: str, n_rows: int) -> str:
 
 
 def heatmap_source(catalogue: Catalogue) -> tuple[str | None, str | None]:
-    """The metric whose L x L matrix each model's heatmap draws, and that matrix's name.
+    """The declared primary metric and the first matrix it stores in ``catalogue`` (or Nones).
 
-    The installed plugins' declared primary metric (`Catalogue.primary_metric`;
-    a recorded catalogue does not record it) and the first matrix the runs'
-    ``catalogue`` says it stores; ``(None, None)`` when it stores none. Its K and
-    the spectral gap's verdict are read from its section of the geometry file.
+    Each model's heatmap draws that matrix.
     """
     metric = Catalogue.installed().primary_metric()
     entry = catalogue.metrics.get(metric) if metric is not None else None
@@ -169,7 +160,8 @@ def _per_model_figures(
     for geo in [g for g in geometry if str(g.get("task")) == task]:
         identity = tuple(geo["identity"])
         n_tasks = sum(1 for g in geometry if tuple(g["identity"]) == identity)
-        title = _model_title(identity, str(task), n_tasks)
+        name = identity[0] if identity[1] == "main" else f"{identity[0]} @ {identity[1]}"
+        title = f"{name}, task {task} (1 of {n_tasks} measured; all in geometry_long.csv)"
         slug = _slug(*identity)
         profiles = geo.get("profiles") or {}
         figure = fig.profiles_figure(profiles, _n_layers(geo, catalogue), title, catalogue)
@@ -305,11 +297,10 @@ def build_report(
             the score present on most models when no model has all six);
             default: the one its plugin declares primary (`Catalogue.primary_metric`).
         seed: bootstrap seed.
-        figure_formats: formats of every figure (`FIGURE_FORMATS`; PNG alone by default).
-        checkpoint: the row a checkpoint series contributes to the across-model
-            statistics: ``"last"`` (default), ``"first"`` or a revision name.
-        per_model_figures: ``"auto"`` (default: each model's profiles and
-            coupling figures up to `PER_MODEL_AUTO` model rows), ``"all"`` or ``"none"``.
+        figure_formats: formats of every figure (`FIGURE_FORMATS`).
+        checkpoint: a series' row in the across-model statistics: ``"last"``,
+            ``"first"`` or a revision name.
+        per_model_figures: ``"auto"`` (up to `PER_MODEL_AUTO` rows), ``"all"``, ``"none"``.
 
     Returns:
         The tables and paths written.

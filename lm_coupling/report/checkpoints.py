@@ -62,11 +62,7 @@ class Independence:
 
 
 def independent_rows(board: pd.DataFrame, checkpoint: str = "last") -> Independence:
-    """One row per model (``model`` column): the checkpoint ``checkpoint`` names.
-
-    Args:
-        board: the leaderboard.
-        checkpoint: ``"last"`` (default), ``"first"`` or a revision name.
+    """One row per model of ``board``: the ``checkpoint`` ``"last"``, ``"first"`` or a revision.
 
     Raises:
         ReportInputError: an empty rule, or a revision name that some series lacks.

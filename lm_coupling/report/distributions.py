@@ -137,16 +137,9 @@ def _figure(cases, path: Path, formats: Sequence[str]) -> list[Path]:
 
 
 def add_distributions(runs, result, formats: Sequence[str]) -> int:
-    """Add the figure and a summary note for every hidden two-valued distribution.
+    """Add to ``result`` the figure and a note for every hidden two-valued distribution.
 
-    Args:
-        runs: the parsed results files (``LoadedResults.runs``) with their samples files.
-        result: the report so far (``ReportResult``): the figure goes to its
-            ``figures``, one note per case to its ``notes``.
-        formats: figure formats.
-
-    Returns:
-        The number of cases.
+    ``runs``: the parsed results files with their samples files. Returns the count.
     """
     cases = _cases(runs)
     if not cases:

@@ -416,10 +416,8 @@ def coupling_heatmap(
 ) -> Axes:
     """The L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
 
-    The diagonal (a block with itself, not part of the coupling score) is
-    masked grey, and the colour scale spans the off-diagonal values only:
-    the colour bar's label says how far that zooms into [0, 1]
-    (`zoom_note`).
+    The diagonal (not part of the coupling score) is grey; the colours span
+    the off-diagonal values, and the colour bar says how far that zooms.
     """
     ax = ax if ax is not None else new_grid(1, 1)[0, 0]
     data = np.asarray(matrix, dtype=float)

@@ -228,12 +228,9 @@ def geometry_rows(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame
 def build_leaderboard(
     selected: pd.DataFrame, scores: pd.DataFrame, loaded: LoadedResults
 ) -> tuple[pd.DataFrame, TaskSets]:
-    """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
+    """``leaderboard.csv`` from the newest values, the benchmark scores and the folder's files.
 
-    Args:
-        selected: the newest values (`newest_values`).
-        scores: benchmark scores (`benchmark_scores`, `join_external`).
-        loaded: the folder's files (shapes, geometry files, runs and catalogue).
+    Returns the table and its geometry `TaskSets`.
     """
     rows = geometry_rows(selected, loaded)
     wide, sets = geometry_table(rows)

@@ -28,10 +28,8 @@ class TaskSets:
         used: metric -> the units every model was averaged over ("" when mixed).
         mixed: metrics whose models share no unit (each averaged over its own).
         dropped: metric -> units left out because some models lack them.
-        undefined: metric -> those of ``dropped`` that every model measured,
-            left out because the value is undefined (NaN) on some models (the
-            thought/fixation boundary of a profile without one), not because
-            the task is missing.
+        undefined: metric -> those of ``dropped`` every model measured but some
+            have NaN for (a profile with no thought/fixation boundary).
     """
 
     used: dict[str, str] = field(default_factory=dict)
