@@ -150,23 +150,12 @@ def series_table(
     rows = []
     for order in independence.series.values():
         for position, index in enumerate(order, start=1):
+            model, revision, dtype = board.loc[index, ["model", "revision", "dtype"]]
+            head = (model, revision, dtype, parse_step(str(revision)), position, len(order))
             for quantity in quantities:
                 value = pd.to_numeric(board.at[index, quantity], errors="coerce")
-                if pd.isna(value):
-                    continue
-                rows.append(
-                    dict(
-                        model=board.at[index, "model"],
-                        revision=board.at[index, "revision"],
-                        dtype=board.at[index, "dtype"],
-                        step=parse_step(str(board.at[index, "revision"])),
-                        position=position,
-                        n_checkpoints=len(order),
-                        across_models=index in chosen,
-                        quantity=quantity,
-                        value=float(value),
-                    )
-                )
+                if pd.notna(value):
+                    rows.append((*head, index in chosen, quantity, float(value)))
     table = pd.DataFrame(rows, columns=[c for c in SERIES_COLUMNS if c != "schema_version"])
     table["step"] = table["step"].astype("Int64")
     table.insert(0, "schema_version", SCHEMA_VERSION)

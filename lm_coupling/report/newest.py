@@ -78,21 +78,10 @@ def newest_values(
             status = OTHER_SETTING
         else:
             status = "superseded"
-        names = sorted(supplied[file, task] if status == "used" else set(group["metric"]))
-        prov.append(
-            dict(
-                model=model,
-                revision=rev,
-                dtype=dtype,
-                model_path=(paths or {}).get(model, model),
-                task=task,
-                file=file,
-                date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
-                setting=str(group["setting"].iloc[0]),
-                status=status,
-                metrics=";".join(names),
-            )
-        )
+        names = ";".join(sorted(supplied[file, task] if status == "used" else set(group["metric"])))
+        date = datetime.fromtimestamp(ts).isoformat(timespec="seconds")
+        setting, path = str(group["setting"].iloc[0]), (paths or {}).get(model, model)
+        prov.append((model, rev, dtype, path, task, file, date, setting, status, names))
     return selected, pd.DataFrame(prov, columns=PROVENANCE_COLUMNS)
 
 

@@ -52,17 +52,9 @@ def timings_table(geometry: list[dict[str, Any]]) -> pd.DataFrame:
         known = [g for g in GROUPS if g in per_doc]
         others = sorted(g for g in per_doc if g not in GROUPS)
         for group in known + others:
-            seconds = _number(per_doc[group])
+            seconds, n = _number(per_doc[group]), _number(per_part.get(group, n_docs))
             if math.isfinite(seconds):
-                rows.append(
-                    dict(
-                        zip(IDENTITY, geo["identity"], strict=True),
-                        task=str(geo.get("task", "")),
-                        group=group,
-                        seconds_per_document=seconds,
-                        n_documents=_number(per_part.get(group, n_docs)),
-                    )
-                )
+                rows.append((*geo["identity"], str(geo.get("task", "")), group, seconds, n))
     table = pd.DataFrame(rows, columns=TIMING_COLUMNS)
     table["n_documents"] = pd.to_numeric(table["n_documents"]).round().astype("Int64")
     return table.sort_values([*IDENTITY, "task"], kind="stable").reset_index(drop=True)
