@@ -73,12 +73,7 @@ def benchmark_of(task: str) -> Benchmark | None:
 def is_geometry_metric(
     name: str, declared: set[str] | frozenset[str] = frozenset(), catalogue: Catalogue | None = None
 ) -> bool:
-    """Whether a results metric is geometry: one of the run's metrics, or a K-named column of one.
-
-    ``declared`` is a run's metrics (`lm_coupling.report.loading.RunFile.declared`)
-    and ``catalogue`` its catalogue (for a file without one, the installed
-    plugins'), which also knows the K-named columns (``coupling_k10``).
-    """
+    """Whether a results metric is geometry: ``declared`` by its run, or in its ``catalogue``."""
     return name in declared or (catalogue is not None and catalogue.is_metric(name))
 
 

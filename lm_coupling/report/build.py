@@ -179,11 +179,9 @@ def _per_model_figures(
 
 
 def emergence_columns(board: pd.DataFrame, primary: str | None, catalogue: Catalogue) -> list[str]:
-    """The geometry columns drawn over training: the primary metric's, then the next ones.
+    """The columns drawn over training: the primary metric's, then `EMERGENCE_METRICS` more.
 
-    In catalogue order (a metric's K-named columns with it), at most
-    `EMERGENCE_METRICS` besides the primary's; every column is in
-    ``leaderboard.csv``.
+    In catalogue order, a metric's K-named columns with it.
     """
     columns = geometry_columns(board)
     order = {name: i for i, name in enumerate(catalogue.metrics)}

@@ -1,11 +1,9 @@
 """Checkpoint series: which leaderboard rows are independent models (docs/report.md).
 
-Rows that share ``model`` are one model (the checkpoints of one training run,
-or one checkpoint in two dtypes). The across-model statistics count one row
-per model, its last checkpoint by default; a series gets ``checkpoints.csv``
-and ``emergence.png`` instead, with no p-value (checkpoints of one run are
-not independent draws). Series order: steps by step, other revision names,
-then ``main`` last; several dtypes: the first in dtype order.
+Rows that share ``model`` are one model. The across-model statistics count
+one row per model, its last checkpoint by default (steps by step, other
+revision names, then ``main``; several dtypes: the first); a series gets
+``checkpoints.csv`` and ``emergence.png`` instead, with no p-value.
 """
 
 from __future__ import annotations

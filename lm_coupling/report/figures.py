@@ -60,9 +60,7 @@ def panel_title(label: str, width: int = 40) -> str:
 def wrap_label(text: str, width: int) -> str:
     """``text`` in lines of at most ``width`` characters, broken after a space, ``:_,``.
 
-    An axis label such as ``score:lmc_arc_easy_offline:acc_norm (zoomed: 0.41-0.46, 5% of
-    [0, 1])`` has no space to break at for most of its length; a piece longer than
-    ``width`` stays whole on its own line.
+    A piece longer than ``width`` (``score:<task>:<metric>``) stays whole on its own line.
     """
     pieces = re.split(r"(?<=[ :_,])", text)
     lines, line = [], ""
@@ -150,13 +148,7 @@ def _label_zoom(ax: Axes, name: str, axis: str, catalogue: Catalogue | None = No
 
 
 def zoom_span_text(ax: Axes, names: Mapping[str, str], catalogue: Catalogue | None = None) -> str:
-    """A title line for zoomed [0, 1] axes: ``zoomed: y-axis spans 1.2 of 100 points`` ("": none).
-
-    Args:
-        ax: the panel.
-        names: ``"x"``/``"y"`` -> the column drawn on that axis.
-        catalogue: which columns are in [0, 1].
-    """
+    """``zoomed: y-axis spans 1.2 of 100 points`` for the zoomed [0, 1] axes in ``names``."""
     spans = [(a, _zoomed(ax, names[a], a, catalogue)) for a in ("y", "x") if a in names]
     parts = [f"{a}-axis spans {100 * (s[1] - s[0]):.2g} of 100 points" for a, s in spans if s]
     return panel_title("zoomed: " + "; ".join(parts), 48) if parts else ""
@@ -455,9 +447,7 @@ def training_dynamics(
     its last one ringed (the papers' emergence plots). A metric spanning more
     than two decades gets a log axis. No fit and no p-value: the checkpoints
     of one run are not independent samples.
-
-    Returns:
-        The ``2 x (len(metrics) + 1)`` axes array (the bottom-left one holds the legend).
+    Returns the ``2 x (len(metrics) + 1)`` axes (the bottom-left one holds the legend).
     """
     columns = [target, *metrics]
     data = board.assign(_step=board["revision"].map(parse_step)).dropna(subset=["_step"])

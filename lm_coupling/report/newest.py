@@ -51,14 +51,9 @@ def newest_values(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Keep, per task, the newest setting's values; per (metric, filter), the newest run's.
 
-    Args:
-        values: `LoadedResults.values`.
-        paths: display name -> full model path (``model_path`` column).
-
-    Returns:
-        ``(selected, provenance)``: the winning rows, and one provenance row per
-        (identity, task, file): its setting, the metrics it supplied, ``status``
-        "used", "superseded" or "other setting".
+    Returns ``(selected, provenance)``: the winning rows of `LoadedResults.values`,
+    and one ``provenance.csv`` row per (identity, task, file); ``paths`` gives
+    its ``model_path``.
     """
     task_keys = [*IDENTITY, "task"]
     keys = [*task_keys, "metric", "filter"]

@@ -149,12 +149,7 @@ def setting_notes(board: pd.DataFrame, selected: pd.DataFrame) -> list[str]:
 
 
 def cross_row_messages(selected: pd.DataFrame) -> list[str]:
-    """One message per task measured in different settings on different rows.
-
-    Each row is consistent in itself, but a column that holds such a task
-    (its score, or a geometry mean over it) compares values measured
-    differently across models.
-    """
+    """One message per task measured in different settings on different rows."""
     messages = []
     per_row = selected.drop_duplicates([*IDENTITY, "task"])
     for task, rows in per_row.groupby("task", sort=True):

@@ -98,11 +98,9 @@ def options_text(options: dict[str, Any], requested: dict[str, Any] | None = Non
 def differing_options(
     runs: list[dict[str, Any]], sample_options: frozenset[str]
 ) -> dict[str, list[Any]]:
-    """Option keys present in several of ``runs`` with different values -> the values seen.
+    """Option keys with different values in ``runs`` -> the values seen.
 
-    Only options that change what a metric measures are compared: ``sample_options``
-    (those sizing a sampled metric's sample, from the runs' catalogues:
-    `Catalogue.sample_options`) and the numerical routes (``jacobian_*``) are left out.
+    ``sample_options`` (`Catalogue.sample_options`) and numerical routes are left out.
     """
     seen: dict[str, list[Any]] = {}
     for options in runs:

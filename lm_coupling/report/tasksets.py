@@ -1,11 +1,9 @@
 """Which tasks a model's geometry value is averaged over, the same for every model.
 
 Tasks of a scored group (MMLU's subjects) are pooled into the group, weighted
-by documents; every other task is its own unit. A model's value is the
-unweighted mean over the units every model with the metric measured (the
-common set); units only some have are left out (`TaskSets.dropped`). When
-the models share no unit, each value is the mean over the model's own units
-and `TaskSets.mixed` names the metric (docs/report.md, "The task-set warning").
+by documents. A model's value is the mean over the units every model with the
+metric measured; the others are left out (`TaskSets.dropped`). With no common
+unit each value is the model's own mean and `TaskSets.mixed` names the metric.
 """
 
 from __future__ import annotations
@@ -100,15 +98,10 @@ def _unit_values(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
-    """Per model and metric: value, tasks used, documents, K used (see the module docstring).
+    """Per model, from `geometry_rows`' table: each metric's value and companion columns.
 
-    Args:
-        long: one row per (identity, task, metric): ``IDENTITY``, ``metric``,
-            ``unit``, ``value``, ``n`` and ``k_used`` (NaN where no K).
-
-    Returns:
-        ``(wide, sets)``: by identity, ``<metric>``, ``<metric>__tasks``,
-        ``<metric>__n`` (and ``<metric>__k_used``), and the `TaskSets`.
+    Returns ``(wide, sets)``: by identity, ``<metric>``, ``<metric>__tasks``,
+    ``<metric>__n`` (and ``<metric>__k_used``), and the `TaskSets`.
     """
     every_metric = list(dict.fromkeys(long["metric"]))
     every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None
