@@ -117,14 +117,12 @@ def zoom_note(low: float, high: float) -> str:
     return f"zoomed: {low:.3g}-{high:.3g}, {share:.2g}% of [0, 1]"
 
 
-def unit_axis(
-    ax: Axes, values: np.ndarray, axis: str = "y", bounds: tuple[float, float] = (0.0, 1.0)
-) -> None:
-    """Fix a bounded quantity's axis to its bounds; print its range when nearly flat."""
+def unit_axis(ax: Axes, values: np.ndarray, bounds: tuple[float, float] = (0.0, 1.0)) -> None:
+    """Fix a bounded quantity's y axis to its bounds; print its range when nearly flat."""
     finite = values[np.isfinite(values)]
     low, high = bounds
     pad = 0.02 * (high - low)
-    (ax.set_ylim if axis == "y" else ax.set_xlim)(low - pad, high + pad)
+    ax.set_ylim(low - pad, high + pad)
     if len(finite) and np.ptp(finite) < FLAT_SPAN:
         ax.text(
             0.98, 0.04 if finite.mean() > 0.5 else 0.92,
@@ -324,13 +322,6 @@ def layer_profile(
     return ax
 
 
-def profile_boundary(profiles: Mapping[str, Mapping], catalogue: Catalogue | None = None) -> float:
-    """The boundary layer from the first boundary profile measured (NaN if none)."""
-    names = catalogue_or_installed(catalogue).boundary_profiles()
-    profile = boundary_profile(profiles, names)
-    return boundary_layer(profile) if profile is not None else math.nan
-
-
 def drawable(profile: Mapping | None) -> np.ndarray:
     """A geometry file's profile mean as floats (None as NaN); empty if absent or not per layer."""
     values = (profile or {}).get("mean") or []
@@ -384,7 +375,8 @@ def profiles_figure(
     if not names:
         return None
     axes = new_panels(len(names), cell=(3.2, 3.4))
-    boundary = profile_boundary(profiles, catalogue)
+    profile = boundary_profile(profiles, catalogue.boundary_profiles())
+    boundary = boundary_layer(profile) if profile is not None else math.nan
     for ax, name in zip(axes, names, strict=True):
         prof = profiles[name]
         layer_profile(

@@ -274,19 +274,18 @@ def row_columns(
     return board.merge(settings.reset_index(), on=IDENTITY, how="left")
 
 
-def whole_numbers(values: pd.Series) -> bool:
-    """Whether every non-missing value is a whole number (so the column can be Int64)."""
-    finite = values.dropna().astype(float)
-    return bool(np.isfinite(finite).all() and (finite % 1 == 0).all())
+def as_counts(values: pd.Series) -> pd.Series:
+    """``values`` as nullable integers when every non-missing one is whole, else unchanged."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    finite = numbers.dropna().astype(float)
+    whole = bool(np.isfinite(finite).all() and (finite % 1 == 0).all())
+    return numbers.round().astype("Int64") if whole else values
 
 
 def integer_columns(board: pd.DataFrame) -> pd.DataFrame:
     """Counts as nullable integers (`INTEGER_COLUMNS` and every ``<metric>__n``)."""
-    counts = [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]
-    for column in counts:
-        values = pd.to_numeric(board[column], errors="coerce")
-        if whole_numbers(values):
-            board[column] = values.round().astype("Int64")
+    for column in [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]:
+        board[column] = as_counts(board[column])
     return board
 
 
@@ -305,9 +304,7 @@ def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame
     parts = [p for p in parts if len(p)]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=LONG_COLUMNS)
     out["layer"] = out["layer"].astype("Int64")
-    counts = pd.to_numeric(out["n"], errors="coerce")
-    if whole_numbers(counts):
-        out["n"] = counts.round().astype("Int64")
+    out["n"] = as_counts(out["n"])
     return out.sort_values(
         [*IDENTITY, "task", "metric", "layer"], kind="stable", na_position="first"
     ).reset_index(drop=True)

@@ -140,15 +140,6 @@ def skip_reason(x: np.ndarray, y: np.ndarray, min_n: int = MIN_MODELS) -> str:
     return ""
 
 
-def ols_hc3(x: np.ndarray, y: np.ndarray):
-    """``statsmodels`` OLS of y on [1, x] with HC3 errors."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import statsmodels.api as sm  # here, not at import (see cooks_distance)
-
-        return sm.OLS(y, sm.add_constant(x, has_constant="add")).fit(cov_type="HC3")
-
-
 def bootstrap_slope(x: np.ndarray, y: np.ndarray, seed: int, n_boot: int = N_BOOT):
     """Percentile 95% interval of the OLS slope over models resampled with replacement.
 
@@ -182,7 +173,11 @@ def fit_pair(
     out["reason"] = skip_reason(x, y)
     if out["reason"]:
         return out
-    res = ols_hc3(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import statsmodels.api as sm  # here, not at import (see cooks_distance)
+
+        res = sm.OLS(y, sm.add_constant(x, has_constant="add")).fit(cov_type="HC3")
     ci = np.asarray(res.conf_int(alpha=0.05))[1]
     rho, rho_p = stats.spearmanr(x, y)
     tau, tau_p = stats.kendalltau(x, y)

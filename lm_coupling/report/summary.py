@@ -62,14 +62,8 @@ def settings_markdown(board: pd.DataFrame) -> str:
     if len(columns) <= 3:
         return ""
     table = board[columns].astype(object).where(board[columns].notna(), "")
-    table = table.rename(
-        columns=dict(
-            settings="shots and limit per task",
-            limited="--limit tasks",
-            metric_options="metric options",
-            mixed_settings="combines",
-        )
-    )
+    headings = ("shots and limit per task", "--limit tasks", "metric options", "combines")
+    table = table.rename(columns=dict(zip(ROW_SETTING_COLUMNS, headings, strict=True)))
     return (
         "Each row's values come from runs in one setting per task (the newest run's "
         "shots and `--limit`); the Open LLM v1 columns and `average` only from runs in "
