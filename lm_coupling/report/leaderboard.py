@@ -102,23 +102,17 @@ def read_scores_csv(path: str | Path) -> pd.DataFrame:
     return table
 
 
-def _match_external(model: str, external: pd.DataFrame) -> pd.Series | None:
-    names = external["model"].astype(str)
-    for candidate in (model, Path(model).name):
-        hits = external[names == candidate]
-        if len(hits):
-            return hits.iloc[-1]
-    return None
-
-
 def join_external(
     scores: pd.DataFrame, identities: pd.DataFrame, external: pd.DataFrame, path: str
 ) -> pd.DataFrame:
     """Replace run scores with the ``--scores`` CSV's (matched on the name or its last part)."""
     columns = [b.column for b in BENCHMARKS if b.column in external.columns]
+    names = external["model"].astype(str)
     rows = []
     for ident in identities.itertuples(index=False, name=None):
-        match = _match_external(ident[0], external)
+        hits = external[names == ident[0]]
+        hits = hits if len(hits) else external[names == Path(ident[0]).name]
+        match = hits.iloc[-1] if len(hits) else None
         for column in columns if match is not None else []:
             value = pd.to_numeric(match[column], errors="coerce")
             if pd.notna(value):

@@ -346,16 +346,6 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
     return rows
 
 
-def _attach_samples(run: RunFile) -> None:
-    match = _TIMESTAMP.search(run.path.name)
-    if not match:
-        return
-    for task in run.results:
-        path = run.path.with_name(f"samples_{task}_{match.group(1)}.jsonl")
-        if path.exists():
-            run.samples[task] = path
-
-
 def _parse_geometry(
     path: Path, runs_by_file: dict[Path, RunFile], names: dict[str, str]
 ) -> dict[str, Any]:
@@ -430,8 +420,12 @@ def load_results(results_dir: str | Path) -> LoadedResults:
         raise ReportInputError(
             f"no lm-eval results_*.json under {root}; run lm_eval with --output_path {root} first"
         )
-    for run in runs:
-        _attach_samples(run)
+    for run in runs:  # each run's samples files, beside it with its timestamp
+        match = _TIMESTAMP.search(run.path.name)
+        for task in run.results if match else ():
+            path = run.path.with_name(f"samples_{task}_{match.group(1)}.jsonl")
+            if path.exists():
+                run.samples[task] = path
     from lm_coupling.report.row_identity import separate_models
 
     separate_models(runs)  # different models under one name never share a row
