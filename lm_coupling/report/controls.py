@@ -93,9 +93,7 @@ def _controls_reason(data: pd.DataFrame, kept: list[str]) -> str:
         return "no size control varies across these models"
     if n <= k + 2:
         return f"too few models for {k} controls (n={n}, need n > {k + 2})"
-    import statsmodels.api as sm  # here, not at import: `lm-coupling --help` stays light
-
-    design = sm.add_constant(data[[*kept, "_x"]].to_numpy(), has_constant="add")
+    design = np.column_stack([np.ones(n), data[[*kept, "_x"]].to_numpy(dtype=float)])
     if np.linalg.matrix_rank(design) < design.shape[1]:
         return "controls and metric are collinear (rank-deficient design)"
     return ""

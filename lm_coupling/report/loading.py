@@ -350,9 +350,8 @@ def _parse_geometry(
     path: Path, runs_by_file: dict[Path, RunFile], names: dict[str, str]
 ) -> dict[str, Any]:
     data = json.loads(path.read_text())
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
-        "lm_coupling.geometry/"
-    ):
+    schema = str(data.get("schema", "")) if isinstance(data, dict) else ""
+    if not schema.startswith("lm_coupling.geometry/"):
         raise ValueError("not an lm_coupling.geometry file (no 'schema')")
     model = data.get("model") or {}
     match = _TIMESTAMP.search(path.name)
@@ -365,13 +364,8 @@ def _parse_geometry(
         )
         identity = (names.get(name, name), revision, normalize_dtype(model.get("dtype")))
     results_file = str(sibling) if sibling in runs_by_file else ""
-    return dict(
-        data,
-        identity=identity,
-        path=str(path),
-        timestamp=file_timestamp(path),
-        results_file=results_file,
-    )
+    stamp = file_timestamp(path)
+    return dict(data, identity=identity, path=str(path), timestamp=stamp, results_file=results_file)
 
 
 def _skip(path: Path, reason: str, skipped: list[str]) -> None:
