@@ -1,10 +1,7 @@
 """Report step: lm-eval results folders -> leaderboard CSVs, statistics, figures, summary.
 
-Never imports torch. Entry point: `build_report`; command line: `lm_coupling.report.cli`.
-Names are imported on first use (PEP 562), so that building the command-line
-parser (`lm-coupling --help`) loads neither pandas nor statsmodels;
-`write_leaderboard` (the leaderboard after each run) needs pandas only, and
-`build_report` brings in the statistics and plots.
+Never imports torch. Names are imported on first use (PEP 562): the command-line
+parser loads neither pandas nor statsmodels, `write_leaderboard` needs pandas only.
 """
 
 from __future__ import annotations

@@ -18,17 +18,10 @@ MIN_DROP = 1e-3
 
 
 def boundary_profile(profiles: Mapping[str, Mapping], names: Sequence[str]) -> list[float] | None:
-    """The profile the boundary is read from: the first of ``names`` that was measured.
+    """The mean (None as NaN) of the first of ``names`` measured in ``profiles``, else None.
 
-    Args:
-        profiles: a geometry file's ``profiles`` (name -> ``{"mean": [...], ...}``).
-        names: the profiles declared with ``boundary=True``, in catalogue order
-            (`lm_coupling.catalogue.Catalogue.boundary_profiles`: the built-in
-            logit-lens entropy, then TV to target).
-
-    Returns:
-        The first of ``names`` with a non-empty ``mean`` (None entries as
-        NaN), or None when none was measured.
+    ``names``: the profiles declared with ``boundary=True``, in catalogue order
+    (`Catalogue.boundary_profiles`: logit-lens entropy, then TV to target).
     """
     for name in names:
         mean = (profiles.get(name) or {}).get("mean")
@@ -74,15 +67,7 @@ def boundary_layer(profile: Sequence[float], min_drop: float = MIN_DROP) -> floa
 
 
 def boundary_depth(profile: Sequence[float], min_drop: float = MIN_DROP) -> float:
-    """`boundary_layer` divided by L (depth fraction in [0, 1], comparable across models).
-
-    Args:
-        profile: ``[L+1]`` per-layer values, states l = 0..L.
-        min_drop: see `boundary_layer`.
-
-    Returns:
-        ``l / L``; NaN where `boundary_layer` is NaN or L = 0.
-    """
+    """`boundary_layer` of a states 0..L profile divided by L (NaN where it is NaN or L = 0)."""
     n_layers = len(profile) - 1
     layer = boundary_layer(profile, min_drop)
     return layer / n_layers if n_layers > 0 and math.isfinite(layer) else math.nan

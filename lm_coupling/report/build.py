@@ -88,7 +88,7 @@ def check_figure_formats(formats: str | tuple[str, ...] | list[str]) -> tuple[st
     return chosen
 
 
-def _save(owner, out_dir: Path, name: str, formats: tuple[str, ...] = ("png",)) -> list[Path]:
+def _save(owner, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[Path]:
     """Save a figure (or the figure of an axes) in ``formats`` under ``out_dir/figures``."""
     figure = owner if isinstance(owner, Figure) else owner.figure
     if any(ax.get_aspect() != "auto" for ax in figure.axes):
@@ -106,12 +106,6 @@ def _figure_task(geometry: list[dict[str, Any]]) -> str | None:
         if (geo.get("profiles") or geo.get("matrices")) and geo.get("task"):
             counts[str(geo["task"])] = counts.get(str(geo["task"]), 0) + 1
     return min(counts, key=lambda t: (-counts[t], benchmark_of(t) is None, t), default=None)
-
-
-def _model_title(identity: tuple, task: str, n_tasks: int) -> str:
-    model, revision, _ = identity
-    name = model if revision == "main" else f"{model} @ {revision}"
-    return f"{name}, task {task} (1 of {n_tasks} measured; all in geometry_long.csv)"
 
 
 def _n_layers(geo: dict[str, Any], catalogue: Catalogue) -> int:
@@ -133,33 +127,12 @@ PER_MODEL_AUTO = 12
 """Model rows up to which ``auto`` draws every per-model figure (about 0.3 s CPU each)."""
 
 
-def check_per_model(choice: str) -> str:
-    """``choice`` if it is one of `PER_MODEL_CHOICES`.
-
-    Raises:
-        ReportInputError: any other value.
-    """
-    if choice not in PER_MODEL_CHOICES:
-        raise ReportInputError(
-            f"per-model figures {choice!r}: give one of {', '.join(PER_MODEL_CHOICES)}"
-        )
-    return choice
-
-
-def draws_per_model(choice: str, n_rows: int) -> bool:
-    """Whether the per-model figures are drawn for a report of ``n_rows`` model rows."""
-    return choice == "all" or (choice == "auto" and n_rows <= PER_MODEL_AUTO)
-
-
 def per_model_note(choice: str, n_rows: int) -> str:
-    """The summary's note when the per-model figures were not drawn ("" when they were)."""
-    if draws_per_model(choice, n_rows):
+    """The summary's note when the per-model figures are not drawn ("" when they are)."""
+    if choice == "all" or (choice == "auto" and n_rows <= PER_MODEL_AUTO):
         return ""
-    why = (
-        f"{n_rows} model rows, more than {PER_MODEL_AUTO}"
-        if choice == "auto"
-        else "--per-model-figures none"
-    )
+    why = f"{n_rows} model rows, more than {PER_MODEL_AUTO}"
+    why = why if choice == "auto" else "--per-model-figures none"
     return (
         f"Per-model figures (profiles_<model>.png, coupling_<model>.png) not drawn ({why}): "
         "geometry_long.csv holds every profile and the geometry files every matrix; "
@@ -168,12 +141,9 @@ def per_model_note(choice: str, n_rows: int) -> str:
 
 
 def heatmap_source(catalogue: Catalogue) -> tuple[str | None, str | None]:
-    """The metric whose L x L matrix each model's heatmap draws, and that matrix's name.
+    """The declared primary metric and the first matrix it stores in ``catalogue`` (or Nones).
 
-    The installed plugins' declared primary metric (`Catalogue.primary_metric`;
-    a recorded catalogue does not record it) and the first matrix the runs'
-    ``catalogue`` says it stores; ``(None, None)`` when it stores none. Its K and
-    the spectral gap's verdict are read from its section of the geometry file.
+    Each model's heatmap draws that matrix.
     """
     metric = Catalogue.installed().primary_metric()
     entry = catalogue.metrics.get(metric) if metric is not None else None
@@ -190,7 +160,8 @@ def _per_model_figures(
     for geo in [g for g in geometry if str(g.get("task")) == task]:
         identity = tuple(geo["identity"])
         n_tasks = sum(1 for g in geometry if tuple(g["identity"]) == identity)
-        title = _model_title(identity, str(task), n_tasks)
+        name = identity[0] if identity[1] == "main" else f"{identity[0]} @ {identity[1]}"
+        title = f"{name}, task {task} (1 of {n_tasks} measured; all in geometry_long.csv)"
         slug = _slug(*identity)
         profiles = geo.get("profiles") or {}
         figure = fig.profiles_figure(profiles, _n_layers(geo, catalogue), title, catalogue)
@@ -208,11 +179,9 @@ def _per_model_figures(
 
 
 def emergence_columns(board: pd.DataFrame, primary: str | None, catalogue: Catalogue) -> list[str]:
-    """The geometry columns drawn over training: the primary metric's, then the next ones.
+    """The columns drawn over training: the primary metric's, then `EMERGENCE_METRICS` more.
 
-    In catalogue order (a metric's K-named columns with it), at most
-    `EMERGENCE_METRICS` besides the primary's; every column is in
-    ``leaderboard.csv``.
+    In catalogue order, a metric's K-named columns with it.
     """
     columns = geometry_columns(board)
     order = {name: i for i, name in enumerate(catalogue.metrics)}
@@ -224,12 +193,8 @@ def emergence_columns(board: pd.DataFrame, primary: str | None, catalogue: Catal
 
 
 MIN_SCATTER_MODELS = 3
-"""Fewest independent models with a fig1a scatter (docs/report.md, "The figures").
-
-One point shows no relation and any line passes through two exactly: with
-fewer models the values are read in ``leaderboard.csv`` and no panel is drawn
-(`scatter_note` says so in the summary).
-"""
+"""Fewest independent models with a fig1a scatter: one point shows no relation, and any
+line passes through two (docs/report.md, "The figures")."""
 
 
 def scatter_note(n_models: int) -> str:
@@ -244,51 +209,35 @@ def scatter_note(n_models: int) -> str:
 
 
 def _figures(
-    board,
-    models,
-    corr,
-    primary,
-    target,
-    sets,
-    geometry,
-    out_dir: Path,
-    catalogue,
-    formats,
-    per_model: bool = True,
+    result: ReportResult, models: pd.DataFrame, sets: TaskSets, loaded, formats, per_model: bool
 ) -> list[Path]:
     """Every figure; ``models`` (one row per independent model) feeds the fig1a panels."""
-    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    board, corr, target, out = (
+        result.leaderboard,
+        result.correlations,
+        result.primary_target,
+        result.out_dir,
+    )
+    catalogue = loaded.catalogue
+    (out / "figures").mkdir(parents=True, exist_ok=True)
     paths = []
-    if corr is not None and target is not None:
-        for row in corr[corr["target"] == target].to_dict("records"):
-            if row["n"] < MIN_SCATTER_MODELS:
-                continue  # too few points for a scatter (scatter_note; the CSV row has them)
-            used = sets.used.get(row["metric"], "")
-            tasks = f"{len(used.split(';'))} task(s)" if used else "each model's own tasks (mixed)"
-            ax = fig.metric_vs_score(
-                models, row["metric"], target, fit=row, tasks=tasks, catalogue=catalogue
-            )
-            name = f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}"
-            paths += _save(ax, out_dir, name, formats)
+    for row in corr[corr["target"] == target].to_dict("records") if corr is not None else []:
+        if row["n"] < MIN_SCATTER_MODELS:
+            continue  # too few points for a scatter (scatter_note; the CSV row has them)
+        used = sets.used.get(row["metric"], "")
+        tasks = f"{len(used.split(';'))} task(s)" if used else "each model's own tasks (mixed)"
+        ax = fig.metric_vs_score(
+            models, row["metric"], target, row, tasks=tasks, catalogue=catalogue
+        )
+        paths += _save(ax, out, f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}", formats)
     if per_model:
-        paths += _per_model_figures(geometry, out_dir, catalogue, formats)
+        paths += _per_model_figures(loaded.geometry, out, catalogue, formats)
     steps = board.dropna(subset=["step"]).groupby("model")["step"].nunique()
     if len(steps) and steps.max() >= 2 and target is not None:
-        shown = emergence_columns(board, primary, catalogue)
+        shown = emergence_columns(board, result.primary_metric, catalogue)
         axes = fig.training_dynamics(board, shown, target, catalogue)
-        paths += _save(axes[0][0], out_dir, "emergence", formats)
+        paths += _save(axes[0][0], out, "emergence", formats)
     return paths
-
-
-def _score_notes(sources: pd.DataFrame, scores_csv) -> list[str]:
-    notes = []
-    if scores_csv is not None:
-        ext = sources[sources["source"] == str(scores_csv)]
-        notes.append(
-            f"{len(ext)} benchmark scores came from --scores {scores_csv}; the others "
-            "from the runs' results files (see score_sources.csv)."
-        )
-    return notes
 
 
 def task_set_notes(board: pd.DataFrame, sets: TaskSets, targets: list[str]) -> list[str]:
@@ -346,26 +295,23 @@ def build_report(
             the score present on most models when no model has all six);
             default: the one its plugin declares primary (`Catalogue.primary_metric`).
         seed: bootstrap seed.
-        figure_formats: formats of every figure (`FIGURE_FORMATS`; PNG alone by
-            default, ``("png", "svg")`` for vector copies too).
-        checkpoint: the row a checkpoint series contributes to the across-model
-            statistics: ``"last"`` (default), ``"first"`` or a revision name
-            (`lm_coupling.report.checkpoints`).
-        per_model_figures: ``"auto"`` (default: each model's profiles and
-            coupling figures when the report has at most `PER_MODEL_AUTO`
-            model rows), ``"all"`` or ``"none"``.
+        figure_formats: formats of every figure (`FIGURE_FORMATS`).
+        checkpoint: a series' row in the across-model statistics: ``"last"``,
+            ``"first"`` or a revision name.
+        per_model_figures: ``"auto"`` (up to `PER_MODEL_AUTO` rows), ``"all"``, ``"none"``.
 
     Returns:
         The tables and paths written.
 
     Raises:
         ReportInputError: missing folder, no readable results file, a bad scores
-            CSV, or a ``checkpoint`` revision that some series lacks.
+            CSV or option, or a ``checkpoint`` revision that some series lacks.
     """
     formats = check_figure_formats(figure_formats)
-    check_per_model(per_model_figures)
-    if primary is None:
-        primary = Catalogue.installed().primary_metric()
+    if per_model_figures not in PER_MODEL_CHOICES:
+        raise ReportInputError(
+            f"per-model figures {per_model_figures!r}: give one of {', '.join(PER_MODEL_CHOICES)}"
+        )
     loaded = load_results(results_dir)
     out = Path(out_dir) if out_dir is not None else Path(results_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -377,81 +323,62 @@ def build_report(
     board, sets = build_leaderboard(selected, sources, loaded)
     warned = settings_messages(board, provenance, selected)
     warn_settings(warned)
-    result = ReportResult(
-        out,
-        board,
-        geometry_long(selected, loaded),
-        provenance,
-        sources,
-        notes=[f"skipped {s}" for s in loaded.skipped] + loaded.notes,
-    )
     metrics, targets = geometry_columns(board), target_columns(board)
-    result.notes = [f"WARNING: {m}" for m in warned] + result.notes
-    result.notes = task_set_notes(board, sets, targets) + result.notes
-    result.notes += setting_notes(board, selected)
-    result.notes += _score_notes(sources, scores_csv)
+    notes = task_set_notes(board, sets, targets) + [f"WARNING: {m}" for m in warned]
+    notes += [f"skipped {s}" for s in loaded.skipped] + loaded.notes
+    notes += setting_notes(board, selected)
+    if scores_csv is not None:
+        n_external = int((sources["source"] == str(scores_csv)).sum())
+        notes.append(
+            f"{n_external} benchmark scores came from --scores {scores_csv}; the others "
+            "from the runs' results files (see score_sources.csv)."
+        )
+    long = geometry_long(selected, loaded)
+    result = ReportResult(out, board, long, provenance, sources, notes=notes)
     independence = independent_rows(board, checkpoint)
     models = board.loc[independence.used].reset_index(drop=True)  # one row per model
-    result.n_independent = independence.n_models
+    n_models = result.n_independent = independence.n_models
+    primary = primary if primary is not None else Catalogue.installed().primary_metric()
     result.primary_metric = resolve_primary(metrics, primary)
     result.primary_target = primary_target(models, targets)
-    if independence.n_models < MIN_MODELS:
-        result.notes.append(
+    if n_models < MIN_MODELS:
+        notes.append(
             f"{len(board)} model row(s): at least {MIN_MODELS} independent models are needed "
-            f"for any fit or p-value and these rows hold {independence.n_models}, so the "
+            f"for any fit or p-value and these rows hold {n_models}, so the "
             "statistics tables are descriptive only (every row says why)."
         )
     if result.primary_target is None:
-        result.notes.append("Statistics skipped: no task score was found.")
+        notes.append("Statistics skipped: no task score was found.")
     else:
         result.correlations = correlations(
             models, metrics, targets, primary, seed, result.primary_target, sets.used
         )
         result.controls = controls_table(models, metrics, result.primary_target, seed)
-    note = per_model_note(per_model_figures, len(board))
-    if note:
-        result.notes.append(note)
-    if result.primary_target is not None and scatter_note(independence.n_models):
-        result.notes.append(scatter_note(independence.n_models))
+    per_model = per_model_note(per_model_figures, len(board))
+    notes += [per_model] if per_model else []
+    if result.primary_target is not None and scatter_note(n_models):
+        notes.append(scatter_note(n_models))
     if independence.series:
         result.checkpoints = series_table(board, independence, [*targets, *metrics])
     timed = timings_table(loaded.geometry)
     result.timings = timed if len(timed) else None
-    tables = {
-        "leaderboard": board,
-        "geometry_long": result.geometry_long,
-        "provenance": provenance,
-        "score_sources": sources,
-        "correlations": result.correlations,
-        "controls": result.controls,
-        "timings": result.timings,
-        "checkpoints": result.checkpoints,
-    }
+    tables = dict(leaderboard=board, geometry_long=long, provenance=provenance)
+    tables.update(score_sources=sources, correlations=result.correlations)
+    tables.update(controls=result.controls, timings=result.timings)
+    tables.update(checkpoints=result.checkpoints)
     for name, table in tables.items():
         if table is not None:
             table.to_csv(out / f"{name}.csv", index=False)
-    result.figures = _figures(
-        board,
-        models,
-        result.correlations,
-        result.primary_metric,
-        result.primary_target,
-        sets,
-        loaded.geometry,
-        out,
-        loaded.catalogue,
-        formats,
-        draws_per_model(per_model_figures, len(board)),
-    )
+    result.figures = _figures(result, models, sets, loaded, formats, not per_model)
     add_distributions(loaded.runs, result, formats)
     result.summary = write_summary(
         out,
         result.primary_metric,
         result.figures,
-        result.notes,
+        notes,
         result.primary_target,
         timings_markdown(timed, sample_sizes(loaded.geometry, JACOBIAN_SAMPLE), JACOBIAN_SAMPLE),
-        independent=independence.n_models,
+        independent=n_models,
         checkpoints=series_notes(board, independence),
     )
     return result

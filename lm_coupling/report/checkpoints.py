@@ -1,25 +1,9 @@
-"""Checkpoint series: which leaderboard rows are independent models.
+"""Checkpoint series: which leaderboard rows are independent models (docs/report.md).
 
-A leaderboard row is one (model, revision, dtype) (docs/report.md, "Rows").
-Rows that share ``model`` are versions of one model: the checkpoints of one
-training run (``revision=step1000``, the family demo's ``<size>/step<N>``
-folders, Pythia's hub revisions) or one checkpoint in two dtypes. Successive
-checkpoints of one run are not independent samples, so the across-model
-statistics (`lm_coupling.report.stats`, `lm_coupling.report.controls`, the
-summary's primary test, the Figure 1a panels) count **one row per model**:
-by default its last checkpoint (``checkpoint="last"``), or its first
-(``"first"``), or a named revision (``"step1000"``) that every series must
-have.
-
-Order within a series: revisions naming a training step (`parse_step`) by
-step, then other named revisions (by name), then ``main`` (the hub's final
-model) last. Several dtypes of the chosen checkpoint: the first in
-leaderboard order (dtype name order).
-
-A series (a model with two or more rows) gets its own analysis instead,
-``checkpoints.csv`` (`series_table`) and ``emergence.png``: each quantity
-against the step, per run, with no p-value (the checkpoints of one run are
-not independent draws, so a test that assumes they are would be wrong).
+Rows that share ``model`` are one model. The across-model statistics count
+one row per model, its last checkpoint by default (steps by step, other
+revision names, then ``main``; several dtypes: the first); a series gets
+``checkpoints.csv`` and ``emergence.png`` instead, with no p-value.
 """
 
 from __future__ import annotations
@@ -52,9 +36,7 @@ def revision_order(revision: object) -> tuple[int, float, str]:
     step = parse_step(text)
     if step is not None:
         return (0, float(step), text)
-    if text == "main":
-        return (2, math.inf, text)
-    return (1, math.inf, text)
+    return (2 if text == "main" else 1, math.inf, text)
 
 
 @dataclass
@@ -62,10 +44,9 @@ class Independence:
     """Which rows of a leaderboard the across-model statistics use.
 
     Attributes:
-        rule: the checkpoint rule (``last``, ``first`` or a revision name).
+        rule: ``last``, ``first`` or a revision name.
         used: the leaderboard index of the rows used, one per model.
-        series: per model with two or more rows: its rows' index in series
-            order (`revision_order`, then dtype).
+        series: per model with several rows, their index in series order.
     """
 
     rule: str
@@ -79,11 +60,7 @@ class Independence:
 
 
 def independent_rows(board: pd.DataFrame, checkpoint: str = "last") -> Independence:
-    """One row per model (``model`` column): the checkpoint ``checkpoint`` names.
-
-    Args:
-        board: the leaderboard.
-        checkpoint: ``"last"`` (default), ``"first"`` or a revision name.
+    """One row per model of ``board``: the ``checkpoint`` ``"last"``, ``"first"`` or a revision.
 
     Raises:
         ReportInputError: an empty rule, or a revision name that some series lacks.
@@ -98,31 +75,23 @@ def independent_rows(board: pd.DataFrame, checkpoint: str = "last") -> Independe
         pairs = zip(rows["revision"], rows["dtype"], strict=True)
         keys = [(revision_order(r), str(d)) for r, d in pairs]
         order = [i for _, i in sorted(zip(keys, rows.index, strict=True))]
-        if len(order) == 1:
-            used.append(order[0])
-            continue
-        series[str(model)] = order
-        if rule == "last":
-            last = revision_order(board.at[order[-1], "revision"])
-            used.append(next(i for i in order if revision_order(board.at[i, "revision"]) == last))
-        elif rule == "first":
-            used.append(order[0])
+        if len(order) > 1:
+            series[str(model)] = order
+        revisions = [str(board.at[i, "revision"]) for i in order]
+        if rule in ("last", "first"):
+            wanted = revisions[-1 if rule == "last" else 0]
         else:
-            hit = [i for i in order if str(board.at[i, "revision"]) == rule]
-            if hit:
-                used.append(hit[0])
-            else:
-                lacking.append(f"{model} ({', '.join(_revisions(board, order))})")
+            wanted = rule if rule in revisions or len(order) == 1 else None
+        if wanted is None:
+            lacking.append(f"{model} ({', '.join(dict.fromkeys(revisions))})")
+        else:
+            used.append(order[revisions.index(wanted)] if wanted in revisions else order[0])
     if lacking:
         raise ReportInputError(
             f"--checkpoint {rule}: no such revision in {len(lacking)} checkpoint series: "
             f"{'; '.join(lacking)}. Give last, first or a revision every series has."
         )
     return Independence(rule, sorted(used), series)
-
-
-def _revisions(board: pd.DataFrame, order: list[int]) -> list[str]:
-    return list(dict.fromkeys(str(board.at[i, "revision"]) for i in order))
 
 
 def _label(board: pd.DataFrame, index: int) -> str:
@@ -148,7 +117,7 @@ def series_notes(board: pd.DataFrame, independence: Independence, shown: int = 1
     ]
     for model, order in list(independence.series.items())[:shown]:
         taken = next(i for i in order if i in chosen)
-        revisions = _revisions(board, order)
+        revisions = list(dict.fromkeys(str(board.at[i, "revision"]) for i in order))
         listed = ", ".join(
             revisions if len(revisions) <= 6 else [*revisions[:3], "...", *revisions[-2:]]
         )
@@ -171,36 +140,20 @@ def _rule_words(rule: str) -> str:
 def series_table(
     board: pd.DataFrame, independence: Independence, quantities: list[str]
 ) -> pd.DataFrame:
-    """``checkpoints.csv``: every checkpoint of every series, one row per quantity.
+    """``checkpoints.csv``: every checkpoint of every series, one row per quantity (docs/report.md).
 
-    Columns `SERIES_COLUMNS`: the row's identity and ``step`` (empty when the
-    revision names none), its ``position`` in the series (1 = first) of
-    ``n_checkpoints``, ``across_models`` (True for the checkpoint the
-    across-model statistics use), and ``quantity``/``value`` for each score
-    and geometry column in ``quantities`` (missing values left out). No
-    statistic across checkpoints is computed here: see the module docstring.
+    Missing values are left out; no statistic across checkpoints is computed.
     """
     chosen = set(independence.used)
     rows = []
     for order in independence.series.values():
         for position, index in enumerate(order, start=1):
+            model, revision, dtype = board.loc[index, ["model", "revision", "dtype"]]
+            head = (model, revision, dtype, parse_step(str(revision)), position, len(order))
             for quantity in quantities:
                 value = pd.to_numeric(board.at[index, quantity], errors="coerce")
-                if pd.isna(value):
-                    continue
-                rows.append(
-                    dict(
-                        model=board.at[index, "model"],
-                        revision=board.at[index, "revision"],
-                        dtype=board.at[index, "dtype"],
-                        step=parse_step(str(board.at[index, "revision"])),
-                        position=position,
-                        n_checkpoints=len(order),
-                        across_models=index in chosen,
-                        quantity=quantity,
-                        value=float(value),
-                    )
-                )
+                if pd.notna(value):
+                    rows.append((*head, index in chosen, quantity, float(value)))
     table = pd.DataFrame(rows, columns=[c for c in SERIES_COLUMNS if c != "schema_version"])
     table["step"] = table["step"].astype("Int64")
     table.insert(0, "schema_version", SCHEMA_VERSION)

@@ -1,28 +1,21 @@
-"""Size controls: does geometry say more about accuracy than model size does?
+"""``controls.csv``: does geometry say more about accuracy than model size does?
 
-``controls.csv`` is one tidy table (``CONTROL_COLUMNS``); ``analysis`` says
-which fields of a row are filled:
+``analysis`` says which fields of a row are filled:
 
 - ``control``: a size variable (``log_n_params`` = log10 of the parameter
-  count, ``n_layers``, ``d_model``) against the average score, with the same
-  statistics as ``correlations.csv`` (OLS-HC3, Spearman, Kendall, bootstrap).
-- ``partial``: partial correlation of a geometry metric with the average,
-  controlling for the size variables: both are residualized on
-  ``[1, controls]`` by OLS, ``partial_r`` is the Pearson correlation of the
-  residuals, and its p-value comes from ``t = r sqrt(df / (1 - r^2))`` with
-  ``df = n - 2 - k`` (k controls).
-- ``nested``: OLS of the average on the controls, then on controls plus the
-  metric: ``r2_gain`` and the F-test of the added term (statsmodels
-  ``compare_f_test``, classical errors).
-- ``exponential``: the fit ``score = exp_a * exp(exp_b * metric)`` (the
-  coupling paper's Figure 8), by OLS of ``log(score)`` on the metric over
-  models with score > 0; ``exp_r2_log`` is its R^2 in log space, ``exp_r2``
-  in the original space, beside ``linear_r2`` of the straight line on the
-  same models.
+  count, ``n_layers``, ``d_model``) against the score, with the statistics
+  of ``correlations.csv``;
+- ``partial``: metric and score are residualized on ``[1, controls]`` by OLS;
+  ``partial_r`` is the Pearson r of the residuals, its p from
+  ``t = r sqrt(df / (1 - r^2))``, ``df = n - 2 - k`` (k controls);
+- ``nested``: OLS of the score on the controls, then on controls plus the
+  metric: ``r2_gain`` and the F-test of the added term (``compare_f_test``);
+- ``exponential``: ``score = exp_a * exp(exp_b * metric)`` (the coupling
+  paper's Figure 8) by OLS of ``log(score)`` over scores > 0; ``exp_r2_log``
+  in log space, ``exp_r2`` in the original space, beside ``linear_r2``.
 
-Controls constant over the models are dropped (``controls`` lists those
-used); a row is skipped with a ``reason`` when ``n <= k + 2`` or the design is
-rank deficient.
+Controls constant over the models are dropped; a row is skipped with a
+``reason`` when ``n <= k + 2`` or the design is rank deficient.
 """
 
 from __future__ import annotations
@@ -100,9 +93,7 @@ def _controls_reason(data: pd.DataFrame, kept: list[str]) -> str:
         return "no size control varies across these models"
     if n <= k + 2:
         return f"too few models for {k} controls (n={n}, need n > {k + 2})"
-    import statsmodels.api as sm  # here, not at import: `lm-coupling --help` stays light
-
-    design = sm.add_constant(data[[*kept, "_x"]].to_numpy(), has_constant="add")
+    design = np.column_stack([np.ones(n), data[[*kept, "_x"]].to_numpy(dtype=float)])
     if np.linalg.matrix_rank(design) < design.shape[1]:
         return "controls and metric are collinear (rank-deficient design)"
     return ""

@@ -1,21 +1,12 @@
 """Per-document distributions that a task mean hides: two groups with the mean between them.
 
-A task's value is the mean of its documents'. Where the documents fall in two
-groups far apart (SmolLM2-135M's ``prompt_entropy_min_layer``: every document's
-lowest state sits at l/L = 0.10 or 0.97, the mean 0.48 is no document's), the
-mean describes none of them. The rule (:func:`two_groups`) reads the values
-alone: sorted, the widest step between neighbours covers at least
-`GAP_SHARE` of their range and `MIN_RELATIVE_GAP` of their magnitude, the
-mean lies inside that step (no document is nearer the mean than the step's
-ends), and each side holds at least `MIN_GROUP` documents (one far document
-is an outlier). Which values are examined
-comes from the run's catalogue (every per-document metric it declares, not
-task-level; its label and bounds from the declaration), never from a list of
-names: a plugin's metric gets the same treatment.
-
-The report then draws each such (model, task, metric) as a strip of its
+Where a task's documents fall in two groups far apart (SmolLM2-135M's
+``prompt_entropy_min_layer``: every document's lowest state at l/L = 0.10 or
+0.97, the mean 0.48 is no document's), the mean describes none of them.
+`two_groups` reads the values alone; every per-document metric the run's
+catalogue declares is examined. Each case is drawn as a strip of its
 documents' values with the mean marked (``figures/distributions.png``) and
-says the counts in ``summary.md``.
+counted in ``summary.md``.
 """
 
 from __future__ import annotations
@@ -27,23 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GAP_SHARE", "MIN_DOCUMENTS", "TwoGroups", "add_distributions", "two_groups"]
-
-GAP_SHARE = 0.5
-"""The widest step between sorted document values must cover this share of their range."""
-
-MIN_RELATIVE_GAP = 0.1
-"""The step must also be this share of the values' magnitude ``max(|v_1|, |v_n|)``: a split
-of 0.92 against 0.95 is a narrow distribution, not two values."""
-
-MIN_DOCUMENTS = 4
-"""Fewest documents whose values are examined (two or three documents make no distribution)."""
-
-MIN_GROUP = 2
-"""Fewest documents in each group (one far document is an outlier, not a second value)."""
-
-MAX_ROWS = 12
-"""Strips drawn at most (the summary lists every case)."""
+GAP_SHARE = 0.5  # the widest step covers this share of the values' range
+MIN_RELATIVE_GAP = 0.1  # ... and this share of max(|v_1|, |v_n|): 0.92 vs 0.95 is one group
+MIN_DOCUMENTS = 4  # fewest documents examined
+MIN_GROUP = 2  # fewest documents on each side (one far document is an outlier)
+MAX_ROWS = 12  # strips drawn at most (the summary lists every case)
 
 
 @dataclass(frozen=True)
@@ -65,13 +44,6 @@ def two_groups(values: Sequence[float], gap_share: float = GAP_SHARE) -> TwoGrou
     is at least ``gap_share * (v_n - v_1) > 0`` and `MIN_RELATIVE_GAP` of
     ``max(|v_1|, |v_n|)``, ``v_i < mean < v_{i+1}`` and each side holds at
     least `MIN_GROUP` documents.
-
-    Args:
-        values: one value per document.
-        gap_share: see `GAP_SHARE`.
-
-    Returns:
-        `TwoGroups`, or None.
     """
     kept = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
     if len(kept) < MIN_DOCUMENTS or kept[-1] <= kept[0]:
@@ -165,19 +137,9 @@ def _figure(cases, path: Path, formats: Sequence[str]) -> list[Path]:
 
 
 def add_distributions(runs, result, formats: Sequence[str]) -> int:
-    """Add the figure and the summary notes of every hidden two-valued distribution.
+    """Add to ``result`` the figure and a note for every hidden two-valued distribution.
 
-    Args:
-        runs: the parsed results files (``LoadedResults.runs``), with their
-            samples files and catalogues.
-        result: the report so far (``ReportResult``): its ``out_dir``; the
-            figure is appended to its ``figures``, one note per case to its
-            ``notes``.
-        formats: figure formats.
-
-    Returns:
-        The number of cases (0: nothing added, no mean hides two groups or no
-        run logged its samples).
+    ``runs``: the parsed results files with their samples files. Returns the count.
     """
     cases = _cases(runs)
     if not cases:

@@ -1,28 +1,11 @@
-"""The report's figures. Each function draws on an optional ``ax`` and returns it.
+"""The report's figures (docs/report.md, "The figures"). Each draws on an optional ``ax``.
 
-Figures are built on `matplotlib.figure.Figure` with an Agg canvas (no pyplot
-state); callers save them. `new_axes` makes a figure of ``FIGSIZE`` inches at
-``DPI`` with constrained layout, so that titles, tick labels and colour bars
-never overlap or leave the canvas.
-
-What a metric or profile is comes from the run's catalogue
-(`lm_coupling.catalogue.Catalogue`: labels, bounds, profile axes), the same
-for built-in and third-party metrics; a function given no catalogue uses the
-installed plugins'.
-
-Layer numbering is the same everywhere: blocks are 1..L (heatmap rows and
-columns, every profile declared over blocks), and a profile over
-states runs over l = 0..L, where state l is the output of block l and 0 the
-embeddings. Layer axes carry integer ticks only.
-
-Scale honesty: a quantity bounded in [0, 1] (a metric or profile declared
-with ``bounds=(0, 1)``: normalised entropy, TV to target, coupling, fixation
-depth; and the benchmark scores) is drawn on the fixed [0, 1] axis in a
-profile, with its range printed when it varies by less than
-`FLAT_SPAN` (so a flat profile looks flat, not like a steep decline); where
-a panel must zoom to show differences (scatter plots, the coupling
-heatmap's colours), its axis label says so and by how much
-(`zoom_note`).
+Figures are `matplotlib.figure.Figure` objects on an Agg canvas with
+constrained layout (no pyplot state); callers save them. What a metric or
+profile is (label, bounds, axis) comes from the run's catalogue, else the
+installed plugins'. Blocks are numbered 1..L, states 0..L (0 = embeddings).
+A [0, 1] quantity is drawn on the fixed [0, 1] axis in a profile, its range
+printed when nearly flat; a panel that zooms into [0, 1] says by how much.
 """
 
 from __future__ import annotations
@@ -34,10 +17,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib import colormaps
+from matplotlib import colormaps, rcParams
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import FixedLocator, MaxNLocator
 
 from lm_coupling.catalogue import Catalogue
@@ -52,20 +36,17 @@ DPI = 100
 MAX_PANELS_PER_ROW = 4
 
 
-def new_axes(ncols: int = 1, figsize: tuple[float, float] = FIGSIZE) -> list[Axes]:
-    """A fresh figure (constrained layout, Agg canvas) with ``ncols`` axes side by side."""
-    fig = Figure(figsize=figsize, dpi=DPI, layout="constrained")
+def new_grid(nrows: int, ncols: int, cell: tuple[float, float] = FIGSIZE) -> np.ndarray:
+    """A fresh figure (constrained layout, Agg canvas): ``nrows x ncols`` axes, ``cell`` in."""
+    fig = Figure(figsize=(cell[0] * ncols, cell[1] * nrows), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    return [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+    return np.asarray(fig.subplots(nrows, ncols, squeeze=False))
 
 
 def new_panels(n: int, cell: tuple[float, float]) -> list[Axes]:
     """``n`` panels of ``cell`` inches, at most `MAX_PANELS_PER_ROW` to a row (spares hidden)."""
     ncols = min(n, MAX_PANELS_PER_ROW)
-    nrows = -(-n // ncols)
-    fig = Figure(figsize=(cell[0] * ncols, cell[1] * nrows), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = list(np.asarray(fig.subplots(nrows, ncols, squeeze=False)).ravel())
+    axes = list(new_grid(-(-n // ncols), ncols, cell).ravel())
     for spare in axes[n:]:
         spare.set_axis_off()
     return axes[:n]
@@ -79,9 +60,7 @@ def panel_title(label: str, width: int = 40) -> str:
 def wrap_label(text: str, width: int) -> str:
     """``text`` in lines of at most ``width`` characters, broken after a space, ``:_,``.
 
-    An axis label such as ``score:lmc_arc_easy_offline:acc_norm (zoomed: 0.41-0.46, 5% of
-    [0, 1])`` has no space to break at for most of its length; a piece longer than
-    ``width`` stays whole on its own line.
+    A piece longer than ``width`` (``score:<task>:<metric>``) stays whole on its own line.
     """
     pieces = re.split(r"(?<=[ :_,])", text)
     lines, line = [], ""
@@ -96,42 +75,18 @@ def wrap_label(text: str, width: int) -> str:
 
 
 def fitted_label(ax: Axes, text: str, axis: str = "y", fontsize: float | None = None) -> str:
-    """``text`` wrapped to the length of ``ax``'s ``axis``, so that neither end is cut off.
-
-    The length is the axes' own (before constrained layout, which only shrinks
-    them a little), at 0.6 em per character of the label's font size.
-    """
-    size = fontsize or float(plt_rc("axes.labelsize"))
-    box = ax.get_position()
-    figure = ax.figure
-    if axis == "y":
-        inches = box.height * figure.get_figheight()
-    else:
-        inches = box.width * figure.get_figwidth()
+    """``text`` wrapped to the length of ``ax``'s ``axis`` (0.6 em a character), never cut off."""
+    size = fontsize or FontProperties(size=rcParams["axes.labelsize"]).get_size_in_points()
+    box, figure = ax.get_position(), ax.figure
+    inches = (
+        box.height * figure.get_figheight() if axis == "y" else box.width * figure.get_figwidth()
+    )
     return wrap_label(text, max(12, int(0.9 * inches * 72 / (0.6 * size))))
-
-
-def plt_rc(key: str) -> float:
-    """A font size from matplotlib's settings, in points (``"medium"`` and the like resolved)."""
-    from matplotlib import rcParams
-    from matplotlib.font_manager import FontProperties
-
-    value = rcParams[key]
-    if isinstance(value, (int, float)):
-        return float(value)
-    return float(FontProperties(size=value).get_size_in_points())
 
 
 def catalogue_or_installed(catalogue: Catalogue | None) -> Catalogue:
     """``catalogue``, or the installed plugins' when None (a figure drawn outside a report)."""
     return catalogue if catalogue is not None else Catalogue.installed()
-
-
-def new_grid(nrows: int, ncols: int, cell: tuple[float, float] = (4.0, 3.4)) -> np.ndarray:
-    """A fresh figure with an ``nrows x ncols`` array of axes, ``cell`` inches each."""
-    fig = Figure(figsize=(cell[0] * ncols, cell[1] * nrows), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return np.asarray(fig.subplots(nrows, ncols, squeeze=False))
 
 
 def is_unit_quantity(name: str, catalogue: Catalogue | None = None) -> bool:
@@ -162,14 +117,12 @@ def zoom_note(low: float, high: float) -> str:
     return f"zoomed: {low:.3g}-{high:.3g}, {share:.2g}% of [0, 1]"
 
 
-def unit_axis(
-    ax: Axes, values: np.ndarray, axis: str = "y", bounds: tuple[float, float] = (0.0, 1.0)
-) -> None:
-    """Fix a bounded quantity's axis to its bounds; print its range when nearly flat."""
+def unit_axis(ax: Axes, values: np.ndarray, bounds: tuple[float, float] = (0.0, 1.0)) -> None:
+    """Fix a bounded quantity's y axis to its bounds; print its range when nearly flat."""
     finite = values[np.isfinite(values)]
     low, high = bounds
     pad = 0.02 * (high - low)
-    (ax.set_ylim if axis == "y" else ax.set_xlim)(low - pad, high + pad)
+    ax.set_ylim(low - pad, high + pad)
     if len(finite) and np.ptp(finite) < FLAT_SPAN:
         ax.text(
             0.98, 0.04 if finite.mean() > 0.5 else 0.92,
@@ -178,44 +131,30 @@ def unit_axis(
         )  # fmt: skip
 
 
-def _label_zoom(ax: Axes, name: str, axis: str, catalogue: Catalogue | None = None) -> str:
-    """The axis label of ``name``, with `zoom_note` when it is a [0, 1] quantity."""
+def _zoomed(ax: Axes, name: str, axis: str, catalogue: Catalogue | None) -> tuple | None:
+    """The visible part of [0, 1] on ``axis`` when ``name`` is a [0, 1] quantity zoomed in."""
     if not is_unit_quantity(name, catalogue):
-        return ""
-    low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
-    if low <= 0.0 and high >= 1.0:
-        return ""
-    return f" ({zoom_note(max(low, 0.0), min(high, 1.0))})"
+        return None
+    low, high = sorted(ax.get_ylim() if axis == "y" else ax.get_xlim())
+    return None if low <= 0.0 and high >= 1.0 else (max(low, 0.0), min(high, 1.0))
+
+
+def _label_zoom(ax: Axes, name: str, axis: str, catalogue: Catalogue | None = None) -> str:
+    """`` (zoomed: ...)`` for an axis label when ``name`` is a [0, 1] quantity zoomed in."""
+    span = _zoomed(ax, name, axis, catalogue)
+    return f" ({zoom_note(*span)})" if span else ""
 
 
 def zoom_span_text(ax: Axes, names: Mapping[str, str], catalogue: Catalogue | None = None) -> str:
-    """How far a panel's [0, 1] axes are zoomed: ``zoomed: y-axis spans 1.2 of 100 points``.
-
-    For each axis (``"x"``/``"y"`` -> column name) showing a [0, 1] quantity
-    on less than its whole range, the visible span in points (hundredths of
-    [0, 1]). A spread of 1.2 points drawn across the whole panel looks like
-    structure; the callers put this line in the panel's title, where it is
-    read with the fit, and where it never covers a point. "" when no axis
-    is zoomed.
-    """
-    parts = []
-    for axis in ("y", "x"):
-        name = names.get(axis)
-        if name is None or not is_unit_quantity(name, catalogue):
-            continue
-        low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
-        low, high = max(min(low, high), 0.0), min(max(low, high), 1.0)
-        if low > 0.0 or high < 1.0:
-            parts.append(f"{axis}-axis spans {100 * (high - low):.2g} of 100 points")
+    """``zoomed: y-axis spans 1.2 of 100 points`` for the zoomed [0, 1] axes in ``names``."""
+    spans = [(a, _zoomed(ax, names[a], a, catalogue)) for a in ("y", "x") if a in names]
+    parts = [f"{a}-axis spans {100 * (s[1] - s[0]):.2g} of 100 points" for a, s in spans if s]
     return panel_title("zoomed: " + "; ".join(parts), 48) if parts else ""
 
 
 def short_name(model: str) -> str:
     """The last part of a model's name or path (``fam/tiny`` -> ``tiny``)."""
     return model.rstrip("/").split("/")[-1]
-
-
-_short = short_name
 
 
 def integer_layer_axis(ax: Axes, first: int, last: int, axis: str = "x") -> None:
@@ -232,32 +171,31 @@ def integer_layer_axis(ax: Axes, first: int, last: int, axis: str = "x") -> None
         ax.set_ylim(*(lim[::-1] if ax.yaxis_inverted() else lim))
 
 
-def _fit_text(metric: str, target: str, fit: Mapping | None, n: int) -> str:
+def _fit_text(fit: Mapping | None, n: int) -> str:
     if fit is None:
         return f"n = {n} models"
     reason = str(fit.get("reason") or "")
     if reason or not np.isfinite(fit.get("slope", math.nan)):
         return f"no fit: {reason.split(':')[0] or 'not fitted'}"
-    text = (
+    return (
         f"OLS R^2 = {fit['r2']:.3f}, p (HC3) = {fit['p_hc3']:.2g}, "
         f"Holm p = {fit.get('p_holm', math.nan):.2g}"
         f"{'' if significant(fit) else ' (n.s.)'}, n = {int(fit['n'])} models; "
         f"Spearman rho = {fit['spearman_rho']:.2f}"
     )
-    return text
 
 
 def _point_labels(data: pd.DataFrame) -> tuple[list[str], list[str]]:
     """Point labels (the step for checkpoints of a family, else the model) and colour groups."""
-    steps = data["revision"].map(parse_step) if "revision" in data else pd.Series(None)
+    names = [short_name(str(m)) for m in data["model"]]
+    if "revision" not in data:
+        return names, ["models"] * len(data)
+    steps = data["revision"].map(parse_step)
     if steps.notna().all() and len(data):
-        return [f"{int(s)}" for s in steps], [_short(str(m)) for m in data["model"]]
-    names = [_short(str(m)) for m in data["model"]]
-    if "revision" in data:
-        names = [
-            n if r == "main" else f"{n}@{r}" for n, r in zip(names, data["revision"], strict=True)
-        ]
-    return names, ["models"] * len(data)
+        return [f"{int(s)}" for s in steps], names
+    revisions = data["revision"]
+    labels = [n if r == "main" else f"{n}@{r}" for n, r in zip(names, revisions, strict=True)]
+    return labels, ["models"] * len(data)
 
 
 def metric_vs_score(
@@ -269,33 +207,23 @@ def metric_vs_score(
     tasks: str = "",
     catalogue: Catalogue | None = None,
 ) -> Axes:
-    """Scatter of a geometry metric against a score with the OLS line (coupling paper, Fig. 1a).
+    """Scatter of ``metric`` (x) against ``target`` (y), a point per row (coupling paper, Fig. 1a).
 
-    The line and p-values are drawn only for a fitted ``correlations.csv``
-    row (``MIN_MODELS`` or more models, see `lm_coupling.report.stats`); the
-    most influential model is ringed and named when ``influential`` is set;
-    a metric spanning more than two decades gets a log axis. Checkpoints of a
-    family are labelled by step and coloured by model.
-
-    Args:
-        board: leaderboard rows.
-        metric: x column.
-        target: y column.
-        fit: a ``correlations.csv`` row.
-        ax: axes to draw on (a new figure when None).
-        tasks: the tasks the metric was averaged over (for the title).
-        catalogue: the run's catalogue (which columns are in [0, 1]).
+    The OLS line and p-values come from ``fit``, a ``correlations.csv`` row,
+    only when it was fitted (dashed grey when not significant); an influential
+    model is ringed and named; a metric spanning more than two decades gets a
+    log axis; checkpoints are labelled by step and coloured by model. ``tasks``
+    (the tasks the metric averages) goes in the title.
     """
-    ax = ax if ax is not None else new_axes()[0]
+    ax = ax if ax is not None else new_grid(1, 1)[0, 0]
     cols = [c for c in ("model", "revision", metric, target) if c in board.columns]
     data = board[cols].dropna(subset=[metric, target])
     labels, groups = _point_labels(data)
     for group in dict.fromkeys(groups):
         pick = [g == group for g in groups]
         ax.scatter(data[metric][pick], data[target][pick], zorder=3, s=22, label=group)
-    by_step = bool(groups) and (len(set(groups)) > 1 or groups[0] != "models")
-    if by_step:
-        ax.legend(fontsize=7, title="model (labels: step)", title_fontsize=7)
+    if set(groups) - {"models"}:
+        _legend(ax, "model (labels: step)")
     log_x = spans_decades(data[metric].to_numpy())
     if log_x:
         ax.set_xscale("log")
@@ -309,25 +237,31 @@ def metric_vs_score(
         else:  # drawn as what it is: a line that the data do not support
             label = f"OLS, n.s. (Holm p >= {ALPHA:g})"
             ax.plot(xs, ys, color="grey", linestyle="--", linewidth=1, label=label)
-            old = ax.get_legend()
-            title = old.get_title().get_text() if old is not None else ""
-            ax.legend(fontsize=7, title=title or None, title_fontsize=7)
+            _legend(ax)
         if fit.get("influential"):
             _ring_influential(ax, data, metric, target, fit)
     task_note = f"; geometry over {tasks}" if tasks else ""
-    title = f"{metric} vs {target}{task_note}\n{_fit_text(metric, target, fit, len(data))}"
+    title = f"{metric} vs {target}{task_note}\n{_fit_text(fit, len(data))}"
     if not log_x:
         ax.ticklabel_format(axis="x", useOffset=False)
     ax.ticklabel_format(axis="y", useOffset=False)
-    zoom_x = _label_zoom(ax, metric, "x", catalogue)
-    x_name = declared_label(metric, catalogue)
-    ax.set_xlabel(fitted_label(ax, x_name + (" (log scale)" if log_x else zoom_x), "x"))
-    y_name = declared_label(target, catalogue)
-    ax.set_ylabel(fitted_label(ax, y_name + _label_zoom(ax, target, "y", catalogue), "y"))
-    zoomed = zoom_span_text(ax, {"y": target} if log_x else {"x": metric, "y": target}, catalogue)
-    ax.set_title(title + (f"\n{zoomed}" if zoomed else ""), fontsize=8, wrap=True)
+    ax.set_title(_scatter_text(ax, metric, target, title, catalogue), fontsize=8, wrap=True)
     place_labels(ax, data[metric].to_numpy(float), data[target].to_numpy(float), labels)
     return ax
+
+
+def _scatter_text(
+    ax: Axes, x: str, y: str, title: str, catalogue: Catalogue | None, size: float | None = None
+) -> str:
+    """Label a scatter panel's axes (zoom or log scale stated); ``title`` with its zoom line."""
+    log_x = ax.get_xscale() == "log"
+    x_text = " (log scale)" if log_x else _label_zoom(ax, x, "x", catalogue)
+    font = {"fontsize": size} if size else {}
+    ax.set_xlabel(fitted_label(ax, declared_label(x, catalogue) + x_text, "x", size), **font)
+    y_text = declared_label(y, catalogue) + _label_zoom(ax, y, "y", catalogue)
+    ax.set_ylabel(fitted_label(ax, y_text, "y", size), **font)
+    zoomed = zoom_span_text(ax, {"y": y} if log_x else {"x": x, "y": y}, catalogue)
+    return title + (f"\n{zoomed}" if zoomed else "")
 
 
 def _ring_influential(ax: Axes, data: pd.DataFrame, metric: str, target: str, fit: Mapping):
@@ -343,8 +277,13 @@ def _ring_influential(ax: Axes, data: pd.DataFrame, metric: str, target: str, fi
         label=f"influential: Cook's D = {fit['cooks_d_max']:.3g}; R^2 without = "
         f"{fit.get('r2_without', math.nan):.2f}",
     )  # fmt: skip
+    _legend(ax)
+
+
+def _legend(ax: Axes, title: str = "") -> None:
+    """(Re)draw the legend of ``ax`` with every labelled artist, keeping its title."""
     old = ax.get_legend()
-    title = old.get_title().get_text() if old is not None else ""
+    title = title or (old.get_title().get_text() if old is not None else "")
     ax.legend(fontsize=7, title=title or None, title_fontsize=7)
 
 
@@ -362,14 +301,14 @@ def layer_profile(
     one over states x = 0..L (0 = embeddings); a profile bounded to [0, 1]
     is on the fixed [0, 1] axis (`unit_axis`); its title is its label.
     """
-    ax = ax if ax is not None else new_axes()[0]
+    ax = ax if ax is not None else new_grid(1, 1)[0, 0]
     spec = catalogue_or_installed(catalogue).profile(name)
-    y = np.asarray([math.nan if v is None else v for v in values], dtype=float)
+    y = _floats(values)
     first = spec.first_layer
     layers = np.arange(len(y)) + first
     ax.plot(layers, y, marker="o", markersize=3)
     if stderr is not None:
-        err = np.asarray([math.nan if v is None else v for v in stderr], dtype=float)
+        err = _floats(stderr)
         ax.fill_between(layers, y - err, y + err, alpha=0.2)
     if boundary is not None and math.isfinite(boundary):
         ax.axvline(boundary, color="tab:red", linestyle="--", label="thought/fixation")
@@ -383,41 +322,25 @@ def layer_profile(
     return ax
 
 
-def profile_boundary(profiles: Mapping[str, Mapping], catalogue: Catalogue | None = None) -> float:
-    """The boundary layer from the first boundary profile measured (NaN if none)."""
-    names = catalogue_or_installed(catalogue).boundary_profiles()
-    profile = boundary_profile(profiles, names)
-    return boundary_layer(profile) if profile is not None else math.nan
-
-
 def drawable(profile: Mapping | None) -> np.ndarray:
-    """A profile's mean as floats (None as NaN); empty when it is absent or not one value per layer.
-
-    Args:
-        profile: a geometry file's ``profiles[name]`` (``{"mean": [...], ...}``).
-    """
+    """A geometry file's profile mean as floats (None as NaN); empty if absent or not per layer."""
     values = (profile or {}).get("mean") or []
     if any(isinstance(v, list) for v in values):
         return np.empty(0)  # per-layer vectors (singular values): in the files only
+    return _floats(values)
+
+
+def _floats(values: Sequence[float | None]) -> np.ndarray:
     return np.asarray([math.nan if v is None else v for v in values], dtype=float)
-
-
-def too_shallow_note(label: str, min_blocks: int, n_layers: int) -> str:
-    """The note of a profile left out of a figure because the model is too shallow for it."""
-    return f"{label} omitted: {n_layers} blocks < its minimum of {min_blocks}"
 
 
 def shown_profiles(
     profiles: Mapping[str, Mapping], n_layers: int, catalogue: Catalogue | None = None
 ) -> tuple[list[str], str]:
-    """Profiles to draw, in catalogue order, and a note on any left out.
+    """Profiles to draw (catalogue order, then unknown ones) and a note on any left out.
 
-    Every per-layer profile of the catalogue that was measured is drawn
-    (matrices have their own figures; a profile declared with
-    ``plot=False`` is in the files only); one declared with ``min_blocks``
-    is left out, and the note says so, on a model with fewer blocks.
-    Profiles in the geometry file but not in the catalogue follow, as
-    profiles over states.
+    A profile declared ``plot=False`` is in the files only; one declared with
+    ``min_blocks`` is left out of a shallower model, and the note says so.
     """
     catalogue = catalogue_or_installed(catalogue)
     order = [*catalogue.plotted_profiles()]
@@ -429,7 +352,9 @@ def shown_profiles(
             continue
         spec = catalogue.profile(name)
         if n_layers < spec.min_blocks:
-            notes.append(too_shallow_note(spec.label, spec.min_blocks, n_layers))
+            notes.append(
+                f"{spec.label} omitted: {n_layers} blocks < its minimum of {spec.min_blocks}"
+            )
             continue
         names.append(name)
     return names, "; ".join(notes)
@@ -441,18 +366,17 @@ def profiles_figure(
     title: str,
     catalogue: Catalogue | None = None,
 ) -> Figure | None:
-    """One model's per-layer profiles, four panels to a row, with ``title`` (model and task) above.
+    """One model's per-layer profiles (`shown_profiles`), four panels to a row, under ``title``.
 
-    Every measured profile of the catalogue is drawn (`shown_profiles`);
-    one needing more blocks than the model has is left out, and the title
-    says so. None when no profile was measured.
+    None when no profile was measured.
     """
     catalogue = catalogue_or_installed(catalogue)
     names, note = shown_profiles(profiles, n_layers, catalogue)
     if not names:
         return None
     axes = new_panels(len(names), cell=(3.2, 3.4))
-    boundary = profile_boundary(profiles, catalogue)
+    profile = boundary_profile(profiles, catalogue.boundary_profiles())
+    boundary = boundary_layer(profile) if profile is not None else math.nan
     for ax, name in zip(axes, names, strict=True):
         prof = profiles[name]
         layer_profile(
@@ -465,10 +389,10 @@ def profiles_figure(
 
 def coupling_figure(matrix: Sequence[Sequence[float]], k: int | None, title: str) -> Figure:
     """One model's coupling heatmap, with ``title`` (model and task) above."""
-    axes = new_axes(1, figsize=(5.5, 4.4))
-    coupling_heatmap(matrix, ax=axes[0], title=f"coupling c_K(l, l'), K = {k} (directed)")
-    axes[0].figure.suptitle(title, fontsize=9)
-    return axes[0].figure
+    ax = new_grid(1, 1, (5.5, 4.4))[0, 0]
+    coupling_heatmap(matrix, ax=ax, title=f"coupling c_K(l, l'), K = {k} (directed)")
+    ax.figure.suptitle(title, fontsize=9)
+    return ax.figure
 
 
 def coupling_heatmap(
@@ -476,12 +400,10 @@ def coupling_heatmap(
 ) -> Axes:
     """The L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
 
-    The diagonal (a block with itself, not part of the coupling score) is
-    masked grey, and the colour scale spans the off-diagonal values only:
-    the colour bar's label says how far that zooms into [0, 1]
-    (`zoom_note`).
+    The diagonal (not part of the coupling score) is grey; the colours span
+    the off-diagonal values, and the colour bar says how far that zooms.
     """
-    ax = ax if ax is not None else new_axes()[0]
+    ax = ax if ax is not None else new_grid(1, 1)[0, 0]
     data = np.asarray(matrix, dtype=float)
     n = len(data)
     off = np.where(np.eye(n, dtype=bool), np.nan, data)
@@ -511,28 +433,21 @@ def training_dynamics(
 ) -> np.ndarray:
     """Score and geometry over training, and geometry against score, per model.
 
-    Top row: ``target`` and each of ``metrics`` against training step (from
-    the revision, e.g. ``step512``; symmetric-log axis so that the
-    initialisation, step 0, is shown). Bottom row: the legend, then each
-    metric against ``target``, the checkpoints of a model joined in step
-    order and its last one ringed, so that the path from initialisation to
-    the trained model reads left to right or right to left (the papers'
-    emergence plots). A metric whose values span more than two decades
-    (expodistance at initialisation) gets a log axis. No line is fitted and
-    no p-value given: the checkpoints of one run are not independent samples
-    (`lm_coupling.report.checkpoints`); a zoomed [0, 1] axis says by how much
-    (`zoom_span_text`).
-
-    Returns:
-        The ``2 x (len(metrics) + 1)`` axes array (the bottom-left one holds the legend).
+    Top row: ``target`` and each of ``metrics`` against the training step
+    (symmetric-log axis, so step 0 shows). Bottom row: the legend, then each
+    metric against ``target``, a model's checkpoints joined in step order and
+    its last one ringed (the papers' emergence plots). A metric spanning more
+    than two decades gets a log axis. No fit and no p-value: the checkpoints
+    of one run are not independent samples.
+    Returns the ``2 x (len(metrics) + 1)`` axes (the bottom-left one holds the legend).
     """
     columns = [target, *metrics]
     data = board.assign(_step=board["revision"].map(parse_step)).dropna(subset=["_step"])
-    axes = new_grid(2, len(columns))
+    axes = new_grid(2, len(columns), (4.0, 3.4))
     for ax, column in zip(axes[0], columns, strict=True):
         for model, group in data.dropna(subset=[column]).groupby("model"):
             group = group.sort_values("_step")
-            ax.plot(group["_step"], group[column], marker="o", ms=3, label=_short(str(model)))
+            ax.plot(group["_step"], group[column], marker="o", ms=3, label=short_name(str(model)))
         ax.set_xscale("symlog", linthresh=1.0)
         if spans_decades(data[column].to_numpy(float)):
             ax.set_yscale("log")
@@ -549,7 +464,9 @@ def training_dynamics(
     for ax, column in zip(axes[1][1:], metrics, strict=True):
         for model, group in data.dropna(subset=[column, target]).groupby("model"):
             group = group.sort_values("_step")
-            line = ax.plot(group[column], group[target], marker="o", ms=3, label=_short(str(model)))
+            line = ax.plot(
+                group[column], group[target], marker="o", ms=3, label=short_name(str(model))
+            )
             last = group.iloc[-1]
             ax.scatter(
                 [last[column]], [last[target]], s=60, facecolors="none",
@@ -557,16 +474,8 @@ def training_dynamics(
             )  # fmt: skip
         if spans_decades(data[column].to_numpy(float)):
             ax.set_xscale("log")
-        x_text = column + _label_zoom(ax, column, "x", catalogue)
-        ax.set_xlabel(fitted_label(ax, x_text, "x", 8), fontsize=8)
-        y_text = target + _label_zoom(ax, target, "y", catalogue)
-        ax.set_ylabel(fitted_label(ax, y_text, "y", 8), fontsize=8)
-        log = ax.get_xscale() == "log"
-        zoomed = zoom_span_text(ax, {"y": target} if log else {"x": column, "y": target}, catalogue)
-        heading = fitted_label(ax, f"{target} vs {column}", "x", 9)
-        ax.set_title(
-            f"{heading}\n(ring: last step)" + (f"\n{zoomed}" if zoomed else ""), fontsize=9
-        )
+        heading = fitted_label(ax, f"{target} vs {column}", "x", 9) + "\n(ring: last step)"
+        ax.set_title(_scatter_text(ax, column, target, heading, catalogue, 8), fontsize=9)
     figure = axes[0][0].figure
     note = (
         "Checkpoints of one training run, per run: not independent samples, so no fit "

@@ -1,15 +1,10 @@
-"""A marker on the coupling heatmap for layers whose top-K subspace is ill-defined.
+"""A marker on the coupling heatmap for blocks whose top-K subspace is ill-defined.
 
-The coupling of blocks l and l' reads the top-K singular vectors of block l'.
-When ``s_K / s_{K+1}`` of a block is close to 1, its top-K subspace is not
-pinned down by the spectrum (a perturbation of 1% of ``s_K`` may turn it by
-``0.01 / (1 - s_{K+1} / s_K)``, Wedin's bound), and so neither are the
-coupling values that use it. The coupling plugin flags such a block
-(``metrics.coupling.subspace_ill_defined``: the gap below
-``subspace_min_gap``, default 1.05, or values the engine cannot separate;
-the geometry file's ``coupling.ill_defined``, docs/metrics.md, "The
-ill-defined subspace"); the report marks it on both axes of the heatmap,
-with the range of the flagged blocks' gaps in the legend.
+When ``s_K / s_{K+1}`` of block l' is close to 1, its top-K singular vectors
+are not pinned down (a 1% perturbation of ``s_K`` may turn the subspace by
+``0.01 / (1 - s_{K+1} / s_K)``, Wedin's bound), nor the coupling values that
+read them. The coupling plugin flags such blocks (``coupling.ill_defined``,
+docs/metrics.md); the report marks them on both axes of the heatmap.
 """
 
 from __future__ import annotations
@@ -25,15 +20,10 @@ MARK = "tab:red"
 def mark_ill_defined(
     ax: Axes, flags: Sequence[bool | None] | None, gaps: Sequence[float | None] | None = None
 ) -> int:
-    """Mark the flagged blocks (1-based) beside the heatmap's rows and above its columns.
+    """Mark the flagged blocks (1..L) beside a heatmap's rows and above its columns.
 
-    Args:
-        ax: the heatmap's axes (`figures.coupling_heatmap`: blocks 1..L).
-        flags: per block, whether its top-K subspace is ill-defined (None: unknown).
-        gaps: per block, ``s_K / s_{K+1}`` (for the legend's range).
-
-    Returns:
-        The number of blocks marked (0: nothing drawn).
+    ``flags``: per block, whether its top-K subspace is ill-defined; ``gaps``:
+    per block, ``s_K / s_{K+1}`` (their range is printed). Returns the count marked.
     """
     blocks = [i + 1 for i, flag in enumerate(flags or ()) if flag]
     if not blocks:

@@ -1,18 +1,10 @@
 """Point labels that never overlap each other, the points, or the axes' edge.
 
-A greedy placement in display space: the figure is laid out once (so that
-constrained layout has fixed the axes' position), then each label tries
-offsets around its point at growing distances and takes the first whose box
-stays inside the axes and clear of every label already placed and of every
-marker. A label with no free place is left out and the count of those is
-written in a corner of the axes clear of the markers and labels, so that
-nothing is drawn on top of anything.
-The boxes already taken are kept in a grid of cells (`_BoxGrid`), so that a
-candidate is tested against the boxes of its own cells only: placing n labels
-costs O(n), not O(n^2), and one measurement of the text's size per label
-replaces a drawn probe.
-Labels take no part in the layout (``in_layout=False``), so later draws keep
-their places.
+Greedy placement in display space after one layout pass: each label takes the
+first of a ring of offsets around its point whose box stays inside the axes
+and clear of the boxes already taken (kept in a grid of cells, so n labels
+cost O(n)). A label with no free place is left out, and a note in a free
+corner counts them. Labels take no part in the layout (``in_layout=False``).
 """
 
 from __future__ import annotations
@@ -65,14 +57,9 @@ class _BoxGrid:
 def place_labels(
     ax: Axes, xs: Sequence[float], ys: Sequence[float], texts: Sequence[str], fontsize: float = 7
 ) -> list:
-    """Annotate points without overlap; return the annotations placed.
+    """Annotate the points ``(xs, ys)`` (data coordinates) with ``texts`` without overlap.
 
-    Args:
-        ax: axes holding the points (data coordinates).
-        xs: x of each point.
-        ys: y of each point.
-        texts: one label per point.
-        fontsize: label size in points.
+    Returns the annotations placed.
     """
     fig = ax.figure
     renderer = fig.canvas.get_renderer()

@@ -1,30 +1,9 @@
 """Build the leaderboard table (one row per model identity) and the long geometry table.
 
-Columns of ``leaderboard.csv`` (schema `SCHEMA_VERSION`, see
-`lm_coupling.report.benchmarks` for the changes between versions):
-
-- ``model, revision, dtype, step, n_params, n_layers, d_model`` (integers,
-  empty where unknown);
-- one column per leaderboard benchmark present (``arc, hellaswag, mmlu,
-  truthfulqa, winogrande, gsm8k``: scores in [0, 1], the metric of
-  `BENCHMARKS`), filled only from runs in the Open LLM v1 setting (the
-  shots of `Benchmark.shots`; a ``--limit`` run fills it and is named in
-  ``limited``), ``n_benchmarks`` (how many of the six this row has) and
-  ``average``: the mean of the six, only when all six are present (NaN
-  otherwise: a mean over a different subset per model compares nothing);
-- ``score:<task>:<metric>`` for every other task that was run, and for a
-  benchmark task run with other shots: its primary metric
-  (`lm_coupling.report.loading.primary_score_metric`; ``,<filter>`` is
-  appended when the filter is not ``none``). Subtasks of a scored group
-  (MMLU's subjects) are represented by the group;
-- per geometry metric ``<metric>`` (a metric with a K option is named after
-  the K asked for: ``coupling_k10``, ``coupling_k0.1``), ``<metric>__tasks``,
-  ``<metric>__n`` and, for a metric with a K, ``<metric>__k_used`` (the K
-  after the d_model - 1 cap, per model); then ``thought_fixation_boundary``
-  with the same companions. Which tasks a value is averaged over: see
-  `lm_coupling.report.tasksets`;
-- ``settings, limited, metric_options, mixed_settings``: what the row was
-  measured with (`lm_coupling.report.row_settings`).
+The columns of ``leaderboard.csv`` and ``geometry_long.csv`` are listed in
+docs/report.md, "The tables"; which tasks a geometry value is averaged over
+is `lm_coupling.report.tasksets`, what a row was measured with
+`lm_coupling.report.row_settings`.
 """
 
 from __future__ import annotations
@@ -90,10 +69,7 @@ def in_open_llm_setting(task: str, shots: Any) -> bool:
 
 
 def benchmark_scores(selected: pd.DataFrame) -> pd.DataFrame:
-    """The leaderboard score of every (identity, benchmark), columns ``SOURCE_COLUMNS``.
-
-    Only runs in the Open LLM v1 setting (`in_open_llm_setting`) count.
-    """
+    """The leaderboard score of every (identity, benchmark) in the Open LLM v1 setting."""
     scores = selected[selected["kind"] == "score"]
     parts = []
     for bench in BENCHMARKS:
@@ -126,43 +102,26 @@ def read_scores_csv(path: str | Path) -> pd.DataFrame:
     return table
 
 
-def _match_external(model: str, external: pd.DataFrame) -> pd.Series | None:
-    names = external["model"].astype(str)
-    for candidate in (model, Path(model).name):
-        hits = external[names == candidate]
-        if len(hits):
-            return hits.iloc[-1]
-    return None
-
-
 def join_external(
     scores: pd.DataFrame, identities: pd.DataFrame, external: pd.DataFrame, path: str
 ) -> pd.DataFrame:
-    """Replace run scores with external ones where the ``--scores`` CSV has them.
-
-    A model matches on its full name or on the last part of a local path.
-    External values win over the runs' own (runs made with ``--limit`` score
-    only a few documents).
-    """
+    """Replace run scores with the ``--scores`` CSV's (matched on the name or its last part)."""
     columns = [b.column for b in BENCHMARKS if b.column in external.columns]
+    names = external["model"].astype(str)
     rows = []
-    for ident in identities.itertuples(index=False):
-        match = _match_external(ident.model, external)
-        if match is None:
-            continue
-        for column in columns:
+    for ident in identities.itertuples(index=False, name=None):
+        hits = external[names == ident[0]]
+        hits = hits if len(hits) else external[names == Path(ident[0]).name]
+        match = hits.iloc[-1] if len(hits) else None
+        for column in columns if match is not None else []:
             value = pd.to_numeric(match[column], errors="coerce")
             if pd.notna(value):
+                blank = dict.fromkeys(("task", "metric", "filter", "setting"), "")
                 rows.append(
                     dict(
-                        model=ident.model,
-                        revision=ident.revision,
-                        dtype=ident.dtype,
+                        zip(IDENTITY, ident, strict=True),
+                        **blank,
                         benchmark=column,
-                        task="",
-                        metric="",
-                        filter="",
-                        setting="",
                         value=float(value),
                         source=str(path),
                     )
@@ -175,11 +134,6 @@ def join_external(
     return pd.concat([keep, ext], ignore_index=True)
 
 
-def _filters(task: str) -> tuple[str, ...] | None:
-    bench = benchmark_of(task)
-    return bench.filters if bench is not None else None
-
-
 SCORE_PREFIX = "score:"
 AUX_SEPARATOR = "__"
 
@@ -190,22 +144,22 @@ def task_score_column(task: str, metric: str, filt: str) -> str:
     return f"{SCORE_PREFIX}{task}:{metric}{suffix}"
 
 
-def task_scores(selected: pd.DataFrame, groups: set[str] | None = None) -> pd.DataFrame:
+def task_scores(selected: pd.DataFrame) -> pd.DataFrame:
     """Primary scores of the tasks outside the Open LLM v1 columns, one column each.
 
-    These are the tasks that are not leaderboard benchmarks, and benchmark
-    tasks run with other shots than the Open LLM v1 setting (GSM8K 2-shot);
-    a benchmark's filters are taken in `Benchmark.filters` order. ``groups``:
-    the scored groups of the whole table (default: `scored_groups` of ``selected``).
+    Tasks that are no benchmark, and benchmarks run outside the v1 setting.
     """
-    groups = scored_groups(selected) if groups is None else groups
+    groups = scored_groups(selected)
     rows = selected[(selected["kind"] == "score") & selected["primary_score"].astype(bool)]
     keep = [
         not in_open_llm_setting(task, shots) and task_unit(task, group, groups) == task
         for task, group, shots in zip(rows["task"], rows["group"], rows["shots"], strict=True)
     ]
     rows = rows[pd.Series(keep, index=rows.index, dtype=bool)]
-    ranked = [_first_filter(part, _filters(task)) for task, part in rows.groupby("task")]
+    ranked = [
+        _first_filter(part, getattr(benchmark_of(task), "filters", None))
+        for task, part in rows.groupby("task")
+    ]
     rows = pd.concat(ranked) if ranked else rows
     rows = rows.drop_duplicates([*IDENTITY, "task"], keep="first")
     if rows.empty:
@@ -217,105 +171,60 @@ def task_scores(selected: pd.DataFrame, groups: set[str] | None = None) -> pd.Da
     return wide[sorted(wide.columns)]
 
 
-def _geometry_lookup(geometry: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    return {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
-
-
 GEOMETRY_ROW_COLUMNS = [*IDENTITY, "task", "metric", "unit", "value", "n", "k_used", "file"]
-
-
-def _value_records(
-    geo: pd.DataFrame,
-    lookup: dict[tuple, dict[str, Any]],
-    by_results: dict[tuple[str, str], dict[str, Any]],
-    groups: set[str],
-    catalogue: Catalogue,
-) -> list[dict[str, Any]]:
-    """`geometry_rows`' value rows of ``geo`` (one per identity, task and metric)."""
-    rows = []
-    for r in geo.to_dict("records"):
-        ident = tuple(r[k] for k in IDENTITY)
-        doc = by_results.get((str(r["file"]), r["task"])) or lookup.get((ident, r["task"]))
-        section = (doc or {}).get(r["base_metric"])  # a plugin's own section, by metric name
-        k_used = section.get("k") if isinstance(section, dict) else None
-        k_used = k_used if k_used is not None else r["k_used"]
-        rows.append(
-            dict(
-                zip(IDENTITY, ident, strict=True),
-                task=r["task"],
-                metric=r["metric"],
-                unit=task_unit(r["task"], r["group"], groups),
-                value=r["value"],
-                n=documents_measured(doc, r["base_metric"], r["n"], catalogue),
-                k_used=math.nan if k_used is None else float(k_used),
-                file=r["file"],
-            )
-        )
-    return rows
-
-
-def _boundary_records(
-    geometry: list[dict[str, Any]],
-    group_of: dict[tuple, str],
-    groups: set[str],
-    catalogue: Catalogue,
-) -> list[dict[str, Any]]:
-    """`geometry_rows`' thought/fixation boundary rows (one per geometry file with a profile)."""
-    rows = []
-    for doc in geometry:
-        profile = boundary_profile(doc.get("profiles") or {}, catalogue.boundary_profiles())
-        if profile is None:
-            continue
-        task = str(doc.get("task", ""))
-        group = group_of.get((*doc["identity"], task), "")
-        rows.append(
-            dict(
-                zip(IDENTITY, doc["identity"], strict=True),
-                task=task,
-                metric=BOUNDARY_COLUMN,
-                unit=task_unit(task, group, groups),
-                value=boundary_depth(profile),
-                n=float(doc.get("n_documents") or math.nan),
-                k_used=math.nan,
-                file=str(doc.get("results_file", "")),
-            )
-        )
-    return rows
-
-
-def _geometry_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS).astype({"value": float, "n": float})
 
 
 def geometry_rows(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
     """One row per (identity, task, metric): value, unit, documents measured, K used.
 
-    A value's geometry file is the one written beside its own results file
-    (``loaded.by_results``), else the newest for its model and task. The
-    thought/fixation boundary is read from the runs' catalogue's boundary
-    profiles. The value rows come first, in ``selected``'s order, then the
-    boundary rows.
+    A value's geometry file is the one beside its own results file, else the
+    newest for its model and task; the thought/fixation boundary rows follow
+    (one per geometry file with a boundary profile of the catalogue).
     """
     catalogue, geometry = loaded.catalogue, loaded.geometry
-    geo = _first_filter(selected[selected["kind"] == "geometry"], None)
-    lookup = _geometry_lookup(geometry)
+    lookup = {(tuple(g["identity"]), str(g.get("task"))): g for g in geometry}
     groups = scored_groups(selected)
     keys = selected[[*IDENTITY, "task"]].itertuples(index=False, name=None)
     group_of = dict(zip(keys, selected["group"], strict=True))
-    rows = _value_records(geo, lookup, loaded.by_results, groups, catalogue)
-    rows += _boundary_records(geometry, group_of, groups, catalogue)
-    return _geometry_frame(rows)
+    rows = []
+    for r in _first_filter(selected[selected["kind"] == "geometry"], None).to_dict("records"):
+        ident, task, base = tuple(r[k] for k in IDENTITY), r["task"], r["base_metric"]
+        doc = loaded.by_results.get((str(r["file"]), task)) or lookup.get((ident, task))
+        section = (doc or {}).get(base)  # a plugin's own section, by metric name
+        k_used = section.get("k") if isinstance(section, dict) else None
+        k_used = k_used if k_used is not None else r["k_used"]
+        n = documents_measured(doc, base, r["n"], catalogue)
+        unit = task_unit(task, r["group"], groups)
+        k_used = math.nan if k_used is None else float(k_used)
+        rows.append((*ident, task, r["metric"], unit, r["value"], n, k_used, r["file"]))
+    for doc in geometry:
+        profile = boundary_profile(doc.get("profiles") or {}, catalogue.boundary_profiles())
+        if profile is not None:
+            task = str(doc.get("task", ""))
+            unit = task_unit(task, group_of.get((*doc["identity"], task), ""), groups)
+            n = float(doc.get("n_documents") or math.nan)
+            rows.append(
+                (
+                    *doc["identity"],
+                    task,
+                    BOUNDARY_COLUMN,
+                    unit,
+                    boundary_depth(profile),
+                    n,
+                    math.nan,
+                    str(doc.get("results_file", "")),
+                )
+            )
+    frame = pd.DataFrame(rows, columns=GEOMETRY_ROW_COLUMNS)
+    return frame.astype({"value": float, "n": float})
 
 
 def build_leaderboard(
     selected: pd.DataFrame, scores: pd.DataFrame, loaded: LoadedResults
 ) -> tuple[pd.DataFrame, TaskSets]:
-    """Assemble ``leaderboard.csv`` (see the module docstring) and its geometry task sets.
+    """``leaderboard.csv`` from the newest values, the benchmark scores and the folder's files.
 
-    Args:
-        selected: the newest values (`newest_values`).
-        scores: benchmark scores (`benchmark_scores`, `join_external`).
-        loaded: the folder's files (shapes, geometry files, runs and catalogue).
+    Returns the table and its geometry `TaskSets`.
     """
     rows = geometry_rows(selected, loaded)
     wide, sets = geometry_table(rows)
@@ -336,12 +245,8 @@ def row_columns(
 ) -> pd.DataFrame:
     """The leaderboard's columns other than geometry, one row per identity of ``selected``.
 
-    Identity, step, shape, the benchmarks present, ``n_benchmarks``,
-    ``average``, the ``score:`` columns and the settings columns
-    (`row_settings`), in that order, in ``selected``'s identity order, counts
-    not yet made integers (`integer_columns`). Every value of a row comes from
-    the row's own values; the scored groups of the whole table are the one
-    input from other rows.
+    Identity, step, shape, the benchmarks, ``n_benchmarks``, ``average``, the
+    ``score:`` columns and the settings columns, in ``selected``'s order.
     """
     ids = selected[IDENTITY].drop_duplicates()
     board = ids.merge(shapes, on=IDENTITY, how="left")
@@ -363,30 +268,23 @@ def row_columns(
     return board.merge(settings.reset_index(), on=IDENTITY, how="left")
 
 
-def whole_numbers(values: pd.Series) -> bool:
-    """Whether every non-missing value is a whole number (so the column can be Int64)."""
-    finite = values.dropna().astype(float)
-    return bool(np.isfinite(finite).all() and (finite % 1 == 0).all())
+def as_counts(values: pd.Series) -> pd.Series:
+    """``values`` as nullable integers when every non-missing one is whole, else unchanged."""
+    numbers = pd.to_numeric(values, errors="coerce")
+    finite = numbers.dropna().astype(float)
+    whole = bool(np.isfinite(finite).all() and (finite % 1 == 0).all())
+    return numbers.round().astype("Int64") if whole else values
 
 
 def integer_columns(board: pd.DataFrame) -> pd.DataFrame:
     """Counts as nullable integers (`INTEGER_COLUMNS` and every ``<metric>__n``)."""
-    counts = [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]
-    for column in counts:
-        values = pd.to_numeric(board[column], errors="coerce")
-        if whole_numbers(values):
-            board[column] = values.round().astype("Int64")
+    for column in [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]:
+        board[column] = as_counts(board[column])
     return board
 
 
 def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
-    """Per-task geometry: scalars (``layer`` empty) and per-layer profiles from geometry files.
-
-    ``n`` of a scalar is the number of documents it was measured on (a sampled
-    metric's sample, not the task size); of a profile entry, the documents
-    with a finite value at that layer. ``layer`` numbers a profile by its
-    catalogue axis, the same for every plugin: states 0..L, blocks 1..L.
-    """
+    """Per-task geometry: scalars (``layer`` empty) and per-layer profiles (docs/report.md)."""
     rows = geometry_rows(selected, loaded)
     rows = rows[rows["metric"] != BOUNDARY_COLUMN]
     stderr = _first_filter(selected[selected["kind"] == "geometry"], None)
@@ -400,20 +298,14 @@ def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame
     parts = [p for p in parts if len(p)]
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=LONG_COLUMNS)
     out["layer"] = out["layer"].astype("Int64")
-    counts = pd.to_numeric(out["n"], errors="coerce")
-    if whole_numbers(counts):
-        out["n"] = counts.round().astype("Int64")
+    out["n"] = as_counts(out["n"])
     return out.sort_values(
         [*IDENTITY, "task", "metric", "layer"], kind="stable", na_position="first"
     ).reset_index(drop=True)
 
 
 def _profile_rows(geometry: list[dict[str, Any]], catalogue: Catalogue) -> pd.DataFrame:
-    """Every per-layer profile entry of ``geometry`` as rows of ``LONG_COLUMNS``.
-
-    Built as plain lists and turned into one DataFrame at the end (a frame
-    per profile cost seconds on a campaign of 50 models x 10 tasks).
-    """
+    """Every per-layer profile entry of ``geometry`` as rows of ``LONG_COLUMNS``."""
     columns: dict[str, list] = {c: [] for c in LONG_COLUMNS}
     for item in geometry:
         identity, task = item["identity"], item.get("task", "")
@@ -466,10 +358,8 @@ def settings_messages(
 ) -> list[str]:
     """Everything the leaderboard combines across settings, one message each.
 
-    Tasks of one row run in different settings (`setting_conflicts`: the
-    other settings' values are left out), rows that combine metric options
-    (`mixed_messages`), and tasks measured in different settings on
-    different rows (`cross_row_messages`).
+    `setting_conflicts` (values left out), `mixed_messages` (rows combining
+    metric options) and `cross_row_messages` (a task in several settings).
     """
     table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
     return setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)

@@ -1,10 +1,6 @@
 """The leaderboard written after each run: ``<folder>/leaderboard.csv``, rebuilt whole.
 
-The same table as the report's ``leaderboard.csv``
-(`lm_coupling.report.leaderboard.build_leaderboard`), without the statistics
-and figures; it needs pandas only. Every call reads the whole folder: there
-is no index to keep in step (docs/benchmarks.md gives its time on a large
-folder).
+The report's ``leaderboard.csv`` without statistics or figures (pandas only).
 """
 
 from __future__ import annotations

@@ -1,39 +1,12 @@
 """Find and parse the files of lm-eval runs (with and without ``--metrics``).
 
-A run writes, under ``<output_path>/<model_name_sanitized>/``, lm-eval's
-``results_<timestamp>.json``, ``samples_<task>_<timestamp>.jsonl`` (with
-``--log_samples``) and lm-coupling's ``geometry_<task>_<timestamp>.json``
-(see docs/outputs.md). A row of the report is one model identity
-``(model, revision, dtype)``:
-
-- model: ``config.model_args["pretrained"]`` (else ``model_name``); a local
-  path is shown by its shortest tail of at least two folder names that no
-  other model of the report shares (``/scratch/me/fam/tiny`` -> ``fam/tiny``;
-  `display_names`); the full path stays in ``provenance.csv``
-  (``model_path``). Hub names (``org/name``) are kept as they are;
-- revision: ``config.model_revision``, else ``revision=`` in the model
-  arguments, else ``"main"``. A local model folder whose last name is a
-  checkpoint name (``step512``, ``step-512``, ``step_512``,
-  ``checkpoint-2000``, ``ckpt_3``, ``iter100``, ``global_step100``; the whole
-  name, nothing else in it) becomes model = its parent folder, revision = that
-  name, so the checkpoints of one training run are revisions of one model, as
-  Pythia's hub revisions are. Nothing else is merged: ``run_step5_final``
-  or two folders with different parents stay different models;
-- dtype: ``config.model_dtype``, else ``dtype=`` in the model arguments,
-  else ``"auto"``; a ``torch.`` prefix is dropped.
-
-Each value carries the setting of its task in its run (shots, limit:
-`lm_coupling.report.settings`); which of several runs' values the report
-uses is decided by `lm_coupling.report.newest.newest_values`. A run's time is
-the timestamp in the file name, else the results ``date``, else the file's
-modification time. Broken or partial files are skipped with a
+Reads ``results_<timestamp>.json``, ``samples_<task>_<timestamp>.jsonl`` and
+``geometry_<task>_<timestamp>.json`` under a folder (docs/outputs.md). A row
+is one model identity ``(model, revision, dtype)``, by the rules of
+docs/report.md, "Rows"; what each metric is comes from the catalogue each
+run recorded (`lm_coupling.catalogue`), else the installed plugins' (with a
+`CatalogueWarning`). Broken or partial files are skipped with a
 `ReportWarning` naming them.
-
-What each metric is (label, bounds, profile axes, K option, sampled or not)
-comes from the catalogue each run recorded (``config.lm_coupling.catalogue``,
-`lm_coupling.catalogue`). A results file written before runs recorded one
-(lm-coupling 0.x) is read with the installed plugins' catalogue, and a
-`CatalogueWarning` names the files so read.
 """
 
 from __future__ import annotations
@@ -95,20 +68,17 @@ class LoadedResults:
     """Everything read from a results folder.
 
     Attributes:
-        values: long table of every (task, metric, filter) value of every run,
-            columns ``VALUE_COLUMNS``; ``kind`` is "score" or "geometry".
+        values: every (task, metric, filter) value of every run (``VALUE_COLUMNS``;
+            ``kind`` "score" or "geometry").
         shapes: one row per identity: ``n_params``, ``n_layers``, ``d_model``.
         runs: the parsed results files.
         geometry: parsed geometry files, newest per (identity, task).
         skipped: the files skipped, with the reason.
         paths: display name -> full model name or path (`display_names`).
-        by_results: every geometry file, keyed by (its results file, task), so
-            that a value is matched to the geometry file of its own run (runs
-            at two K settings each keep their own ``coupling.k``).
-        catalogue: the metrics and profiles of every run (`RunFile.catalogue`
-            merged, the newest run's description of a name winning).
-        notes: what the report should say about how the files were read (a
-            catalogue taken from the installed plugins).
+        by_results: every geometry file by (its results file, task): a value's
+            own run's file (runs at two K each keep their ``coupling.k``).
+        catalogue: every run's catalogue merged, the newest run's winning.
+        notes: what the summary says about how the files were read.
     """
 
     values: pd.DataFrame
@@ -150,7 +120,7 @@ def normalize_dtype(dtype: Any) -> str:
 
 
 def run_identity(data: dict[str, Any]) -> tuple[str, str, str]:
-    """The (model, revision, dtype) of an lm-eval results JSON (see the module docstring)."""
+    """The (model, revision, dtype) of an lm-eval results JSON (docs/report.md, "Rows")."""
     config = data.get("config") or {}
     args = _model_args(config)
     model = args.get("pretrained") or args.get("model") or data.get("model_name") or "unknown"
@@ -162,12 +132,7 @@ def run_identity(data: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def _split_local_checkpoint(model: str, revision: str) -> tuple[str, str]:
-    """``/runs/tiny/step400`` (revision main) -> (``/runs/tiny``, ``step400``).
-
-    Local checkpoints of one training run are revisions of one model, as hub
-    revisions such as Pythia's ``step1000`` are. Only a last folder name that
-    is wholly a checkpoint name (``_CHECKPOINT``) is split off.
-    """
+    """``/runs/tiny/step400`` (revision main) -> (``/runs/tiny``, ``step400``)."""
     path = model.rstrip("/")
     head, _, last = path.rpartition("/")
     if revision == "main" and head and _CHECKPOINT.match(last) and parse_step(last) is not None:
@@ -183,11 +148,10 @@ def is_local_path(model: str) -> bool:
 
 
 def display_names(models: list[str]) -> dict[str, str]:
-    """Short names for the report: the shortest unique tail of a local path (>= 2 folders).
+    """Short names: the shortest unique tail of >= 2 folders of a local path; others kept.
 
-    Hub ids and bare names are kept. Two paths that share a tail get longer
-    tails until they differ (a path that cannot be told apart keeps its full
-    name), so different folders never merge.
+    Two paths that share a tail get longer tails until they differ (or keep
+    their full name), so different folders never merge.
     """
     unique = list(dict.fromkeys(models))
     parts = {
@@ -290,14 +254,10 @@ def k_setting_name(
 ) -> str:
     """``coupling`` run with option k = 10 -> ``coupling_k10`` (0.1 -> ``coupling_k0.1``).
 
-    The name carries the K that was asked for: ``requested`` (the results'
-    ``options_requested``, present where the model changed the K) wins over
-    ``options`` (the K used), so ``k=100`` on a model of width 48 is in
-    column ``coupling_k100`` (its ``__k_used`` says 47) and ``k=0.1`` is
-    ``coupling_k0.1`` on every model. The option is the metric's
-    ``k_option`` in ``catalogue`` (default: the installed plugins'). A
-    metric without a K option, or a run that did not record the option,
-    keeps its name.
+    The name carries the K asked for (``requested``, the results'
+    ``options_requested``) over the K used (``options``); the option is the
+    metric's ``k_option`` in ``catalogue`` (default: the installed plugins').
+    A metric without a K option, or a run that did not record it, keeps its name.
     """
     catalogue = catalogue if catalogue is not None else Catalogue.installed()
     option = catalogue.k_option(metric)
@@ -310,12 +270,10 @@ def k_setting_name(
 
 
 def primary_score_metric(run: RunFile, task: str) -> str | None:
-    """The score metric of a task: the leaderboard metric of a benchmark, else lm-eval's first.
+    """The score metric of a task: a benchmark's leaderboard metric, else lm-eval's first.
 
-    For a task that is not one of the six leaderboard benchmarks this is the
-    first metric of lm-eval's ``higher_is_better`` table for the task (the
-    first metric of its ``metric_list``) that is not geometry and has a value;
-    without that table, the first such metric in the results entry.
+    lm-eval's first: the first non-geometry metric with a value in the task's
+    ``higher_is_better`` table (its ``metric_list`` order), else in its results.
     """
     entry = run.results.get(task, {})
     present = {k.split(",", 1)[0] for k, v in entry.items() if "," in k and _is_number(v)}
@@ -338,7 +296,7 @@ def primary_score_metric(run: RunFile, task: str) -> str | None:
 
 def _k_used(value: Any) -> float:
     """An integer K as recorded in the options used; NaN for none or a fraction (old files)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not _is_number(value):
         return math.nan
     return float(value) if float(value).is_integer() and value >= 1 else math.nan
 
@@ -360,9 +318,8 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
                 continue
             geometry = is_geometry_metric(metric, run.declared, run.catalogue)
             kind = "geometry" if geometry else "score"
-            stderr = _as_float(entry.get(f"{metric}_stderr,{filt}"))
             name = metric
-            if kind == "geometry":
+            if geometry:
                 name = k_setting_name(metric, run.options, run.options_requested, run.catalogue)
             setting = run.settings.get(task) or TaskSetting(None, None)
             rows.append(
@@ -375,7 +332,7 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
                     group=run.parents.get(task, ""),
                     filter=filt,
                     value=float(value),
-                    stderr=stderr,
+                    stderr=_as_float(entry.get(f"{metric}_stderr,{filt}")),
                     n=n,
                     kind=kind,
                     file=str(run.path),
@@ -389,23 +346,12 @@ def _run_values(run: RunFile) -> list[dict[str, Any]]:
     return rows
 
 
-def _attach_samples(run: RunFile) -> None:
-    match = _TIMESTAMP.search(run.path.name)
-    if not match:
-        return
-    for task in run.results:
-        path = run.path.with_name(f"samples_{task}_{match.group(1)}.jsonl")
-        if path.exists():
-            run.samples[task] = path
-
-
 def _parse_geometry(
     path: Path, runs_by_file: dict[Path, RunFile], names: dict[str, str]
 ) -> dict[str, Any]:
     data = json.loads(path.read_text())
-    if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
-        "lm_coupling.geometry/"
-    ):
+    schema = str(data.get("schema", "")) if isinstance(data, dict) else ""
+    if not schema.startswith("lm_coupling.geometry/"):
         raise ValueError("not an lm_coupling.geometry file (no 'schema')")
     model = data.get("model") or {}
     match = _TIMESTAMP.search(path.name)
@@ -418,13 +364,8 @@ def _parse_geometry(
         )
         identity = (names.get(name, name), revision, normalize_dtype(model.get("dtype")))
     results_file = str(sibling) if sibling in runs_by_file else ""
-    return dict(
-        data,
-        identity=identity,
-        path=str(path),
-        timestamp=file_timestamp(path),
-        results_file=results_file,
-    )
+    stamp = file_timestamp(path)
+    return dict(data, identity=identity, path=str(path), timestamp=stamp, results_file=results_file)
 
 
 def _skip(path: Path, reason: str, skipped: list[str]) -> None:
@@ -447,7 +388,7 @@ def _shapes(runs: list[RunFile], geometry: list[dict[str, Any]]) -> pd.DataFrame
 
 
 def load_results(results_dir: str | Path) -> LoadedResults:
-    """Read every results, samples and geometry file under ``results_dir`` (recursively).
+    """Read every results, samples and geometry file under ``results_dir``, recursively.
 
     Raises:
         ReportInputError: the folder does not exist or holds no readable results file.
@@ -473,8 +414,12 @@ def load_results(results_dir: str | Path) -> LoadedResults:
         raise ReportInputError(
             f"no lm-eval results_*.json under {root}; run lm_eval with --output_path {root} first"
         )
-    for run in runs:
-        _attach_samples(run)
+    for run in runs:  # each run's samples files, beside it with its timestamp
+        match = _TIMESTAMP.search(run.path.name)
+        for task in run.results if match else ():
+            path = run.path.with_name(f"samples_{task}_{match.group(1)}.jsonl")
+            if path.exists():
+                run.samples[task] = path
     from lm_coupling.report.row_identity import separate_models
 
     separate_models(runs)  # different models under one name never share a row
@@ -490,13 +435,17 @@ def load_results(results_dir: str | Path) -> LoadedResults:
         except (OSError, ValueError, AttributeError) as exc:
             _skip(path, str(exc), skipped)
             continue
-        keep_geometry(geo, newest, by_results)
+        key = (geo["identity"], geo.get("task"))
+        if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
+            newest[key] = geo
+        if geo["results_file"]:
+            by_results[(geo["results_file"], str(geo.get("task")))] = geo
     rows = [row for run in runs for row in _run_values(run)]
     values = pd.DataFrame(rows, columns=VALUE_COLUMNS)
     geometry = list(newest.values())
     paths = {short: full for full, short in names.items()}
-    shapes = _shapes(runs, geometry)
     catalogue, notes = _catalogue(runs)
+    shapes = _shapes(runs, geometry)
     return LoadedResults(
         values, shapes, runs, geometry, skipped, paths, by_results, catalogue, notes
     )
@@ -519,12 +468,3 @@ def _catalogue(runs: list[RunFile]) -> tuple[Catalogue, list[str]]:
     )
     warnings.warn(note, CatalogueWarning, stacklevel=3)
     return merged, [note]
-
-
-def keep_geometry(geo: dict[str, Any], newest: dict[tuple, Any], by_results: dict) -> None:
-    """File a parsed geometry file: the newest per (model, task), and by its results file."""
-    key = (geo["identity"], geo.get("task"))
-    if key not in newest or geo["timestamp"] > newest[key]["timestamp"]:
-        newest[key] = geo
-    if geo["results_file"]:
-        by_results[(geo["results_file"], str(geo.get("task")))] = geo

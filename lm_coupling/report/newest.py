@@ -1,23 +1,10 @@
 """Which of several runs' values the report uses: one setting per task, then the newest run.
 
-Two runs of one model may measure a task in different settings (shots,
-``--limit``: `lm_coupling.report.settings`). Their values are not
-comparable, so a row never takes one metric of a task from one setting and
-another from the other (the score of a 2-shot, 4-document rerun beside the
-geometry of the full 0-shot run). The rule, per (model, revision, dtype,
-task):
-
-1. the setting of the newest run that has the task is the task's setting,
-   except that a complete run wins over a ``--limit`` run with the same
-   shots (`task_setting`): a smoke test on a few documents never stands in
-   for a complete run;
-2. among the runs in that setting, the newest run wins per (metric, filter),
-   so a rerun without ``--metrics`` keeps the geometry of an earlier run of
-   the same setting;
-3. the values of runs in other settings are left out: ``provenance.csv``
-   says ``status`` "other setting", and `setting_conflicts` says which
-   values were dropped (the report and the leaderboard after each run turn each into
-   a `SettingsWarning`).
+Per (model, revision, dtype, task): the newest run's setting, except that a
+complete run wins over a ``--limit`` run with the same shots; among runs in
+that setting, the newest wins per (metric, filter); runs in other settings
+are left out, ``status`` "other setting" in ``provenance.csv``, and
+`setting_conflicts` says so (docs/report.md, "Settings", rule 1).
 """
 
 from __future__ import annotations
@@ -44,15 +31,8 @@ OTHER_SETTING = "other setting"
 def task_setting(ordered: pd.DataFrame, task_keys: list[str]) -> pd.DataFrame:
     """Per task key, the setting its values are taken from (columns ``task_keys + setting``).
 
-    The newest run's setting, except that when the newest run of a task is
-    limited and a complete run with its shots exists, the newest complete
-    run's setting is the task's. A task measured only on ``--limit`` runs
-    keeps them, and the row names it in its ``limited`` column.
-
-    Args:
-        ordered: the values sorted by time, oldest first, with ``shots``,
-            ``limit`` and ``setting`` columns.
-        task_keys: the identity columns and ``task``.
+    The newest run's, unless it is limited and a complete run with its shots
+    exists (then the newest complete run's). ``ordered``: the values, oldest first.
     """
     newest = ordered.drop_duplicates(task_keys, keep="last")[
         [*task_keys, "shots", "limit", "setting"]
@@ -71,15 +51,9 @@ def newest_values(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Keep, per task, the newest setting's values; per (metric, filter), the newest run's.
 
-    Args:
-        values: `LoadedResults.values`.
-        paths: display name -> full model path (``model_path`` column).
-
-    Returns:
-        ``(selected, provenance)``: the winning rows, and one provenance row
-        per (identity, task, file) with its setting, the metrics it supplied
-        and ``status`` "used", "superseded" (a newer run of the same setting
-        gave every value) or "other setting" (see the module docstring).
+    Returns ``(selected, provenance)``: the winning rows of `LoadedResults.values`,
+    and one ``provenance.csv`` row per (identity, task, file); ``paths`` gives
+    its ``model_path``.
     """
     task_keys = [*IDENTITY, "task"]
     keys = [*task_keys, "metric", "filter"]
@@ -89,8 +63,6 @@ def newest_values(
     same = ordered["setting"] == ordered["_task_setting"]
     selected = ordered[same].drop_duplicates(keys, keep="last")
     selected = selected.drop(columns="_task_setting").reset_index(drop=True)
-    # The metrics each (file, task) supplied, grouped once (not one filter of the whole
-    # table per group: that made the leaderboard quadratic in the folder's runs).
     supplied = {key: set(metrics) for key, metrics in selected.groupby(["file", "task"])["metric"]}
     groups = ordered.groupby([*task_keys, "file", "timestamp"], sort=False)
     prov = []
@@ -101,21 +73,10 @@ def newest_values(
             status = OTHER_SETTING
         else:
             status = "superseded"
-        names = sorted(supplied[file, task] if status == "used" else set(group["metric"]))
-        prov.append(
-            dict(
-                model=model,
-                revision=rev,
-                dtype=dtype,
-                model_path=(paths or {}).get(model, model),
-                task=task,
-                file=file,
-                date=datetime.fromtimestamp(ts).isoformat(timespec="seconds"),
-                setting=str(group["setting"].iloc[0]),
-                status=status,
-                metrics=";".join(names),
-            )
-        )
+        names = ";".join(sorted(supplied[file, task] if status == "used" else set(group["metric"])))
+        date = datetime.fromtimestamp(ts).isoformat(timespec="seconds")
+        setting, path = str(group["setting"].iloc[0]), (paths or {}).get(model, model)
+        prov.append((model, rev, dtype, path, task, file, date, setting, status, names))
     return selected, pd.DataFrame(prov, columns=PROVENANCE_COLUMNS)
 
 
@@ -123,19 +84,13 @@ def setting_conflicts(provenance: pd.DataFrame) -> list[str]:
     """One message per (identity, task) whose runs were in different settings.
 
     Each names the setting used (and its file), and each left-out setting with
-    its file and the metrics it had, so a user sees which values a rerun in a
-    new setting dropped.
+    its file and the metrics it had.
     """
     messages = []
     other = provenance[provenance["status"] == OTHER_SETTING]
+    used = provenance[provenance["status"] == "used"].groupby([*IDENTITY, "task"])
     for (model, rev, dtype, task), dropped in other.groupby([*IDENTITY, "task"], sort=True):
-        rows = provenance[
-            (provenance["model"] == model)
-            & (provenance["revision"] == rev)
-            & (provenance["dtype"] == dtype)
-            & (provenance["task"] == task)
-            & (provenance["status"] == "used")
-        ]
+        rows = used.get_group((model, rev, dtype, task))
         kept = "; ".join(f"{r.setting} ({r.file})" for r in rows.itertuples())
         left = "; ".join(f"{r.setting} ({r.file}: {r.metrics})" for r in dropped.itertuples())
         name = model if rev == "main" else f"{model}@{rev}"

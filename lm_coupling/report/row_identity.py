@@ -1,15 +1,10 @@
 """Two different models filed under one name never share a leaderboard row.
 
-A row is one model identity ``(model, revision, dtype)`` (`lm_coupling.report.
-loading`). Two runs with one identity are runs of one model only when what
-they recorded of the model agrees: its parameter count and layer count
-(``config.lm_coupling.model_shape``, lm-eval's ``model_num_parameters``) and,
-for a model evaluated from memory, its weights fingerprint
-(``config.model_args["weights"]``, `lm_coupling.harness.model_identity`).
-Runs that disagree are kept apart: each model's rows get the name with what
-tells them apart (``P [weights 1a2b3c4d]``, ``P [3 layers, 87104 params]``),
-and a `ReportWarning` says how to name them. A field one run did not record
-never splits.
+Runs with one identity are one model only when what they recorded agrees:
+weights fingerprint (an in-memory model, `lm_coupling.harness.model_identity`),
+parameter and layer counts. Runs that disagree are renamed
+``P [weights 1a2b3c4d]`` or ``P [3 layers, 87104 params]``, with a
+`ReportWarning`; a field one run did not record never splits.
 """
 
 from __future__ import annotations
@@ -54,12 +49,9 @@ def _label(signature: dict[str, Any], differing: set[str]) -> str:
 def separate_models(runs: list[Any]) -> list[str]:
     """Give runs of different models filed under one identity identities of their own.
 
-    Runs are grouped by identity; within a group, a run joins the first model
-    (in time order) whose signature it does not contradict. When a group holds
-    more than one model, every run of it is renamed ``<model> [<what differs>]``.
-
-    Returns:
-        One message per split identity (also issued as a `ReportWarning`).
+    Within an identity, a run joins the first model (in time order) whose
+    signature it does not contradict; with several models, every run is
+    renamed ``<model> [<what differs>]``. Returns one message per split (also warned).
     """
     groups: dict[tuple, list[Any]] = {}
     for run in sorted(runs, key=lambda r: r.timestamp):

@@ -1,27 +1,11 @@
 """What each leaderboard row was measured with: shots, limit and metric options.
 
-Columns added to ``leaderboard.csv`` (one value per row):
-
-- ``settings``: the setting of each task (unit) of the row, grouped by
-  setting: ``25-shot: arc_challenge; 5-shot, limit 4: gsm8k``;
-- ``limited``: the units whose values rest on a ``--limit`` subset
-  (``;``-separated, empty when none);
-- ``metric_options``: the geometry options of the row's runs
-  (``coupling_docs=25, k=47 (asked 100), norm=l1, ...``); runs with
-  different options are listed one after the other, separated by ``|``;
-- ``mixed_settings``: what the row combines, empty when nothing: for each
-  geometry column fed by runs whose metric options differ (other than K,
-  which names the column, the sample size ``coupling_docs`` and the
-  numerical route ``jacobian_*``), the column and the values seen, such as
-  ``coupling_k10: norm=l1/l2``. Every such row also gives a
-  `SettingsWarning` (`mixed_messages`).
-
-Within one task the settings never mix (`lm_coupling.report.newest`).
+The columns ``settings``, ``limited``, ``metric_options`` and
+``mixed_settings`` of ``leaderboard.csv`` (docs/report.md, "Settings"), and
+the summary's notes and warnings about them.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import pandas as pd
 
@@ -78,42 +62,20 @@ def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
     return "; ".join(parts)
 
 
-def _row_records(
-    selected: pd.DataFrame, by_file: dict[str, RunFile], groups: set[str]
-) -> dict[tuple, dict[str, Any]]:
-    """The `ROW_SETTING_COLUMNS` of every identity in ``selected``, by identity."""
-    records: dict[tuple, dict[str, Any]] = {}
+def row_settings(selected: pd.DataFrame, runs: list[RunFile]) -> pd.DataFrame:
+    """The `ROW_SETTING_COLUMNS` of every row of ``selected`` (`newest_values`), by identity."""
+    by_file = {str(run.path): run for run in runs}
+    groups = scored_groups(selected)
+    records, index = [], []
     for identity, rows in selected.groupby(IDENTITY, sort=False):
         settings, limited = _settings_text(rows, groups)
         geometry = rows[rows["kind"] == "geometry"]
         options = _options_of(list(dict.fromkeys(geometry["file"])), by_file)
-        records[tuple(identity)] = dict(
-            settings=settings,
-            limited=limited,
-            metric_options=" | ".join(options_text(u, r) for u, r in options),
-            mixed_settings=_mixed_text(geometry, by_file),
-        )
-    return records
-
-
-def row_settings(
-    selected: pd.DataFrame, runs: list[RunFile], groups: set[str] | None = None
-) -> pd.DataFrame:
-    """The `ROW_SETTING_COLUMNS` of every row, indexed by identity (see the module docstring).
-
-    Args:
-        selected: the values the leaderboard uses (`newest_values`).
-        runs: the parsed results files (their options and settings).
-        groups: the scored groups of the whole table (default: `scored_groups` of
-            ``selected``).
-    """
-    by_file = {str(run.path): run for run in runs}
-    groups = scored_groups(selected) if groups is None else groups
-    ids = selected[IDENTITY].drop_duplicates()
-    built = _row_records(selected, by_file, groups)
-    records = [built[identity] for identity in ids.itertuples(index=False, name=None)]
+        used = " | ".join(options_text(u, r) for u, r in options)
+        records.append((settings, limited, used, _mixed_text(geometry, by_file)))
+        index.append(tuple(identity))
     frame = pd.DataFrame(records, columns=ROW_SETTING_COLUMNS)
-    frame.index = pd.MultiIndex.from_frame(ids)
+    frame.index = pd.MultiIndex.from_frame(pd.DataFrame(index, columns=IDENTITY))
     return frame
 
 
@@ -187,12 +149,7 @@ def setting_notes(board: pd.DataFrame, selected: pd.DataFrame) -> list[str]:
 
 
 def cross_row_messages(selected: pd.DataFrame) -> list[str]:
-    """One message per task measured in different settings on different rows.
-
-    Each row is consistent in itself, but a column that holds such a task
-    (its score, or a geometry mean over it) compares values measured
-    differently across models.
-    """
+    """One message per task measured in different settings on different rows."""
     messages = []
     per_row = selected.drop_duplicates([*IDENTITY, "task"])
     for task, rows in per_row.groupby("task", sort=True):

@@ -1,21 +1,7 @@
 """The setting each value of the report was measured with, read from lm-eval's results JSON.
 
-A run measures a task in a setting:
-
-- **shots**: ``n-shot[task]`` of the results JSON, else
-  ``configs[task].num_fewshot`` (a group without either takes the shots of
-  its subtasks when they agree);
-- **limit**: the documents evaluated when ``--limit`` cut the task short,
-  ``n-samples[task].effective`` when it is below ``original`` (a ``--limit``
-  above the task's size changes nothing and is no limit), else
-  ``config.limit`` when that is set; None for a complete task. A group is
-  limited when any of its subtasks is;
-- **metric options**: ``config.lm_coupling.options`` (each K as used on the
-  model) and ``options_requested`` (the K that was asked for, present only
-  where the model changed it: ``k=100`` on ``d_model`` 48 runs at 47).
-
-Two values of one task are comparable only in one setting; the rule that
-enforces it is `lm_coupling.report.loading.newest_values`.
+Shots, limit and metric options, as docs/report.md ("Settings") defines
+them; the rule that keeps one setting per task is `lm_coupling.report.newest`.
 """
 
 from __future__ import annotations
@@ -44,16 +30,9 @@ class TaskSetting:
         return text
 
 
-def _as_int(value: Any) -> int | None:
+def _parsed(value: Any, kind: type = float) -> Any:
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _limit(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value)
+        return None if value is None else kind(value)
     except (TypeError, ValueError):
         return None
 
@@ -63,17 +42,17 @@ def task_settings(data: dict[str, Any], tasks: list[str]) -> dict[str, TaskSetti
     n_shot = data.get("n-shot") or {}
     configs = data.get("configs") or {}
     samples = data.get("n-samples") or {}
-    limit = _limit((data.get("config") or {}).get("limit"))
+    limit = _parsed((data.get("config") or {}).get("limit"))
     children: dict[str, list[str]] = {}
     for group, subtasks in (data.get("group_subtasks") or {}).items():
         children[str(group)] = [str(t) for t in subtasks] if isinstance(subtasks, list) else []
 
     def own(task: str) -> TaskSetting | None:
-        shots = _as_int(n_shot.get(task))
+        shots = _parsed(n_shot.get(task), int)
         if shots is None:
-            shots = _as_int((configs.get(task) or {}).get("num_fewshot"))
+            shots = _parsed((configs.get(task) or {}).get("num_fewshot"), int)
         count = samples.get(task) or {}
-        original, effective = _limit(count.get("original")), _limit(count.get("effective"))
+        original, effective = _parsed(count.get("original")), _parsed(count.get("effective"))
         if original is not None and effective is not None:
             cut = effective if effective < original else None
         elif task in configs or task in n_shot:
@@ -100,11 +79,8 @@ def task_settings(data: dict[str, Any], tasks: list[str]) -> dict[str, TaskSetti
 def metric_options(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(options used, options requested where changed)`` of a run's geometry metrics."""
     lmc = (data.get("config") or {}).get("lm_coupling") or {}
-    used = lmc.get("options")
-    asked = lmc.get("options_requested")
-    return (dict(used) if isinstance(used, dict) else {}), (
-        dict(asked) if isinstance(asked, dict) else {}
-    )
+    used, asked = lmc.get("options"), lmc.get("options_requested")
+    return tuple(dict(x) if isinstance(x, dict) else {} for x in (used, asked))
 
 
 def options_text(options: dict[str, Any], requested: dict[str, Any] | None = None) -> str:
@@ -122,11 +98,9 @@ def options_text(options: dict[str, Any], requested: dict[str, Any] | None = Non
 def differing_options(
     runs: list[dict[str, Any]], sample_options: frozenset[str]
 ) -> dict[str, list[Any]]:
-    """Option keys present in several of ``runs`` with different values -> the values seen.
+    """Option keys with different values in ``runs`` -> the values seen.
 
-    Only options that change what a metric measures are compared: ``sample_options``
-    (those sizing a sampled metric's sample, from the runs' catalogues:
-    `Catalogue.sample_options`) and the numerical routes (``jacobian_*``) are left out.
+    ``sample_options`` (`Catalogue.sample_options`) and numerical routes are left out.
     """
     seen: dict[str, list[Any]] = {}
     for options in runs:

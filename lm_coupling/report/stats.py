@@ -1,31 +1,17 @@
-"""Across-model correlations of geometry with benchmark scores.
+"""Across-model correlations of geometry with benchmark scores (``correlations.csv``).
 
-Every function returns a tidy DataFrame with the columns listed in its
-docstring (``CORRELATION_COLUMNS``). Estimator: OLS of the score on the metric
-with HC3 heteroskedasticity-robust errors (``estimator = "OLS-HC3"``); the
-p-values of the whole family are adjusted with Holm's step-down method
-(``correction = "holm"``). The bootstrap resamples models with replacement
-(``numpy.random.default_rng(seed)``, ``N_BOOT`` draws) and gives the
-percentile 95% interval of the OLS slope; draws whose metric column is
-constant are dropped (``n_boot`` counts the draws kept).
+Estimator: OLS of the score on the metric with HC3 robust errors; p-values
+of the whole family Holm-adjusted. The bootstrap resamples models with
+replacement (``numpy.random.default_rng(seed)``, ``N_BOOT`` draws; draws with
+a constant metric are dropped, ``n_boot`` counts those kept) and gives the
+percentile 95% interval of the slope. Below ``MIN_MODELS`` (5) models a pair
+gets no fit, p-value or Holm adjustment, and ``reason`` says why.
 
-Minimum number of models: a pair measured on fewer than ``MIN_MODELS`` (5)
-models gets no fit, no p-value and no Holm adjustment: every statistic is
-NaN and ``reason`` says why (with four points an OLS line has two residual
-degrees of freedom, and one model decides the slope). The same constant
-gates `controls.csv` and the figures.
-
-Influence: ``cooks_d_max`` is the largest Cook's distance of the OLS fit
-(statsmodels ``OLSInfluence``; infinite for a point of leverage 1) and
-``cooks_d_model`` the model it belongs to; ``influential`` is True when it
-exceeds ``COOKS_THRESHOLD`` = 1 (Cook and Weisberg's conventional cut-off:
-removing that one model moves the fitted line by more than the whole
-fit's 50% confidence region), and
-``r2_without`` is the R^2 of the fit refitted without that model. Read the
-rank statistics (Spearman, Kendall) beside OLS for such a row: they do not
-depend on how far the point lies. ``x_log_scale`` is True when the metric is
-positive and spans more than two decades over the models (the figures then
-use a log axis: expodistance at initialisation).
+Influence: ``cooks_d_max`` is the largest Cook's distance (infinite at
+leverage 1), ``cooks_d_model`` its model, ``influential`` whether it exceeds
+``COOKS_THRESHOLD`` = 1 (Cook and Weisberg's cut-off), ``r2_without`` the R^2
+refitted without that model. ``x_log_scale``: the metric is positive and
+spans more than two decades (the figures use a log axis).
 """
 
 from __future__ import annotations
@@ -43,8 +29,7 @@ N_BOOT = 2000
 MIN_MODELS = 5
 DECADES = 2.0
 COOKS_THRESHOLD = 1.0
-ALPHA = 0.05
-"""Level below which a fit's Holm-adjusted p-value counts as significant (`significant`)."""
+ALPHA = 0.05  # a fit is significant when its Holm-adjusted p is below this (`significant`)
 ESTIMATOR = "OLS-HC3"
 CORRECTION = "holm"
 FIT_COLUMNS = [
@@ -155,15 +140,6 @@ def skip_reason(x: np.ndarray, y: np.ndarray, min_n: int = MIN_MODELS) -> str:
     return ""
 
 
-def ols_hc3(x: np.ndarray, y: np.ndarray):
-    """``statsmodels`` OLS of y on [1, x] with HC3 errors."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import statsmodels.api as sm  # here, not at import (see cooks_distance)
-
-        return sm.OLS(y, sm.add_constant(x, has_constant="add")).fit(cov_type="HC3")
-
-
 def bootstrap_slope(x: np.ndarray, y: np.ndarray, seed: int, n_boot: int = N_BOOT):
     """Percentile 95% interval of the OLS slope over models resampled with replacement.
 
@@ -186,24 +162,22 @@ def bootstrap_slope(x: np.ndarray, y: np.ndarray, seed: int, n_boot: int = N_BOO
 def fit_pair(
     x: np.ndarray, y: np.ndarray, seed: int = 0, labels: list[str] | None = None
 ) -> dict[str, object]:
-    """All across-model statistics of y against x (``FIT_COLUMNS`` plus ``reason``).
+    """All across-model statistics of y (scores) against x (metric): ``FIT_COLUMNS``, ``reason``.
 
-    Args:
-        x: metric of each model.
-        y: score of each model.
-        seed: bootstrap seed.
-        labels: model names (for ``cooks_d_model``).
-
-    Returns:
-        A dict; statistics are NaN and ``reason`` says why when the pair
-        cannot be fitted (fewer than ``MIN_MODELS`` models, or a constant column).
+    Statistics are NaN and ``reason`` says why when the pair cannot be fitted
+    (fewer than ``MIN_MODELS`` models, or a constant column); ``labels`` name
+    the models for ``cooks_d_model``.
     """
     out: dict[str, object] = {c: math.nan for c in FIT_COLUMNS}
     out.update(n=len(x), cooks_d_model="", influential=False, x_log_scale=spans_decades(x))
     out["reason"] = skip_reason(x, y)
     if out["reason"]:
         return out
-    res = ols_hc3(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import statsmodels.api as sm  # here, not at import (see cooks_distance)
+
+        res = sm.OLS(y, sm.add_constant(x, has_constant="add")).fit(cov_type="HC3")
     ci = np.asarray(res.conf_int(alpha=0.05))[1]
     rho, rho_p = stats.spearmanr(x, y)
     tau, tau_p = stats.kendalltau(x, y)
@@ -230,11 +204,7 @@ def fit_pair(
 
 
 def significant(fit) -> bool:
-    """Whether a ``correlations.csv`` row's slope is significant: Holm-adjusted p below `ALPHA`.
-
-    Holm's p, not HC3's: a report scans every metric against every score,
-    and docs/report.md tells the reader to read ``p_holm`` for that reason.
-    """
+    """Whether a ``correlations.csv`` row's Holm-adjusted p (the family's) is below `ALPHA`."""
     p = fit.get("p_holm", math.nan) if fit is not None else math.nan
     return bool(p is not None and math.isfinite(float(p)) and float(p) < ALPHA)
 
@@ -265,10 +235,7 @@ def model_labels(board: pd.DataFrame) -> pd.Series:
 
 
 def resolve_primary(metrics: list[str], primary: str | None) -> str | None:
-    """The metric column the primary test uses: ``primary`` itself, else the first ``primary_*``.
-
-    ``primary`` None: the metric its plugin declares primary (`Catalogue.primary_metric`).
-    """
+    """The primary test's column: ``primary`` (default: the declared one), else a ``primary_*``."""
     if primary is None:
         from lm_coupling.catalogue import Catalogue
 
@@ -289,21 +256,18 @@ def correlations(
     primary_target: str = "average",
     task_sets: dict[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Every geometry metric against every score column.
+    """Every geometry metric against every score column (``CORRELATION_COLUMNS``).
 
     Args:
-        board: the leaderboard, one row per model.
+        board: the leaderboard, one row per independent model.
         metrics: geometry columns.
-        targets: score columns (benchmarks, ``average``, per-task scores).
+        targets: score columns.
         primary: metric of the primary test (default: the declared one).
-        seed: bootstrap seed (the same seed for every pair).
+        seed: bootstrap seed (the same for every pair).
         primary_target: score column of the primary test.
-        task_sets: per metric, the tasks its values were averaged over
-            (``task_set`` column; "" when unknown).
+        task_sets: per metric, the tasks its values averaged (``task_set``).
 
-    Returns:
-        ``CORRELATION_COLUMNS``; ``p_holm`` adjusts ``p_hc3`` over the rows
-        that have one (rows below ``MIN_MODELS`` have none and are not counted).
+    ``p_holm`` adjusts ``p_hc3`` over the rows that have one.
     """
     rows = []
     main = resolve_primary(metrics, primary)

@@ -62,14 +62,8 @@ def settings_markdown(board: pd.DataFrame) -> str:
     if len(columns) <= 3:
         return ""
     table = board[columns].astype(object).where(board[columns].notna(), "")
-    table = table.rename(
-        columns=dict(
-            settings="shots and limit per task",
-            limited="--limit tasks",
-            metric_options="metric options",
-            mixed_settings="combines",
-        )
-    )
+    headings = ("shots and limit per task", "--limit tasks", "metric options", "combines")
+    table = table.rename(columns=dict(zip(ROW_SETTING_COLUMNS, headings, strict=True)))
     return (
         "Each row's values come from runs in one setting per task (the newest run's "
         "shots and `--limit`); the Open LLM v1 columns and `average` only from runs in "
@@ -91,13 +85,10 @@ def write_summary(
 ) -> Path:
     """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path.
 
-    Notes that start with ``WARNING`` (settings that differ, models measured
-    on different task sets) come first, under their own heading; then the
-    headline table, the settings of each row, the primary test, the timings
-    section (``timings``, see `lm_coupling.report.timings`), the checkpoint
-    series (``checkpoints``: which checkpoint the across-model statistics
-    took, `lm_coupling.report.checkpoints`) and the rest. ``independent`` is
-    the number of independent models (default: one per row).
+    Sections: warnings (notes starting ``WARNING``), the headline table, each
+    row's settings, the primary test, the checkpoint series (``checkpoints``),
+    the ``timings`` section, the other notes and links to every table and figure.
+    ``independent``: the number of independent models (default: one per row).
     """
     board = pd.read_csv(out_dir / "leaderboard.csv")
     wanted = ("model", "revision", "dtype", primary_target, primary_metric)

@@ -1,27 +1,9 @@
 """Which tasks a model's geometry value is averaged over, the same for every model.
 
-A run measures geometry per task. The leaderboard holds one value per model
-and metric, computed by this rule:
-
-1. **Units.** A task that belongs to a group with a score of its own (an
-   aggregating group such as MMLU: lm-eval's ``group_subtasks``) is pooled
-   into that group, weighting each subtask by the documents it was measured
-   on; every other task is its own unit. So MMLU's subtasks count, once, as
-   "mmlu".
-2. **The common set.** For each metric, the units measured (finite value) on
-   *every* model that has the metric. A model's value is the unweighted mean
-   over the common set, so that every model in a comparison is averaged over
-   the same tasks. Units measured on only some models are left out of the
-   mean and listed by `TaskSets.dropped`.
-3. **No common unit.** When the models share no unit (one model measured on
-   WinoGrande, the other on ARC-Easy), each model's value is its mean over
-   its own units, and `TaskSets.mixed` names the metric: the summary warns
-   that these values are not comparable.
-
-``<metric>__tasks`` in ``leaderboard.csv`` lists the units each model's value
-used, ``<metric>__n`` the documents the value rests on (for a sampled metric
-such as coupling: the documents it was measured on, from the geometry file's
-``n_measured`` or its section's ``n_sampled``, not the task size).
+Tasks of a scored group (MMLU's subjects) are pooled into the group, weighted
+by documents. A model's value is the mean over the units every model with the
+metric measured; the others are left out (`TaskSets.dropped`). With no common
+unit each value is the model's own mean and `TaskSets.mixed` names the metric.
 """
 
 from __future__ import annotations
@@ -44,10 +26,8 @@ class TaskSets:
         used: metric -> the units every model was averaged over ("" when mixed).
         mixed: metrics whose models share no unit (each averaged over its own).
         dropped: metric -> units left out because some models lack them.
-        undefined: metric -> those of ``dropped`` that every model measured,
-            left out because the value is undefined (NaN) on some models (the
-            thought/fixation boundary of a profile without one), not because
-            the task is missing.
+        undefined: metric -> those of ``dropped`` every model measured but some
+            have NaN for (a profile with no thought/fixation boundary).
     """
 
     used: dict[str, str] = field(default_factory=dict)
@@ -74,11 +54,7 @@ def documents_measured(
     fallback: float,
     catalogue: Catalogue | None = None,
 ) -> float:
-    """Documents a metric was measured on in one task (see the module docstring).
-
-    A sampled metric (the catalogue's ``sampled``) of a geometry file without
-    ``n_measured`` counts its sample (``n_sampled`` of its section, named like it).
-    """
+    """Documents a metric was measured on in one task (``n_measured``, else ``n_sampled``)."""
     if geo is not None:
         measured = geo.get("n_measured") or {}
         if isinstance(measured, dict) and measured.get(base_metric) is not None:
@@ -91,18 +67,11 @@ def documents_measured(
 
 
 def group_sums(frame: pd.DataFrame, keys: list[str], columns: list[str]) -> pd.DataFrame:
-    """Per group of ``keys``: the sum of each column (NaN counted as 0) and the group's size.
+    """Per group of ``keys`` (first-appearance order): each column's sum (NaN as 0), ``_size``.
 
-    Each group's sum is computed from that group's rows alone, in their order
-    (``numpy.add.reduceat`` over the rows sorted stably by group). pandas'
-    grouped sum and mean carry a round-off term from one group into the next
-    (pandas 3.1: a group's mean changed in its last bit when another model's
-    rows came before it), so a leaderboard value would depend on which other
-    models are in the folder; here it does not.
-
-    Returns:
-        One row per group, in order of first appearance: ``keys``, ``columns``
-        and ``_size``.
+    Each sum uses its group's rows alone (``numpy.add.reduceat``): pandas'
+    grouped sum carries round-off from one group into the next, so a model's
+    value would depend on which other models are in the folder.
     """
     if frame.empty:
         return pd.DataFrame(columns=[*keys, *columns, "_size"])
@@ -129,19 +98,10 @@ def _unit_values(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
-    """Per model and metric: value, tasks used, documents, K used.
+    """Per model, from `geometry_rows`' table: each metric's value and companion columns.
 
-    Args:
-        long: one row per (identity, task, metric) with columns ``IDENTITY``,
-            ``metric``, ``unit``, ``value``, ``n`` and ``k_used`` (NaN where
-            the metric has no K).
-
-    Returns:
-        ``(wide, sets)``: a frame indexed by identity with, per metric, the
-        columns ``<metric>``, ``<metric>__tasks``, ``<metric>__n`` (and
-        ``<metric>__k_used`` for metrics with a K), and the `TaskSets`.
-        Each row's values depend on its own rows and on its metrics' common
-        sets only.
+    Returns ``(wide, sets)``: by identity, ``<metric>``, ``<metric>__tasks``,
+    ``<metric>__n`` (and ``<metric>__k_used``), and the `TaskSets`.
     """
     every_metric = list(dict.fromkeys(long["metric"]))
     every_id = pd.MultiIndex.from_frame(long[IDENTITY].drop_duplicates()) if len(long) else None

@@ -1,30 +1,12 @@
-"""Where a run's geometry time went: ``timings.csv`` and the timings section of ``summary.md``.
+"""Where a run's geometry time went: ``timings.csv`` and the summary's timings section.
 
-A geometry file may hold a top-level ``timings`` section::
-
-    {"n_documents": int,
-     "seconds_per_document": {"forward_capture": s, "jacobian_products": s,
-                              "factorisation": s, "metrics": s},
-     "per_layer": {"jacobian_products": [L floats], "factorisation": [L floats]}}
-
-(means over the documents measured; any key may be missing). Other groups
-are kept too (``jacobian``: a document's whole share of the batched
-Jacobian engine; ``jacobian_forward``), and ``n_documents_per_part``, when
-present, gives each group's own document count (the Jacobian groups run on
-the sampled documents only). ``plugin:<name>`` groups are each plugin's
-own seconds (its reducer during the forward pass and its
-``lmc_compute_batch``); the summary gives each one's share of the capture
-time. ``timings.csv`` has one row per (model,
-revision, dtype, task, group) with columns `TIMING_COLUMNS`; files without
-the section give no row. The per-layer lists stay in the geometry files.
-
-The summary gives, per model, the seconds per document of each group (the
-mean over tasks, weighted by their documents) and what the Jacobian work
-(``jacobian`` when recorded, else ``jacobian_products`` +
-``factorisation``; paid once per sampled document) costs per task at the
-run's sample size (the option the caller names: the Jacobian engine's
-shared sample, `lm_coupling.plugins.specs.DEFAULT_SAMPLE_OPTION`), so a user
-can decide whether to lower it.
+Read from each geometry file's ``timings`` section (docs/outputs.md):
+``seconds_per_document`` per group (``forward_capture``, ``jacobian``,
+``jacobian_forward``, ``jacobian_products``, ``factorisation``, ``metrics``,
+and ``plugin:<name>``: each plugin's own seconds), ``n_documents`` and
+``n_documents_per_part``. The summary gives, per model, the seconds per
+document of each group, the Jacobian work per task at the run's sample size,
+and each plugin's share of the capture time (docs/report.md, "timings.csv").
 """
 
 from __future__ import annotations
@@ -35,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from lm_coupling.report.loading import IDENTITY
+from lm_coupling.report.summary import markdown_table
 
 TIMING_COLUMNS = [*IDENTITY, "task", "group", "seconds_per_document", "n_documents"]
 GROUPS = (
@@ -46,8 +29,7 @@ GROUPS = (
     "metrics",
 )
 JACOBIAN_GROUPS = ("jacobian_products", "factorisation")
-PLUGIN_GROUP = "plugin:"
-"""Prefix of a plugin's own seconds (``plugin:builtin.trajectory``)."""
+PLUGIN_GROUP = "plugin:"  # a plugin's own seconds: ``plugin:builtin.trajectory``
 CAPTURE_GROUPS = ("forward_capture", "metrics")
 
 
@@ -70,17 +52,9 @@ def timings_table(geometry: list[dict[str, Any]]) -> pd.DataFrame:
         known = [g for g in GROUPS if g in per_doc]
         others = sorted(g for g in per_doc if g not in GROUPS)
         for group in known + others:
-            seconds = _number(per_doc[group])
+            seconds, n = _number(per_doc[group]), _number(per_part.get(group, n_docs))
             if math.isfinite(seconds):
-                rows.append(
-                    dict(
-                        zip(IDENTITY, geo["identity"], strict=True),
-                        task=str(geo.get("task", "")),
-                        group=group,
-                        seconds_per_document=seconds,
-                        n_documents=_number(per_part.get(group, n_docs)),
-                    )
-                )
+                rows.append((*geo["identity"], str(geo.get("task", "")), group, seconds, n))
     table = pd.DataFrame(rows, columns=TIMING_COLUMNS)
     table["n_documents"] = pd.to_numeric(table["n_documents"]).round().astype("Int64")
     return table.sort_values([*IDENTITY, "task"], kind="stable").reset_index(drop=True)
@@ -119,43 +93,37 @@ def jacobian_seconds(row: pd.Series) -> float:
 
 
 def timings_markdown(table: pd.DataFrame, sizes: dict[tuple, float], option: str) -> str:
-    """The summary section (empty string when no file had timings).
-
-    ``sizes`` are `sample_sizes` of ``option``, the option sizing the sample
-    the Jacobian work is paid on.
-    """
+    """The summary section ("" without timings); ``sizes``: `sample_sizes` of ``option``."""
     if table.empty:
         return ""
     wide = _per_model(table)
     plugins = wide[[c for c in wide.columns if c.startswith(PLUGIN_GROUP)]]
     wide = wide[[c for c in wide.columns if not c.startswith(PLUGIN_GROUP)]]
-    lines = [
+    intro = (
         "Seconds per document, by metric group (means over the documents measured, "
         "weighted over tasks; every row in `timings.csv`). The Jacobian work (`jacobian`, "
         "else `jacobian_products` + `factorisation`) is paid once per *sampled* document, so "
         f"a task costs about `{option}` times it: lower `{option}` in "
-        "`--metric_args` when that column dominates.",
-        "",
-        "| model | revision | dtype | " + " | ".join(wide.columns) + " | Jacobian work per task |",
-        "|" + "---|" * (4 + len(wide.columns)),
-    ]
+        "`--metric_args` when that column dominates."
+    )
+    rows = []
     for identity, row in wide.iterrows():
-        jac = jacobian_seconds(row)
-        docs = sizes.get(tuple(identity))
-        per_task = ""
-        if docs is not None and math.isfinite(jac):
-            per_task = f"{jac * docs:.3g} s at {option}={docs:g}"
+        jac, docs = jacobian_seconds(row), sizes.get(tuple(identity))
+        ok = docs is not None and math.isfinite(jac)
+        per_task = f"{jac * docs:.3g} s at {option}={docs:g}" if ok else ""
         cells = ["" if pd.isna(v) else f"{v:.3g}" for v in row]
-        lines.append("| " + " | ".join([*map(str, identity), *cells, per_task]) + " |")
+        rows.append([*map(str, identity), *cells, per_task])
+    columns = [*IDENTITY, *wide.columns, "Jacobian work per task"]
+    lines = [intro, "", markdown_table(pd.DataFrame(rows, columns=columns))]
     return "\n".join(lines + plugin_shares(plugins, wide))
 
 
 def plugin_shares(plugins: pd.DataFrame, wide: pd.DataFrame) -> list[str]:
     """Per model, each plugin's seconds per document and share of the capture time.
 
-    The capture time is ``forward_capture`` + ``metrics`` (the forward pass
-    with its reducers, then the plugins' ``lmc_compute_batch``); a plugin's
-    seconds are its reducer's calls and its ``lmc_compute_batch``.
+    Capture time: ``forward_capture`` + ``metrics`` (the forward pass with the
+    reducers, then ``lmc_compute_batch``); a plugin's seconds: its reducer and
+    its ``lmc_compute_batch``.
     """
     lines = []
     for identity, row in plugins.iterrows():

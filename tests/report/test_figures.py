@@ -92,3 +92,19 @@ def test_wrap_label_breaks_after_separators_only():
     assert "".join(lines).replace(" ", "") == text.replace(" ", "")  # nothing lost
     assert all(len(line) <= 40 for line in lines)
     assert wrap_label("short", 40) == "short"
+
+
+def test_metric_vs_score_without_a_revision_column_labels_every_model():
+    # A leaderboard read back from a user's CSV may lack `revision`: each point is
+    # then labelled by its model's short name (this raised IndexError before).
+    from lm_coupling.report.figures import metric_vs_score
+
+    board = pd.DataFrame(
+        {
+            "model": ["org/a", "org/b", "org/c"],
+            "coupling": [0.1, 0.5, 0.9],
+            AVERAGE: [0.3, 0.5, 0.7],
+        }
+    )
+    ax = metric_vs_score(board, "coupling", AVERAGE)
+    assert {"a", "b", "c"} <= {text.get_text() for text in ax.texts}
