@@ -37,7 +37,8 @@ class MetricEntry:
 
     ``task_level``, ``nan_expected``, a non-logit ``lens`` and a sampled
     metric's non-default ``sample_option`` are recorded only when they differ
-    from the default; ``primary`` is never recorded (the installed plugins' is used).
+    from the default; ``primary`` and ``route_options`` (its options declared
+    ``OptionSpec.route``) are never recorded (the installed plugins' are used).
     """
 
     name: str
@@ -54,6 +55,7 @@ class MetricEntry:
     primary: bool = field(default=False, compare=False)  # not recorded: the installed one's
     lens: str = "logit"
     nan_expected: bool = False
+    route_options: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 def _bounds(value: Any) -> tuple[float, float] | None:
@@ -103,6 +105,7 @@ class Catalogue:
                 spec.primary,
                 spec.lens if "lens" in spec.needs else "logit",
                 spec.nan_expected,
+                frozenset(option.name for option in spec.options if option.route),
             )
             for record in spec.profile_specs:
                 known = profiles.setdefault(record.name, record)
@@ -271,6 +274,10 @@ class Catalogue:
         return frozenset(
             e.sample_option for e in self.metrics.values() if e.sampled and e.sample_option
         )
+
+    def route_options(self) -> frozenset[str]:
+        """The options that pick only how values are computed (`OptionSpec.route`)."""
+        return frozenset().union(*(e.route_options for e in self.metrics.values()))
 
     def plotted_profiles(self) -> tuple[str, ...]:
         """The per-layer (not matrix) profiles the report draws, in catalogue order."""

@@ -24,6 +24,9 @@ class OptionSpec:
         parse: turns the command-line string into the value; raises
             ValueError with a readable message on bad input.
         choices: allowed parsed values, if the option is an enumeration.
+        route: True when the option picks only how a value is computed (a
+            numerical route, its tolerance, memory or seed), never what is
+            measured: the report does not tell two runs' values apart by it.
     """
 
     name: str
@@ -31,6 +34,7 @@ class OptionSpec:
     help: str
     parse: Callable[[str], Any] = str
     choices: tuple[Any, ...] | None = None
+    route: bool = False
 
 
 ProfileAxis = Literal["states", "blocks", "matrix"]
@@ -40,10 +44,10 @@ PROFILE_AXES: tuple[str, ...] = ("states", "blocks", "matrix")
 LAYER_AXES = ("states", "blocks")
 """The dimensions of `ProfileSpec.axes` counted in layers: L + 1 states, L blocks."""
 UNIT_INTERVAL = (0.0, 1.0)
+"""The ``bounds`` of a quantity in [0, 1]: the report draws it on a fixed [0, 1] axis."""
 
 DEFAULT_SAMPLE_OPTION = "coupling_docs"
 """The option sizing the sample of a sampled metric that names none (`MetricSpec.sample_option`)."""
-"""The ``bounds`` of a quantity in [0, 1]: the report draws it on a fixed [0, 1] axis."""
 
 
 def _check_bounds(owner: str, bounds: Any) -> tuple[float, float] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lm_coupling.catalogue import Catalogue
 from lm_coupling.report.benchmarks import benchmark_of
 from lm_coupling.report.loading import IDENTITY, RunFile
 from lm_coupling.report.settings import differing_options, options_text
@@ -48,6 +49,7 @@ def _options_of(files: list[str], runs: dict[str, RunFile]) -> list[tuple[dict, 
 
 
 def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
+    routes = Catalogue.installed().route_options()
     parts = []
     for metric, rows in geometry.groupby("metric", sort=True):
         files = list(dict.fromkeys(rows["file"]))
@@ -55,7 +57,7 @@ def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
         sample = frozenset().union(
             *(runs[f].catalogue.sample_options() for f in files if f in runs)
         )
-        diffs = differing_options(options, sample)
+        diffs = differing_options(options, sample | routes)
         if diffs:
             seen = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in diffs.items())
             parts.append(f"{metric}: {seen}")

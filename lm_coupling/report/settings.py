@@ -9,11 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Options that change which numerical route measured a value, not what is measured:
-# like the sampled metrics' sample options (`Catalogue.sample_options`), they never
-# make two runs' values incomparable.
-ROUTE_OPTION_PREFIX = "jacobian_"
-
 
 @dataclass(frozen=True)
 class TaskSetting:
@@ -95,17 +90,17 @@ def options_text(options: dict[str, Any], requested: dict[str, Any] | None = Non
     return ", ".join(parts)
 
 
-def differing_options(
-    runs: list[dict[str, Any]], sample_options: frozenset[str]
-) -> dict[str, list[Any]]:
+def differing_options(runs: list[dict[str, Any]], ignored: frozenset[str]) -> dict[str, list[Any]]:
     """Option keys with different values in ``runs`` -> the values seen.
 
-    ``sample_options`` (`Catalogue.sample_options`) and numerical routes are left out.
+    ``ignored``: options that never make two runs' values incomparable, the
+    sample sizes (`Catalogue.sample_options`) and the numerical routes
+    (`Catalogue.route_options`).
     """
     seen: dict[str, list[Any]] = {}
     for options in runs:
         for key, value in options.items():
-            if key in sample_options or str(key).startswith(ROUTE_OPTION_PREFIX):
+            if key in ignored:
                 continue
             values = seen.setdefault(key, [])
             if value not in values:

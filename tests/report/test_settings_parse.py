@@ -62,8 +62,11 @@ def test_options_text_and_differences():
         {"k": 10, "norm": "l1", "coupling_docs": 25, "jacobian_method": "auto"},
         {"k": 10, "norm": "l2", "coupling_docs": 5, "jacobian_method": "dense"},
     ]
-    sample = Catalogue.installed().sample_options()
-    assert differing_options(runs, sample) == {"norm": ["l1", "l2"]}  # sample size, route ignored
+    installed = Catalogue.installed()
+    ignored = installed.sample_options() | installed.route_options()
+    assert {"jacobian_method", "jacobian_tol", "jacobian_seed"} <= installed.route_options()
+    assert not {"k", "norm", "coupling_docs"} & installed.route_options()
+    assert differing_options(runs, ignored) == {"norm": ["l1", "l2"]}  # sample size, route ignored
 
 
 @pytest.mark.parametrize(
