@@ -109,7 +109,7 @@ METHOD = OptionSpec(
     "(matrix-free, to tolerance)",
     choices=("auto", "dense", "gram", "krylov"),
 )
-# The engine's settings a user could want (lm_coupling.jacobian.config.USER_FIELDS),
+# The engine's settings a user could want (lm_coupling.jacobian.config.JacobianConfig),
 # each as a jacobian_<field> option; None lets the engine choose.
 ENGINE_OPTIONS = (
     OptionSpec(
