@@ -15,11 +15,9 @@ import math
 
 import torch
 
+from lm_coupling.metrics import work_dtype
+
 __all__ = ["fixation_depth", "lens_summary", "tv_to_target"]
-
-
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _summary_rows(
@@ -106,7 +104,7 @@ def lens_summary(
         raise ValueError(
             f"target ids must be -1 (none) or in [0, {vocab}), found {target.tolist()}"
         )
-    rows = logits.reshape(batch * depth, vocab).to(_work_dtype(logits))
+    rows = logits.reshape(batch * depth, vocab).to(work_dtype(logits))
     row_target = target.to(device=logits.device, dtype=torch.int64).repeat_interleave(depth)
     columns = _summary_rows(rows, row_target, top1)
     return tuple(None if column is None else column.view(batch, depth) for column in columns)

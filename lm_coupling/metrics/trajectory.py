@@ -17,6 +17,8 @@ from collections import deque
 
 import torch
 
+from lm_coupling.metrics import as_work, work_dtype
+
 __all__ = [
     "STACK_BYTES",
     "TrajectoryAccumulator",
@@ -38,15 +40,6 @@ Below it a batch's summaries are computed at once on the stack
 streaming costs about twenty per state), at most about four stacks' worth of
 memory in all; above it they are streamed state by state. Both give the same
 values up to summation order."""
-
-
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    """float64 stays float64; every other dtype is computed in float32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _as_work(x: torch.Tensor) -> torch.Tensor:
-    return x.to(_work_dtype(x))
 
 
 def _check_trajectory(trajectory: torch.Tensor, name: str = "trajectory") -> None:
@@ -97,7 +90,7 @@ def norm_profile(trajectory: torch.Tensor) -> torch.Tensor:
         states give NaN/inf norms.
     """
     _check_trajectory(trajectory)
-    return torch.linalg.vector_norm(_as_work(trajectory), dim=-1)
+    return torch.linalg.vector_norm(as_work(trajectory), dim=-1)
 
 
 def line_shape_score(trajectory: torch.Tensor) -> torch.Tensor:
@@ -125,7 +118,7 @@ def line_shape_score(trajectory: torch.Tensor) -> torch.Tensor:
         3.0
     """
     _check_trajectory(trajectory)
-    x = _as_work(trajectory)
+    x = as_work(trajectory)
     unit, nonzero, _ = _unit_steps_with_length(x[..., 1:, :] - x[..., :-1, :])
     return _lss_from_sums(unit.sum(dim=-2), nonzero.sum(dim=-1))
 
@@ -156,15 +149,10 @@ def windowed_line_shape_score(trajectory: torch.Tensor, window: int = 11) -> tor
         non-finite state, or its unit steps cancel exactly.
     """
     _check_trajectory(trajectory)
-    half = _check_window(window)
-    x = _as_work(trajectory)
-    unit, nonzero, _ = _unit_steps_with_length(x[..., 1:, :] - x[..., :-1, :])
-    n_steps = unit.shape[-2]
-    out = []
-    for depth in range(n_steps):
-        lo, hi = max(0, depth - half), min(n_steps, depth + half + 1)
-        out.append(_lss_from_sums(unit[..., lo:hi, :].sum(dim=-2), nonzero[..., lo:hi].sum(dim=-1)))
-    return torch.stack(out, dim=-1)
+    x = as_work(trajectory)
+    stack = x.reshape(-1, *x.shape[-2:])[:, :, None]  # [N, L+1, 1, d]
+    out = _summaries_of_stack(stack, True, window)["windowed_lss"]
+    return out[:, :, 0].reshape(*x.shape[:-2], -1)
 
 
 def expodistance(norms: torch.Tensor) -> torch.Tensor:
@@ -187,7 +175,7 @@ def expodistance(norms: torch.Tensor) -> torch.Tensor:
     if not isinstance(norms, torch.Tensor) or norms.dim() < 1 or norms.shape[-1] < 2:
         found = tuple(norms.shape) if isinstance(norms, torch.Tensor) else type(norms).__name__
         raise ValueError(f"norms must have shape [..., L+1] with L >= 1, found {found}")
-    log_n = torch.log(_as_work(norms))
+    log_n = torch.log(as_work(norms))
     growth = log_n[..., 1:] - log_n[..., :-1]
     mean = growth.mean(dim=-1)
     var = (growth - mean[..., None]).square().mean(dim=-1)
@@ -217,7 +205,7 @@ def equidistance(step_lengths: torch.Tensor) -> torch.Tensor:
         raise ValueError("step_lengths must be a tensor of shape [..., L] with L >= 1")
     if step_lengths.shape[-1] < 1:
         raise ValueError(f"step_lengths needs L >= 1, found shape {tuple(step_lengths.shape)}")
-    s = _as_work(step_lengths)
+    s = as_work(step_lengths)
     mean = s.mean(dim=-1)
     std = (s - mean[..., None]).square().mean(dim=-1).sqrt()
     # Lengths are >= 0 or NaN; an infinite length makes the mean inf and the std NaN.
@@ -250,7 +238,7 @@ def trajectory_summaries(
     _check_window(window)
     if len(states) < 2:
         raise ValueError(f"need at least two states (x^0 and x^1), received {len(states)}")
-    return _summaries_of_stack(_as_work(torch.stack(tuple(states), dim=1)), windowed, window)
+    return _summaries_of_stack(as_work(torch.stack(tuple(states), dim=1)), windowed, window)
 
 
 def _summaries_of_stack(x: torch.Tensor, windowed: bool, window: int) -> dict:
@@ -425,7 +413,7 @@ class TrajectoryAccumulator:
                 f"found {tuple(state.shape)}"
             )
         if self._dtype is None:
-            self._dtype = _work_dtype(state)
+            self._dtype = work_dtype(state)
             if self._fits(state):
                 batch, n_tokens, width = state.shape
                 self._held = state.new_empty(
