@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from lm_coupling.errors import LmCouplingError, UnsupportedModelError
-from lm_coupling.jacobian.engine_mode import FORWARD_AD_ATTENTION, engine_mode
+from lm_coupling.jacobian.engine_mode import engine_mode
 from lm_coupling.jacobian.frozen_attention import STASH, StashMismatch
 from lm_coupling.model import transformers_adapter as tfa
 from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
@@ -42,7 +42,6 @@ from lm_coupling.model.block_calls import accepts_argument, eval_mode
 
 __all__ = [
     "BlockCall",
-    "FORWARD_AD_ATTENTION",
     "FrozenPrefixCache",
     "compute_dtype",
     "engine_mode",
@@ -50,6 +49,7 @@ __all__ = [
     "record_full_sequence",
     "PromptPass",
     "record_last_token",
+    "replay_errors",
     "run_prompts",
 ]
 

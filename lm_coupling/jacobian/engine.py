@@ -70,7 +70,7 @@ from lm_coupling.jacobian.calls import (
     replay_errors,
     run_prompts,
 )
-from lm_coupling.jacobian.config import DENSE_MAX_D, ILL_GAP, METHODS, JacobianConfig
+from lm_coupling.jacobian.config import JacobianConfig
 from lm_coupling.jacobian.linalg import PRODUCTS, Clock, chunk_size_for, dense_jacobian
 from lm_coupling.jacobian.routes import (
     FACTORISATION,
@@ -89,10 +89,6 @@ from lm_coupling.model.architecture import ModelParts
 from lm_coupling.states import JacobianFactors
 
 __all__ = [
-    "DENSE_MAX_D",
-    "ILL_GAP",
-    "METHODS",
-    "JacobianConfig",
     "JacobianEngine",
     "JacobianMismatchError",
     "naive_block_jacobians",
