@@ -21,8 +21,8 @@ __all__ = ["fixation_depth", "lens_summary", "tv_to_target"]
 
 
 def _summary_rows(
-    logits: torch.Tensor, target: torch.Tensor | None, top1: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    logits: torch.Tensor, target: torch.Tensor, top1: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(H / ln V, P(target), argmax)`` of rows of logits ``z`` ``[n, V]``.
 
     With ``m = max_v z_v``, ``s = z - m``, ``e = exp(s)`` and ``Z = sum_v e_v``:
@@ -33,17 +33,8 @@ def _summary_rows(
 
     ``0 ln 0 = 0``: a ``-inf`` logit's ``s`` is raised to the lowest finite
     number, whose term ``0 * s`` is then 0. NaN logits, and rows entirely
-    ``-inf``, give NaN.
-
-    Args:
-        logits: ``[n, V]`` logits in the work dtype.
-        target: ``[n]`` int64 target ids, ``-1`` where a row has none; None:
-            no target probability.
-        top1: also the argmax of each row.
-
-    Returns:
-        ``(entropy [n], target_prob [n] or None, argmax [n] or None)``;
-        target_prob is NaN where target is -1.
+    ``-inf``, give NaN. ``target`` is ``-1`` where a row has none (NaN
+    probability).
     """
     top, arg = logits.max(dim=-1) if top1 else (logits.amax(dim=-1), None)
     shifted = logits - top[:, None]
@@ -51,8 +42,6 @@ def _summary_rows(
     exp = shifted.exp()
     total = exp.sum(dim=-1)
     entropy = (total.log() - torch.linalg.vecdot(exp, shifted) / total) / math.log(logits.shape[-1])
-    if target is None:
-        return entropy, None, arg
     picked = exp.gather(-1, target.clamp(min=0)[:, None]).squeeze(-1) / total
     return entropy, torch.where(target >= 0, picked, math.nan), arg
 
