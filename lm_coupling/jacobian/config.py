@@ -62,7 +62,7 @@ class JacobianConfig:
             block of 2(K + 1) columns, which converges fast on flat spectra).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
             memory budget, ``jacobian.linalg.chunk_size_for``).
-        docs_per_batch: documents per batched pass (None: from free memory).
+        docs_per_batch: documents per batched pass (None: from free GPU memory; one on a CPU).
         keep_bytes: dense Jacobians pass one may keep for pass two (None: 1 GiB
             on CPU, a quarter of free memory on a GPU); beyond it pass two
             recomputes ``J^l V_m`` by JVPs.

@@ -140,7 +140,7 @@ ENGINE_OPTIONS = (
     OptionSpec(
         "jacobian_docs_per_batch",
         None,
-        "documents per batched engine pass (none: from free memory)",
+        "documents per batched engine pass (none: from free GPU memory; one on a CPU)",
         parse_optional_int,
     ),
     OptionSpec(
