@@ -27,13 +27,14 @@ the mask the model builds for that layer, exactly as in a whole-sequence pass.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from lm_coupling.errors import LmCouplingError, UnsupportedModelError
+from lm_coupling.errors import EngineFallbackWarning, LmCouplingError, UnsupportedModelError
 from lm_coupling.jacobian.engine_mode import engine_mode
 from lm_coupling.jacobian.frozen_attention import STASH, StashMismatch
 from lm_coupling.model import transformers_adapter as tfa
@@ -262,16 +263,48 @@ def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
     return BlockCall(block=block, args=args, kwargs=kwargs, hidden=hidden, dtype=dtype)
 
 
-def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
-    """Layer index -> (K, V) ``[1, H_kv, n, d_head]`` of one prompt's prefix, model dtype.
-
-    A cache of full layers keeps every key/value row, also on layers with a
-    sliding window (their mask, not the cache, limits what a query sees).
-    """
-    cache = tfa.new_cache()
-    model(prompt[None, :-1], use_cache=True, **tfa.cache_kwargs(model, cache))
-    pairs = {i: tfa.layer_keys_values(layer) for i, layer in enumerate(tfa.cache_layers(cache))}
+def _prefix_keys_values(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Layer index -> (K, V) of a transformers cache after the prefix run, in its dtype."""
+    layers = tfa.cache_layers(cache)
+    if layers is None:
+        raise LmCouplingError(
+            f"the Jacobian engine expected a transformers Cache with .layers after the prefix "
+            f"run, found {type(cache).__name__}; run with transformers >= 5 or method on a "
+            "prompt of one token"
+        )
+    pairs = {i: tfa.layer_keys_values(layer) for i, layer in enumerate(layers)}
     return {i: (kv[0].detach(), kv[1].detach()) for i, kv in pairs.items() if kv is not None}
+
+
+def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
+    """Layer index -> (K, V) ``[1, H_kv, n, d_head]`` of one prompt's prefix, model dtype."""
+    cache = tfa.output_cache(model(prompt[None, :-1], use_cache=True))
+    if cache is None:
+        raise LmCouplingError(
+            f"the Jacobian engine expected {type(model).__name__} to return a cache with "
+            "use_cache=True, found None"
+        )
+    return _prefix_keys_values(cache)
+
+
+def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]:
+    """The first ``length - 1`` positions of a cache filled by a whole prompt of ``length``.
+
+    Returns:
+        ``(prefix, "")``, or ``(None, why)`` when the cache is not one full
+        key/value row per position on every attention layer (an
+        architecture-specific cache): then the prefix must run alone.
+    """
+    try:
+        keys_values = _prefix_keys_values(cache)
+    except LmCouplingError as error:
+        return None, str(error)
+    if not keys_values:
+        return None, f"{type(cache).__name__} holds no keys"
+    rows = {i: k.shape[-2] for i, (k, _) in keys_values.items() if k.shape[-2] != length}
+    if rows:
+        return None, f"layers {sorted(rows)} hold {sorted(set(rows.values()))} rows, not {length}"
+    return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}, ""
 
 
 def _refuse_state_layers(model: nn.Module) -> None:
@@ -316,10 +349,11 @@ def run_prompts(
     mode, i.e. the function a benchmark's forward pass computes; it stops
     after the last block (no final norm, no unembedding). The block outputs
     are the reference of the engine's run-time check (each stays on its
-    block's device). With ``prefixes`` (the cache replay), each prefix then
-    runs alone with a cache, whose keys and values the engine freezes;
-    without (the sequence replay, ``jacobian.sequence``) ``PromptPass.prefixes``
-    are None.
+    block's device). With ``prefixes`` (the cache replay) the pass also
+    fills a cache, whose keys and values of positions < n the engine freezes
+    (the prefix runs again alone where that cache is not one row per
+    position); without (the sequence replay, ``jacobian.sequence``)
+    ``PromptPass.prefixes`` are None.
     """
     if prefixes:
         _refuse_state_layers(model)
@@ -333,19 +367,40 @@ def run_prompts(
 
         return post_hook
 
-    kwargs = {"use_cache": False} if accepts_argument(model, "use_cache") else {}
+    plain = {"use_cache": False} if accepts_argument(model, "use_cache") else {}
+    keys_values: list[dict[int, tuple] | None] = []
+    alone: list[tuple[int, str]] = []
     with eval_mode(model), torch.no_grad():
         handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
         try:
-            for prompt in prompts:
+            for index, prompt in enumerate(prompts):
+                length = prompt.shape[0]
+                # A cache of full layers keeps every key/value row, also on layers with a
+                # sliding window (their mask, not the cache, limits what a query sees).
+                cache = tfa.new_cache() if prefixes and length > 1 else None
+                kwargs = (
+                    plain
+                    if cache is None
+                    else {"use_cache": True, **tfa.cache_kwargs(model, cache)}
+                )
                 with contextlib.suppress(_StopForward):
                     model(prompt[None], **kwargs)
+                prefix, why = (None, "") if cache is None else _truncated_prefix(cache, length)
+                keys_values.append(prefix)
+                if cache is not None and prefix is None:
+                    alone.append((index, why))
         finally:
             for handle in handles:
                 handle.remove()
-        keys_values = [
-            _prefix_cache(model, p) if prefixes and p.shape[0] > 1 else None for p in prompts
-        ]
+        for index, why in alone:  # outside the hooks, which stop a pass at the last block
+            warnings.warn(
+                f"the Jacobian engine could not take prompt {index}'s prefix keys/values from "
+                f"the cache of its whole forward pass ({why}); running its prefix alone, one "
+                "extra forward pass",
+                EngineFallbackWarning,
+                stacklevel=2,
+            )
+            keys_values[index] = _prefix_cache(model, prompts[index])
     return PromptPass(keys_values, [torch.cat(rows) for rows in outputs])
 
 

@@ -44,6 +44,7 @@ from fixtures.transformers_range import (
 
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.harness import preflight
+from lm_coupling.jacobian.calls import _truncated_prefix
 from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.jacobian.engine_mode import engine_mode
 from lm_coupling.jacobian.sequence import _is_resource_failure, choose_replay
@@ -338,6 +339,23 @@ def test_sliding_window_jacobians_follow_the_window(window, one_thread):
         full = build("mistral", "sdpa", sliding_window=64)
         other = reference_jacobians(full, locate_model_parts(full), ids)
         assert float((other - reference).abs().max()) > 1e-3
+
+
+def test_a_sliding_cache_is_not_taken_for_a_whole_prefix():
+    """transformers' own sliding cache keeps window - 1 rows: the engine says so, never pads it."""
+    model = build("mistral", "sdpa")
+    ids = PROMPTS[-1]
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[None], use_cache=True, past_key_values=cache)
+    prefix, why = _truncated_prefix(cache, ids.shape[0])
+    assert prefix is None
+    assert why == f"layers [0, 1, 2, 3] hold [{WINDOW - 1}] rows, not {ids.shape[0]}"
+    full = transformers.DynamicCache()
+    with torch.no_grad():
+        model(ids[None], use_cache=True, past_key_values=full)
+    prefix, why = _truncated_prefix(full, ids.shape[0])
+    assert why == "" and prefix[0][0].shape[-2] == ids.shape[0] - 1
 
 
 def _experts(model, ids: torch.Tensor) -> list[list[frozenset[int]]]:
