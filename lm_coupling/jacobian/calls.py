@@ -35,14 +35,14 @@ import torch
 from torch import nn
 
 from lm_coupling.errors import EngineFallbackWarning, LmCouplingError, UnsupportedModelError
-from lm_coupling.jacobian.engine_mode import FORWARD_AD_ATTENTION, engine_mode
+from lm_coupling.jacobian.engine_mode import engine_mode
 from lm_coupling.jacobian.frozen_attention import STASH, StashMismatch
 from lm_coupling.model import transformers_adapter as tfa
 from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.model.block_calls import accepts_argument, eval_mode
 
 __all__ = [
     "BlockCall",
-    "FORWARD_AD_ATTENTION",
     "FrozenPrefixCache",
     "compute_dtype",
     "engine_mode",
@@ -50,6 +50,7 @@ __all__ = [
     "record_full_sequence",
     "PromptPass",
     "record_last_token",
+    "replay_errors",
     "run_prompts",
 ]
 
@@ -116,10 +117,6 @@ def _map_tensors(obj, fn: Callable):
     if isinstance(obj, dict):
         return {k: _map_tensors(v, fn) for k, v in obj.items()}
     return fn(obj)
-
-
-def _is_cache(obj) -> bool:
-    return tfa.is_cache(obj)
 
 
 @dataclass
@@ -232,27 +229,6 @@ def _record(
     return records
 
 
-def _prefix_keys_values(
-    cache, dtype: torch.dtype | None
-) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """Layer index -> (K, V) of a transformers cache after the prefix run, in ``dtype``.
-
-    ``dtype`` None keeps the cache's dtype.
-    """
-    layers = tfa.cache_layers(cache)
-    if layers is None:
-        raise LmCouplingError(
-            f"the Jacobian engine expected a transformers Cache with .layers after the prefix "
-            f"run, found {type(cache).__name__}; run with transformers >= 5 or method on a "
-            "prompt of one token"
-        )
-    pairs = {i: tfa.layer_keys_values(layer) for i, layer in enumerate(layers)}
-    return {
-        i: (k.detach().to(dtype or k.dtype), v.detach().to(dtype or v.dtype))
-        for i, (k, v) in ((i, kv) for i, kv in pairs.items() if kv is not None)
-    }
-
-
 def _block_device(block: nn.Module) -> torch.device | None:
     """The device of a block's parameters (None when they are offloaded or absent)."""
     param = next((p for p in block.parameters()), None)
@@ -269,7 +245,7 @@ def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
     device = _block_device(block)
 
     def convert(obj):
-        if _is_cache(obj):
+        if tfa.is_cache(obj):
             return swap(obj)
         if isinstance(obj, torch.Tensor):
             obj = obj.detach() if device is None else obj.detach().to(device)
@@ -287,6 +263,19 @@ def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
     return BlockCall(block=block, args=args, kwargs=kwargs, hidden=hidden, dtype=dtype)
 
 
+def _prefix_keys_values(cache) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Layer index -> (K, V) of a transformers cache after the prefix run, in its dtype."""
+    layers = tfa.cache_layers(cache)
+    if layers is None:
+        raise LmCouplingError(
+            f"the Jacobian engine expected a transformers Cache with .layers after the prefix "
+            f"run, found {type(cache).__name__}; run with transformers >= 5 or method on a "
+            "prompt of one token"
+        )
+    pairs = {i: tfa.layer_keys_values(layer) for i, layer in enumerate(layers)}
+    return {i: (kv[0].detach(), kv[1].detach()) for i, kv in pairs.items() if kv is not None}
+
+
 def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
     """Layer index -> (K, V) ``[1, H_kv, n, d_head]`` of one prompt's prefix, model dtype."""
     cache = tfa.output_cache(model(prompt[None, :-1], use_cache=True))
@@ -295,7 +284,7 @@ def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
             f"the Jacobian engine expected {type(model).__name__} to return a cache with "
             "use_cache=True, found None"
         )
-    return _prefix_keys_values(cache, None)
+    return _prefix_keys_values(cache)
 
 
 def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]:
@@ -307,7 +296,7 @@ def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]
         architecture-specific cache): then the prefix must run alone.
     """
     try:
-        keys_values = _prefix_keys_values(cache, None)
+        keys_values = _prefix_keys_values(cache)
     except LmCouplingError as error:
         return None, str(error)
     if not keys_values:
@@ -316,10 +305,6 @@ def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]
     if rows:
         return None, f"layers {sorted(rows)} hold {sorted(set(rows.values()))} rows, not {length}"
     return {i: (k[..., :-1, :], v[..., :-1, :]) for i, (k, v) in keys_values.items()}, ""
-
-
-STATE_ATTRIBUTES = tfa.STATE_ATTRIBUTES
-"""Attributes of a cache layer that keeps a state instead of (or beside) keys and values."""
 
 
 def _refuse_state_layers(model: nn.Module) -> None:
@@ -354,76 +339,69 @@ class PromptPass:
     outputs: list[torch.Tensor]
 
 
-@contextlib.contextmanager
-def recording_last_token_outputs(model: nn.Module, parts: ModelParts):
-    """Hooks keeping every block's output at the last position; each pass stops after block L.
+def run_prompts(
+    model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor], prefixes: bool = True
+) -> PromptPass:
+    """One plain forward pass per prompt: every block's output at n, and the prefix keys/values.
 
-    Yields one list per block; each forward pass run inside appends its ``[B, d]``
-    rows, and raises `_StopForward` after the last block (suppress it around the
-    call). The model runs in eval mode; every hook and training flag is
-    restored on exit.
+    Run *outside* :func:`engine_mode`: the model's own attention
+    implementation and kernels on each prompt alone (no padding), in eval
+    mode, i.e. the function a benchmark's forward pass computes; it stops
+    after the last block (no final norm, no unembedding). The block outputs
+    are the reference of the engine's run-time check (each stays on its
+    block's device). With ``prefixes`` (the cache replay) the pass also
+    fills a cache, whose keys and values of positions < n the engine freezes
+    (the prefix runs again alone where that cache is not one row per
+    position); without (the sequence replay, ``jacobian.sequence``)
+    ``PromptPass.prefixes`` are None.
     """
+    if prefixes:
+        _refuse_state_layers(model)
     outputs: list[list[torch.Tensor]] = [[] for _ in parts.blocks]
-    last = len(parts.blocks) - 1
 
     def hook(index: int):
         def post_hook(module, args, output):
             outputs[index].append(block_output_hidden(output)[:, -1].detach())
-            if index == last:
+            if index == len(parts.blocks) - 1:
                 raise _StopForward
 
         return post_hook
 
-    handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
-    training = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
-        yield outputs
-    finally:
-        for handle in handles:
-            handle.remove()
-        for module, flag in training.items():
-            module.training = flag
-
-
-def run_prompts(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]) -> PromptPass:
-    """One plain forward pass per prompt: its prefix keys/values and every block's output at n.
-
-    Run *outside* :func:`engine_mode`: the model's own attention
-    implementation and kernels on each prompt alone (no padding), i.e. the
-    function a benchmark's forward pass computes; it stops after the last
-    block (no final norm, no unembedding). The block outputs are the
-    reference of the engine's run-time check, and the cache it fills gives
-    the prefix the engine freezes (run again on the prefix alone where the
-    cache is not one row per position). Each output stays on its block's device.
-    """
-    _refuse_state_layers(model)
-    prefixes: list[dict[int, tuple] | None] = []
+    plain = {"use_cache": False} if accepts_argument(model, "use_cache") else {}
+    keys_values: list[dict[int, tuple] | None] = []
     alone: list[tuple[int, str]] = []
-    with recording_last_token_outputs(model, parts) as outputs:
-        with torch.no_grad():
+    with eval_mode(model), torch.no_grad():
+        handles = [b.register_forward_hook(hook(i)) for i, b in enumerate(parts.blocks)]
+        try:
             for index, prompt in enumerate(prompts):
                 length = prompt.shape[0]
                 # A cache of full layers keeps every key/value row, also on layers with a
                 # sliding window (their mask, not the cache, limits what a query sees).
-                cache = tfa.new_cache() if length > 1 else None
+                cache = tfa.new_cache() if prefixes and length > 1 else None
+                kwargs = (
+                    plain
+                    if cache is None
+                    else {"use_cache": True, **tfa.cache_kwargs(model, cache)}
+                )
                 with contextlib.suppress(_StopForward):
-                    model(prompt[None], use_cache=length > 1, **tfa.cache_kwargs(model, cache))
-                prefix, why = (None, "") if length == 1 else _truncated_prefix(cache, length)
-                prefixes.append(prefix)
-                if length > 1 and prefix is None:
+                    model(prompt[None], **kwargs)
+                prefix, why = (None, "") if cache is None else _truncated_prefix(cache, length)
+                keys_values.append(prefix)
+                if cache is not None and prefix is None:
                     alone.append((index, why))
-    for index, why in alone:  # outside the recording hooks, which stop a pass at the last block
-        warnings.warn(
-            f"the Jacobian engine could not take prompt {index}'s prefix keys/values from the "
-            f"cache of its whole forward pass ({why}); running its prefix alone, one extra "
-            "forward pass",
-            EngineFallbackWarning,
-            stacklevel=2,
-        )
-        with torch.no_grad():
-            prefixes[index] = _prefix_cache(model, prompts[index])
-    return PromptPass(prefixes, [torch.cat(rows) for rows in outputs])
+        finally:
+            for handle in handles:
+                handle.remove()
+        for index, why in alone:  # outside the hooks, which stop a pass at the last block
+            warnings.warn(
+                f"the Jacobian engine could not take prompt {index}'s prefix keys/values from "
+                f"the cache of its whole forward pass ({why}); running its prefix alone, one "
+                "extra forward pass",
+                EngineFallbackWarning,
+                stacklevel=2,
+            )
+            keys_values[index] = _prefix_cache(model, prompts[index])
+    return PromptPass(keys_values, [torch.cat(rows) for rows in outputs])
 
 
 def _padded_prefixes(prompts: list[torch.Tensor], per_doc: list[dict[int, tuple] | None]):
@@ -470,6 +448,7 @@ def record_last_token(
     prompts: list[torch.Tensor],
     dtype: torch.dtype,
     prefixes: list[dict[int, tuple] | None],
+    rows: torch.Tensor | None = None,
 ) -> list[BlockCall]:
     """Record every block's call on the last token n with the prefix keys/values frozen.
 
@@ -485,11 +464,14 @@ def record_last_token(
         prompts: ``[T_b]`` token ids on the input device; n_b = T_b - 1.
         dtype: compute dtype.
         prefixes: ``PromptPass.prefixes`` of these prompts.
+        rows: ``[R]`` token ids to run instead of the last token, after the
+            prefix of one prompt (``prompts[0][:-1]``): position Jacobians.
 
     Returns:
-        L block calls whose hidden states are ``[B, 1, d]`` (x^{l-1}_n).
+        L block calls whose hidden states are ``[B, 1, d]`` (x^{l-1}_n), or
+        ``[1, R, d]`` for ``rows``.
     """
-    last = torch.stack([p[-1:] for p in prompts])
+    last = torch.stack([p[-1:] for p in prompts]) if rows is None else rows[None]
     padded, mask = _padded_prefixes(prompts, prefixes)
     kwargs: dict = {"use_cache": bool(padded)}
     if padded:
@@ -505,8 +487,35 @@ def record_last_token(
         _block_call(block, record, dtype, lambda _cache: frozen)
         for block, record in zip(parts.blocks, records, strict=True)
     ]
-    probe_split(calls, frozen)
+    if last.shape[1] == 1:  # one row: the split attention applies (SDPA models)
+        probe_split(calls, frozen)
     return calls
+
+
+def replay_errors(
+    calls: list[BlockCall], expected: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per document, the largest relative error of the replayed block calls at n, and its block.
+
+    ``||block_l(x)_n - y_l|| / ||y_l||`` with ``y_l`` the model's own output of
+    block l at n (``PromptPass.outputs``); non-finite errors count as inf.
+
+    Returns:
+        ``(worst [B] float64, block [B] int64)`` on the CPU.
+    """
+    n_docs = calls[0].hidden.shape[0]
+    worst = torch.zeros(n_docs, dtype=torch.float64)
+    block = torch.zeros(n_docs, dtype=torch.long)
+    for index, (call, ref) in enumerate(zip(calls, expected, strict=True)):
+        f, x = call.last_token_map()
+        out = f(x) + x
+        ref = ref.to(out.dtype)
+        scale = torch.linalg.vector_norm(ref, dim=-1).clamp_min(torch.finfo(out.dtype).tiny)
+        err = (torch.linalg.vector_norm(out - ref, dim=-1) / scale).double().cpu()
+        err = torch.where(torch.isfinite(err), err, torch.inf)
+        block = torch.where(err > worst, index, block)
+        worst = torch.maximum(worst, err)
+    return worst, block
 
 
 def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:

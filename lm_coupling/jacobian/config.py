@@ -1,10 +1,9 @@
 """The Jacobian engine's settings: one frozen record, validated once.
 
 ``JacobianEngine(model, parts, config)`` takes a :class:`JacobianConfig`
-(or its fields as keywords). The fields a user may want to set from the
-command line are listed in :data:`USER_FIELDS` (each is meant to become a
-``jacobian_<field>`` option of ``--metric_args``); the others serve tests,
-diagnostics and the metrics that ask for factors (K, swapped).
+(or its fields as keywords). The coupling plugin offers the ones a user may
+want as ``jacobian_<field>`` options; the others serve tests, diagnostics and
+the metrics that ask for factors (K, swapped).
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from dataclasses import dataclass, field
 
 from lm_coupling.errors import ConfigurationError
 
-__all__ = ["DENSE_MAX_D", "ILL_GAP", "METHODS", "USER_FIELDS", "JacobianConfig"]
+__all__ = ["DENSE_MAX_D", "ILL_GAP", "METHODS", "JacobianConfig"]
 
 DENSE_MAX_D = 1024
 """``method="auto"`` uses the exact ``gram`` route for every layer when d is at most this."""
@@ -25,26 +24,6 @@ ILL_GAP = 1e-3
 
 METHODS = ("auto", "dense", "gram", "krylov")
 """The routes (``jacobian.engine`` module docstring)."""
-
-USER_FIELDS = (
-    "method",
-    "tol",
-    "max_iters",
-    "ill_gap",
-    "check",
-    "seed",
-    "docs_per_batch",
-    "chunk_size",
-    "keep_bytes",
-)
-"""Fields a user could want to set (as ``jacobian_<field>`` options of ``--metric_args``).
-
-``method`` trades exactness for speed on wide models; ``tol`` and
-``max_iters`` bound the iterative routes; ``ill_gap`` decides when a layer's
-singular vectors count as undetermined; ``check=False`` skips the run-time
-check of the replayed blocks (not advised); ``seed`` fixes the random start
-blocks; ``docs_per_batch``, ``chunk_size`` and ``keep_bytes`` bound memory.
-"""
 
 
 def _int(name: str, value, low: int, *, optional: bool = False) -> None:
@@ -83,7 +62,7 @@ class JacobianConfig:
             block of 2(K + 1) columns, which converges fast on flat spectra).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
             memory budget, ``jacobian.linalg.chunk_size_for``).
-        docs_per_batch: documents per batched pass (None: from free memory).
+        docs_per_batch: documents per batched pass (None: from free GPU memory; one on a CPU).
         keep_bytes: dense Jacobians pass one may keep for pass two (None: 1 GiB
             on CPU, a quarter of free memory on a GPU); beyond it pass two
             recomputes ``J^l V_m`` by JVPs.

@@ -61,21 +61,16 @@ import torch
 from torch import nn
 
 from lm_coupling.errors import ConfigurationError, LmCouplingError
-from lm_coupling.jacobian.calls import (  # the _ helpers: see _record_rows
+from lm_coupling.jacobian.calls import (
     BlockCall,
-    FrozenPrefixCache,
-    _batched_cache,
-    _block_call,
-    _padded_prefixes,
-    _record,
     compute_dtype,
     engine_mode,
-    probe_split,
     record_full_sequence,
     record_last_token,
+    replay_errors,
     run_prompts,
 )
-from lm_coupling.jacobian.config import DENSE_MAX_D, ILL_GAP, METHODS, JacobianConfig
+from lm_coupling.jacobian.config import JacobianConfig
 from lm_coupling.jacobian.linalg import PRODUCTS, Clock, chunk_size_for, dense_jacobian
 from lm_coupling.jacobian.routes import (
     FACTORISATION,
@@ -89,17 +84,11 @@ from lm_coupling.jacobian.sequence import (
     SEQUENCE,
     choose_replay,
     record_sequences,
-    run_sequences,
 )
-from lm_coupling.model import transformers_adapter as tfa
 from lm_coupling.model.architecture import ModelParts
 from lm_coupling.states import JacobianFactors
 
 __all__ = [
-    "DENSE_MAX_D",
-    "ILL_GAP",
-    "METHODS",
-    "JacobianConfig",
     "JacobianEngine",
     "JacobianMismatchError",
     "naive_block_jacobians",
@@ -219,18 +208,22 @@ class JacobianEngine:
         return 1 << 30
 
     def _batch_docs(self, lengths: list[int]) -> int:
-        """Documents per batched pass: what fits in a quarter of free memory (CPU: 2 GiB), <= 64."""
+        """Documents per batched pass: on a GPU what fits in a quarter of free memory, <= 64.
+
+        On a CPU one: batches of 4 were 14% slower than one document at a time
+        at SmolLM2-135M shape (docs/engine.md).
+        """
         if self.config.docs_per_batch is not None:
             return self.config.docs_per_batch
         device = self.parts.input_device
+        if device.type != "cuda":
+            return 1
         L, d, k = self.parts.n_layers, self.d, self.k_max
         item = torch.finfo(self.dtype).bits // 8
         per_doc = item * (4 * d * d + 4 * L * d * (k + 1) + 2 * L * L * k * k)
         per_doc += item * 16 * max(lengths) * d * L  # frozen keys/values and their casts
-        if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0] // 4
-            return int(max(1, min(64, free // per_doc)))
-        return int(max(1, min(4, (2 << 30) // per_doc)))
+        free = torch.cuda.mem_get_info(device)[0] // 4
+        return int(max(1, min(64, free // per_doc)))
 
     def _replay(self) -> str:
         """``self.replay``, else the model's ``choose_replay`` (call outside ``engine_mode``)."""
@@ -240,9 +233,7 @@ class JacobianEngine:
 
     def _run(self, prompts: list[torch.Tensor]):
         """The plain forward pass per prompt the replay needs (outside ``engine_mode``)."""
-        if self._replay() == SEQUENCE:
-            return run_sequences(self.model, self.parts, prompts)
-        return run_prompts(self.model, self.parts, prompts)
+        return run_prompts(self.model, self.parts, prompts, prefixes=self._replay() != SEQUENCE)
 
     def _record_last(self, prompts: list[torch.Tensor], prefixes: list) -> list[BlockCall]:
         device = self.parts.input_device
@@ -360,18 +351,7 @@ class JacobianEngine:
         """Documents whose replayed block call at n differs from the model's own output."""
         param = next(self.parts.blocks[0].parameters())
         rtol = CHECK_RTOL.get(param.dtype, 1e-4)
-        n_docs = calls[0].hidden.shape[0]
-        worst = torch.zeros(n_docs, dtype=torch.float64)
-        layer_of = torch.zeros(n_docs, dtype=torch.long)
-        for index, (call, ref) in enumerate(zip(calls, expected, strict=True)):
-            f, x = call.last_token_map()
-            out = f(x) + x
-            ref = ref.to(out.dtype)
-            scale = torch.linalg.vector_norm(ref, dim=-1).clamp_min(torch.finfo(out.dtype).tiny)
-            err = (torch.linalg.vector_norm(out - ref, dim=-1) / scale).double().cpu()
-            err = torch.where(torch.isfinite(err), err, torch.inf)
-            layer_of = torch.where(err > worst, index, layer_of)
-            worst = torch.maximum(worst, err)
+        worst, layer_of = replay_errors(calls, expected)
         return {
             b: JacobianMismatchError(
                 f"the Jacobian engine's replay of block {int(layer_of[b])} differs from the "
@@ -382,7 +362,7 @@ class JacobianEngine:
                 "function from the one the benchmark ran, so this document's Jacobian "
                 "metrics are NaN"
             )
-            for b in range(n_docs)
+            for b in range(len(worst))
             if not bool(worst[b] <= rtol)
         }
 
@@ -481,9 +461,13 @@ class JacobianEngine:
                 call = record_sequences(self.model, self.parts, [ids], self.dtype)[layer].docs[0]
                 f, x = call.position_map(t_in, t_out)
                 return dense_jacobian(f, x, self._chunk(x, T))[0]
-        prefix = run_prompts(self.model, self.parts, [ids[: t_in + 1]]).prefixes[0]
+        prompt = ids[: t_in + 1]
+        prefixes = run_prompts(self.model, self.parts, [prompt]).prefixes
         with engine_mode(self.model, self.config.attn_implementation):
-            call = _record_rows(self.model, self.parts, ids, t_in, prefix, self.dtype)[layer]
+            calls = record_last_token(
+                self.model, self.parts, [prompt], self.dtype, prefixes, ids[t_in:]
+            )
+            call = calls[layer]
             params = call.params()
             X = call.hidden  # [1, t_out - t_in + 1, d]: rows t_in..t_out
 
@@ -493,31 +477,6 @@ class JacobianEngine:
 
             x = X[:, 0]
             return dense_jacobian(f, x, self._chunk(x, X.shape[1] + t_in))[0]
-
-
-def _record_rows(
-    model: nn.Module, parts: ModelParts, ids: torch.Tensor, start: int, prefix, dtype
-) -> list[BlockCall]:
-    """Every block's call on rows ``start..T-1`` of one prompt, positions < start frozen.
-
-    ``prefix``: layer -> (K, V) of positions < start (``run_prompts`` on
-    ``ids[:start + 1]``), or None for ``start == 0``. Call inside ``engine_mode``.
-    """
-    padded, _ = _padded_prefixes([ids[: start + 1]], [prefix])
-    kwargs: dict = {"use_cache": bool(padded)}
-    if padded:
-        kwargs.update(tfa.cache_kwargs(model, _batched_cache(model, padded)))
-    records = _record(model, parts.blocks, ids[None, start:], **kwargs)
-    frozen = FrozenPrefixCache(
-        {i: (k.detach().to(dtype), v.detach().to(dtype)) for i, (k, v) in padded.items()}
-    )
-    calls = [
-        _block_call(block, record, dtype, lambda _cache: frozen)
-        for block, record in zip(parts.blocks, records, strict=True)
-    ]
-    if ids.shape[0] - start == 1:  # one row: the split attention applies (SDPA models)
-        probe_split(calls, frozen)
-    return calls
 
 
 def naive_block_jacobians(

@@ -20,6 +20,7 @@ from torch import nn
 
 from lm_coupling.jacobian.frozen_attention import STASH, register_split_attention
 from lm_coupling.model import transformers_adapter as tfa
+from lm_coupling.model.block_calls import eval_mode
 from lm_coupling.model.differentiable import differentiable_substitutes
 
 __all__ = ["FORWARD_AD_ATTENTION", "engine_mode"]
@@ -87,7 +88,6 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
 
     configs = _configs(model)
     saved = [tfa.saved_implementations(c) for c in configs]
-    training = {m: m.training for m in model.modules()}
     split = tfa.attention_dispatched_by_name(model)
     try:
         for config in configs:
@@ -100,14 +100,12 @@ def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Ite
                 # grouped_mm and the other fused expert kernels have no forward-mode AD;
                 # the per-expert loop computes the same function (the run-time check verifies).
                 tfa.set_experts_implementation(config, "eager")
-        model.eval()
-        with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), differentiable_substitutes(model):
-            yield
+        with eval_mode(model), torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+            with differentiable_substitutes(model):
+                yield
     finally:
         for config, (value, experts) in zip(configs, saved, strict=True):
             tfa.set_attention_implementation(config, value)
             if experts is not None:
                 tfa.set_experts_implementation(config, experts)
-        for module, flag in training.items():
-            module.training = flag
         STASH.take()

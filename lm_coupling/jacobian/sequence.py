@@ -27,7 +27,6 @@ docs/engine.md, "Replays".
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,16 +36,13 @@ from torch import nn
 
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.jacobian.calls import (
-    STATE_ATTRIBUTES,
     BlockCall,
-    PromptPass,
     _block_call,
     _record,
-    _StopForward,
-    recording_last_token_outputs,
 )
 from lm_coupling.model.architecture import ModelParts
-from lm_coupling.model.block_calls import accepts_argument
+from lm_coupling.model.block_calls import accepts_argument, eval_mode
+from lm_coupling.model.transformers_adapter import layer_keeps_state
 
 __all__ = [
     "CACHE",
@@ -55,7 +51,6 @@ __all__ = [
     "cache_replay_problem",
     "choose_replay",
     "record_sequences",
-    "run_sequences",
 ]
 
 CACHE = "cache"
@@ -76,7 +71,7 @@ _CHOSEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _layer_kind(layer) -> str:
     """``"state"``, ``"indexer"`` or ``""`` for a cache layer of keys and values only."""
-    if any(hasattr(layer, a) for a in STATE_ATTRIBUTES):
+    if layer_keeps_state(layer):
         return "state"
     if any(hasattr(layer, a) for a in INDEXER_ATTRIBUTES):
         return "indexer"
@@ -186,6 +181,7 @@ def _cache_replay_mismatch(model: nn.Module) -> str:
         compute_dtype,
         engine_mode,
         record_last_token,
+        replay_errors,
         run_prompts,
     )
     from lm_coupling.model.architecture import locate_model_parts
@@ -199,19 +195,15 @@ def _cache_replay_mismatch(model: nn.Module) -> str:
     tol = torch.finfo(dtype).eps ** 0.5
     with engine_mode(model):
         calls = record_last_token(model, parts, prompts, dtype, run.prefixes)
-        for index, (call, reference) in enumerate(zip(calls, run.outputs, strict=True)):
-            f, x = call.last_token_map()
-            out = f(x) + x
-            reference = reference.to(out)
-            scale = float(torch.linalg.vector_norm(reference)) or 1.0
-            error = float(torch.linalg.vector_norm(out - reference)) / scale
-            if not error <= tol:
-                return (
-                    f"a call of block {index} on the last token with the prefix's keys and "
-                    f"values differs from the model's forward pass by {error:.2g} (relative): "
-                    "the model computes something from the whole input that a cached call "
-                    "does not see (e.g. position ids counted over the input)"
-                )
+        worst, block = replay_errors(calls, run.outputs)
+    error, index = float(worst.max()), int(block[int(worst.argmax())])
+    if not error <= tol:
+        return (
+            f"a call of block {index} on the last token with the prefix's keys and values "
+            f"differs from the model's forward pass by {error:.2g} (relative): the model "
+            "computes something from the whole input that a cached call does not see (e.g. "
+            "position ids counted over the input)"
+        )
     return ""
 
 
@@ -219,31 +211,11 @@ def choose_replay(model: nn.Module) -> tuple[str, str]:
     """``(CACHE, "")`` where the cache replay serves, else ``(SEQUENCE, why)``; once per model."""
     chosen = _CHOSEN.get(model)
     if chosen is None:
-        training = {m: m.training for m in model.modules()}
-        try:
-            model.eval()
+        with eval_mode(model):
             why = cache_replay_problem(model)
-        finally:
-            for module, flag in training.items():
-                module.training = flag
         chosen = (SEQUENCE, why) if why else (CACHE, "")
         _CHOSEN[model] = chosen
     return chosen
-
-
-def run_sequences(model: nn.Module, parts: ModelParts, prompts: list[torch.Tensor]) -> PromptPass:
-    """One plain forward pass per prompt (no cache): every block's output at n.
-
-    The reference of the engine's run-time check, as ``run_prompts`` gives it
-    for the cache replay; run outside ``engine_mode`` (the model's own
-    attention and kernels). ``prefixes`` are all None (nothing is frozen).
-    """
-    kwargs = {"use_cache": False} if accepts_argument(model, "use_cache") else {}
-    with recording_last_token_outputs(model, parts) as outputs, torch.no_grad():
-        for prompt in prompts:
-            with contextlib.suppress(_StopForward):
-                model(prompt[None], **kwargs)
-    return PromptPass([None] * len(prompts), [torch.cat(rows) for rows in outputs])
 
 
 @dataclass

@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from lm_coupling.metrics import as_work
+
 __all__ = [
     "alignment_ratio",
     "coupling_matrices",
@@ -33,10 +35,6 @@ __all__ = [
 
 _NORMS = ("l1", "l2", "offdiag")
 _PAIRS = ("offdiag", "all", "adjacent")
-
-
-def _work(x: torch.Tensor) -> torch.Tensor:
-    return x if x.dtype == torch.float64 else x.to(torch.float32)
 
 
 def _check_factor(name: str, x: torch.Tensor, dims: int) -> None:
@@ -74,7 +72,7 @@ def coupling_matrices(U: torch.Tensor, JV: torch.Tensor) -> torch.Tensor:
             f"JV must have shape [..., L, M, d, >=K] with [..., M, d, K] = "
             f"{tuple(U.shape)} (U's), found {tuple(JV.shape)}"
         )
-    return torch.einsum("...mdi,...lmdj->...lmij", _work(U), _work(JV[..., :k]))
+    return torch.einsum("...mdi,...lmdj->...lmij", as_work(U), as_work(JV[..., :k]))
 
 
 def _shape(x) -> str:
@@ -102,7 +100,7 @@ def coupling_matrices_dense(J: torch.Tensor, U: torch.Tensor, V: torch.Tensor) -
             f"U and V must both be [L, d, K] matching J {tuple(J.shape)}; found U "
             f"{tuple(U.shape)}, V {tuple(V.shape)}"
         )
-    return coupling_matrices(U, _work(J)[:, None] @ _work(V)[None])
+    return coupling_matrices(U, as_work(J)[:, None] @ as_work(V)[None])
 
 
 def miscoupling(
@@ -143,12 +141,12 @@ def miscoupling(
         raise ValueError(
             f"S must have shape [L, >=K] = [{n_layers}, >={k}], found {tuple(S.shape)}"
         )
-    M = _work(A).abs() if elementwise_abs else _work(A)
+    M = as_work(A).abs() if elementwise_abs else as_work(A)
     if norm == "offdiag":
         off = M - torch.diag_embed(torch.diagonal(M, dim1=-2, dim2=-1))
         num, den = _fro(off), _fro(M)
     else:
-        s = _work(S[:, :k]).to(M.dtype)
+        s = as_work(S[:, :k]).to(M.dtype)
         num = _fro(M - torch.diag_embed(s)[:, None])
         den = torch.linalg.vector_norm(s, ord=1 if norm == "l1" else 2, dim=-1)[:, None]
         den = den.expand_as(num)
@@ -184,7 +182,7 @@ def coupling_score(m: torch.Tensor, pairs: str = "offdiag") -> torch.Tensor:
     idx = torch.arange(m.shape[0], device=m.device)
     gap = (idx[:, None] - idx[None, :]).abs()
     select = {"offdiag": gap != 0, "all": gap >= 0, "adjacent": gap == 1}[pairs]
-    c = 1 - _work(m)
+    c = 1 - as_work(m)
     if not bool(select.any()):
         return torch.tensor(math.nan, dtype=c.dtype, device=c.device)
     return c[select].mean()
@@ -207,7 +205,7 @@ def alignment_ratio(A: torch.Tensor) -> torch.Tensor:
         off-diagonal entry) or the diagonal is all zero.
     """
     _check_factor("A", A, 4)
-    M = _work(A).abs()
+    M = as_work(A).abs()
     k = M.shape[-1]
     diag = torch.diagonal(M, dim1=-2, dim2=-1)
     diag_mean = diag.mean(dim=-1)
@@ -241,7 +239,7 @@ def top_k_svd(J: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torc
     limit = min(J.shape[-2:])
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limit:
         raise ValueError(f"k must be an int in [1, {limit}], found {k!r}")
-    U, S, Vh = torch.linalg.svd(_work(J), full_matrices=False)
+    U, S, Vh = torch.linalg.svd(as_work(J), full_matrices=False)
     return U[..., :k], S[..., :k], Vh[..., :k, :].transpose(-2, -1)
 
 
@@ -260,7 +258,7 @@ def spectral_gap(S: torch.Tensor, k: int) -> torch.Tensor:
     """
     if S.shape[-1] < k + 1:
         raise ValueError(f"S needs at least K+1 = {k + 1} values, found {tuple(S.shape)}")
-    return _work(S[..., k - 1]) / _work(S[..., k])
+    return as_work(S[..., k - 1]) / as_work(S[..., k])
 
 
 SUBSPACE_MIN_GAP = 1.05

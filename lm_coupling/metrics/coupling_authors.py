@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from lm_coupling.metrics import work_dtype
+
 __all__ = ["AUTHORS_KS", "NORMALISATIONS", "authors_miscoupling"]
 
 AUTHORS_KS = (10, 30, 50)
@@ -53,7 +55,7 @@ def authors_miscoupling(
     """
     if jacobians.dim() != 3 or jacobians.shape[-1] != jacobians.shape[-2]:
         raise ValueError(f"jacobians must be [L, d, d], found {tuple(jacobians.shape)}")
-    dtype = torch.float64 if jacobians.dtype == torch.float64 else torch.float32
+    dtype = work_dtype(jacobians)
     J = jacobians.to(dtype)
     U, S, Vh = torch.linalg.svd(J)  # full SVD, as the authors' torch.linalg.svd
     d = J.shape[-1]

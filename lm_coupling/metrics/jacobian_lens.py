@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import torch
 
+from lm_coupling.metrics import work_dtype
+
 __all__ = ["jacobian_products", "transport"]
 
 
@@ -61,7 +63,7 @@ def jacobian_products(block_jacobians: torch.Tensor) -> torch.Tensor:
         every earlier state non-finite.
     """
     _check_blocks(block_jacobians)
-    dtype = torch.float64 if block_jacobians.dtype == torch.float64 else torch.float32
+    dtype = work_dtype(block_jacobians)
     blocks = block_jacobians.to(dtype)
     n_layers, d = blocks.shape[-3], blocks.shape[-1]
     eye = torch.eye(d, dtype=dtype, device=blocks.device)

@@ -32,6 +32,8 @@ import math
 
 import torch
 
+from lm_coupling.metrics import work_dtype
+
 __all__ = [
     "DatasetGram",
     "curvature",
@@ -44,10 +46,6 @@ __all__ = [
     "spectrum_entropy",
     "standardize_tokens",
 ]
-
-
-def _out_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _check_states(states: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -177,7 +175,7 @@ def prompt_entropy(
     out = spectrum_entropy(gram_eigenvalues(states, mask), alpha)
     if normalized:
         out = normalize_entropy(out, mask.sum(dim=1), states.shape[-1])
-    return out.to(_out_dtype(states))
+    return out.to(work_dtype(states))
 
 
 def normalize_entropy(entropy: torch.Tensor, n_tokens: torch.Tensor, d: int) -> torch.Tensor:
@@ -220,7 +218,7 @@ def effective_rank(states: torch.Tensor, mask: torch.Tensor | None = None) -> to
         no measured token, all-zero or non-finite states.
     """
     mask = _check_states(states, mask)
-    return effective_rank_from_eigenvalues(gram_eigenvalues(states, mask)).to(_out_dtype(states))
+    return effective_rank_from_eigenvalues(gram_eigenvalues(states, mask)).to(work_dtype(states))
 
 
 def effective_rank_from_eigenvalues(eigenvalues: torch.Tensor) -> torch.Tensor:
@@ -305,7 +303,7 @@ def curvature(
         non-finite states.
     """
     mask = _check_states(states, mask)
-    dtype = _out_dtype(states)
+    dtype = work_dtype(states)
     z, count = _compact(states.to(dtype), mask)
     if z.shape[1] < 3:
         return torch.full((z.shape[0],), math.nan, dtype=dtype, device=z.device)
@@ -350,7 +348,7 @@ def standardize_tokens(states: torch.Tensor, mask: torch.Tensor | None = None) -
         on it are NaN for that document.
     """
     mask = _check_states(states, mask)
-    dtype = _out_dtype(states)
+    dtype = work_dtype(states)
     z = states.to(dtype)
     m = mask[..., None].to(dtype)
     mean = (z * m).sum(dim=1, keepdim=True) / m.sum(dim=1, keepdim=True)
@@ -379,7 +377,7 @@ def pool_tokens(
         measured token.
     """
     mask = _check_states(states, mask)
-    dtype = _out_dtype(states)
+    dtype = work_dtype(states)
     z = states.to(dtype)
     if pooling == "mean":
         m = mask[..., None].to(dtype)

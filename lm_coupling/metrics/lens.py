@@ -6,9 +6,7 @@ gives exactly the model's next-token distribution. Pitfall: applying the lens
 without the final norm, or to Hugging Face's ``hidden_states[-1]`` (already
 normed), gives a different, wrong last layer.
 
-Rows of logits are processed in chunks, so at most a chunk's few temporaries
-are materialized at once (memory bounded at any vocabulary); each row's
-values are those of the row alone.
+Each row's values are those of the row alone.
 """
 
 from __future__ import annotations
@@ -17,28 +15,14 @@ import math
 
 import torch
 
+from lm_coupling.metrics import work_dtype
+
 __all__ = ["fixation_depth", "lens_summary", "tv_to_target"]
-
-_CHUNK_ELEMENTS = 1 << 22
-"""Rows of logits are processed in chunks of about this many elements."""
-
-
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _row_chunks(rows: torch.Tensor):
-    """Yield ``(start, chunk [n, V])`` chunks of a ``[N, V]`` tensor in the work dtype."""
-    vocab = rows.shape[-1]
-    step = max(1, _CHUNK_ELEMENTS // max(1, vocab))
-    dtype = _work_dtype(rows)
-    for start in range(0, rows.shape[0], step):
-        yield start, rows[start : start + step].to(dtype)
 
 
 def _summary_rows(
-    chunk: torch.Tensor, target: torch.Tensor | None, top1: bool
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    logits: torch.Tensor, target: torch.Tensor, top1: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(H / ln V, P(target), argmax)`` of rows of logits ``z`` ``[n, V]``.
 
     With ``m = max_v z_v``, ``s = z - m``, ``e = exp(s)`` and ``Z = sum_v e_v``:
@@ -49,26 +33,15 @@ def _summary_rows(
 
     ``0 ln 0 = 0``: a ``-inf`` logit's ``s`` is raised to the lowest finite
     number, whose term ``0 * s`` is then 0. NaN logits, and rows entirely
-    ``-inf``, give NaN.
-
-    Args:
-        chunk: ``[n, V]`` logits in the work dtype.
-        target: ``[n]`` int64 target ids, ``-1`` where a row has none; None:
-            no target probability.
-        top1: also the argmax of each row.
-
-    Returns:
-        ``(entropy [n], target_prob [n] or None, argmax [n] or None)``;
-        target_prob is NaN where target is -1.
+    ``-inf``, give NaN. ``target`` is ``-1`` where a row has none (NaN
+    probability).
     """
-    top, arg = chunk.max(dim=-1) if top1 else (chunk.amax(dim=-1), None)
-    shifted = chunk - top[:, None]
+    top, arg = logits.max(dim=-1) if top1 else (logits.amax(dim=-1), None)
+    shifted = logits - top[:, None]
     shifted.clamp_(min=torch.finfo(shifted.dtype).min)
     exp = shifted.exp()
     total = exp.sum(dim=-1)
-    entropy = (total.log() - torch.linalg.vecdot(exp, shifted) / total) / math.log(chunk.shape[-1])
-    if target is None:
-        return entropy, None, arg
+    entropy = (total.log() - torch.linalg.vecdot(exp, shifted) / total) / math.log(logits.shape[-1])
     picked = exp.gather(-1, target.clamp(min=0)[:, None]).squeeze(-1) / total
     return entropy, torch.where(target >= 0, picked, math.nan), arg
 
@@ -120,18 +93,10 @@ def lens_summary(
         raise ValueError(
             f"target ids must be -1 (none) or in [0, {vocab}), found {target.tolist()}"
         )
-    rows = logits.reshape(batch * depth, vocab)
+    rows = logits.reshape(batch * depth, vocab).to(work_dtype(logits))
     row_target = target.to(device=logits.device, dtype=torch.int64).repeat_interleave(depth)
-    parts = []
-    for start, chunk in _row_chunks(rows):
-        parts.append(_summary_rows(chunk, row_target[start : start + len(chunk)], top1))
-    shape = (batch, depth)
-    if len(parts) == 1:  # one chunk: no copy
-        columns = parts[0]
-    else:
-        columns = [torch.cat(column) if column[0] is not None else None
-                   for column in zip(*parts, strict=True)]  # fmt: skip
-    return tuple(None if column is None else column.view(shape) for column in columns)
+    columns = _summary_rows(rows, row_target, top1)
+    return tuple(None if column is None else column.view(batch, depth) for column in columns)
 
 
 def tv_to_target(target_prob: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,11 @@ streamed block by block, without keeping the ``[B, T, L+1, d]`` stack.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import torch
+
+from lm_coupling.metrics import as_work, work_dtype
 
 __all__ = [
     "STACK_BYTES",
@@ -39,15 +42,6 @@ memory in all; above it they are streamed state by state. Both give the same
 values up to summation order."""
 
 
-def _work_dtype(x: torch.Tensor) -> torch.dtype:
-    """float64 stays float64; every other dtype is computed in float32."""
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _as_work(x: torch.Tensor) -> torch.Tensor:
-    return x.to(_work_dtype(x))
-
-
 def _check_trajectory(trajectory: torch.Tensor, name: str = "trajectory") -> None:
     if not isinstance(trajectory, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, found {type(trajectory).__name__}")
@@ -58,30 +52,14 @@ def _check_trajectory(trajectory: torch.Tensor, name: str = "trajectory") -> Non
         )
 
 
-def _unit_steps(steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unit step vectors and a nonzero-step mask.
-
-    Args:
-        steps: ``[..., d]`` step vectors (work dtype).
-
-    Returns:
-        ``(unit [..., d], nonzero [...] bool)``: zero-length steps give a zero
-        unit vector and ``nonzero`` False; non-finite steps give a NaN unit
-        vector (so every sum that contains them is NaN).
-    """
-    unit, nonzero, _ = _unit_steps_with_length(steps)
-    return unit, nonzero
-
-
 def _unit_steps_with_length(
     steps: torch.Tensor, out: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_unit_steps` plus the step lengths ``[...]``, in one pass over ``[..., d]``.
+    """Unit step vectors, a nonzero-step mask and the step lengths, from ``[..., d]`` steps.
 
-    The divisor is the length for nonzero finite steps, +inf for zero steps
-    (``0 / inf = 0``) and NaN for non-finite steps, so a single division gives
-    every case: the work on ``[..., d]`` is one norm and one division (written
-    into ``out`` when given).
+    Zero-length steps give a zero unit vector and ``nonzero`` False (divisor
+    +inf); non-finite steps give a NaN unit vector (divisor NaN), so every sum
+    that contains them is NaN. Written into ``out`` when given.
     """
     length = torch.linalg.vector_norm(steps, dim=-1)
     nonzero = length > 0
@@ -112,7 +90,7 @@ def norm_profile(trajectory: torch.Tensor) -> torch.Tensor:
         states give NaN/inf norms.
     """
     _check_trajectory(trajectory)
-    return torch.linalg.vector_norm(_as_work(trajectory), dim=-1)
+    return torch.linalg.vector_norm(as_work(trajectory), dim=-1)
 
 
 def line_shape_score(trajectory: torch.Tensor) -> torch.Tensor:
@@ -140,8 +118,8 @@ def line_shape_score(trajectory: torch.Tensor) -> torch.Tensor:
         3.0
     """
     _check_trajectory(trajectory)
-    x = _as_work(trajectory)
-    unit, nonzero = _unit_steps(x[..., 1:, :] - x[..., :-1, :])
+    x = as_work(trajectory)
+    unit, nonzero, _ = _unit_steps_with_length(x[..., 1:, :] - x[..., :-1, :])
     return _lss_from_sums(unit.sum(dim=-2), nonzero.sum(dim=-1))
 
 
@@ -171,15 +149,10 @@ def windowed_line_shape_score(trajectory: torch.Tensor, window: int = 11) -> tor
         non-finite state, or its unit steps cancel exactly.
     """
     _check_trajectory(trajectory)
-    half = _check_window(window)
-    x = _as_work(trajectory)
-    unit, nonzero = _unit_steps(x[..., 1:, :] - x[..., :-1, :])
-    n_steps = unit.shape[-2]
-    out = []
-    for depth in range(n_steps):
-        lo, hi = max(0, depth - half), min(n_steps, depth + half + 1)
-        out.append(_lss_from_sums(unit[..., lo:hi, :].sum(dim=-2), nonzero[..., lo:hi].sum(dim=-1)))
-    return torch.stack(out, dim=-1)
+    x = as_work(trajectory)
+    stack = x.reshape(-1, *x.shape[-2:])[:, :, None]  # [N, L+1, 1, d]
+    out = _summaries_of_stack(stack, True, window)["windowed_lss"]
+    return out[:, :, 0].reshape(*x.shape[:-2], -1)
 
 
 def expodistance(norms: torch.Tensor) -> torch.Tensor:
@@ -202,7 +175,7 @@ def expodistance(norms: torch.Tensor) -> torch.Tensor:
     if not isinstance(norms, torch.Tensor) or norms.dim() < 1 or norms.shape[-1] < 2:
         found = tuple(norms.shape) if isinstance(norms, torch.Tensor) else type(norms).__name__
         raise ValueError(f"norms must have shape [..., L+1] with L >= 1, found {found}")
-    log_n = torch.log(_as_work(norms))
+    log_n = torch.log(as_work(norms))
     growth = log_n[..., 1:] - log_n[..., :-1]
     mean = growth.mean(dim=-1)
     var = (growth - mean[..., None]).square().mean(dim=-1)
@@ -232,7 +205,7 @@ def equidistance(step_lengths: torch.Tensor) -> torch.Tensor:
         raise ValueError("step_lengths must be a tensor of shape [..., L] with L >= 1")
     if step_lengths.shape[-1] < 1:
         raise ValueError(f"step_lengths needs L >= 1, found shape {tuple(step_lengths.shape)}")
-    s = _as_work(step_lengths)
+    s = as_work(step_lengths)
     mean = s.mean(dim=-1)
     std = (s - mean[..., None]).square().mean(dim=-1).sqrt()
     # Lengths are >= 0 or NaN; an infinite length makes the mean inf and the std NaN.
@@ -265,7 +238,7 @@ def trajectory_summaries(
     _check_window(window)
     if len(states) < 2:
         raise ValueError(f"need at least two states (x^0 and x^1), received {len(states)}")
-    return _summaries_of_stack(_as_work(torch.stack(tuple(states), dim=1)), windowed, window)
+    return _summaries_of_stack(as_work(torch.stack(tuple(states), dim=1)), windowed, window)
 
 
 def _summaries_of_stack(x: torch.Tensor, windowed: bool, window: int) -> dict:
@@ -354,17 +327,12 @@ class TrajectoryAccumulator:
 
     Call :meth:`update` with ``x^0`` (``[B, T, d]``), then ``x^1 .. x^L``, then
     :meth:`finalize`. It keeps only the previous state, the running sum of unit
-    steps, and (when ``windowed``) a ring buffer of the last ``window`` unit
-    steps: memory ``O(window * B * T * d)``, never the ``L+1`` stack. Results
+    steps, and (when ``windowed``) the last ``window`` unit steps, each
+    window summed in step order when it is complete: memory
+    ``O(window * B * T * d)``, never the ``L+1`` stack. Results
     equal :func:`norm_profile`, :func:`line_shape_score` and
     :func:`windowed_line_shape_score` on the stacked states (up to summation
     order). Computes in float32, or float64 when the first state is float64.
-
-    The ring buffer is one preallocated ``[slots, B, T, d]`` tensor, filled in
-    blocks of ``slots`` steps: unit steps are written into it in place, a
-    running prefix sum covers the current block, and a completed block is
-    turned into suffix sums in place, so each window sum costs one addition
-    (about three passes over ``[B, T, d]`` per step instead of ``window``).
 
     Reference: Gai and Zhang, 2021 (LSS); docs/design.md, "Conventions" and
     "Metric definitions".
@@ -378,8 +346,7 @@ class TrajectoryAccumulator:
     Args:
         windowed: also compute the windowed LSS profile.
         window: odd number of steps per window (11 = steps l-5..l+5).
-        n_layers: number of blocks L, when known: the ring then holds
-            ``min(window, L)`` steps instead of ``window``.
+        n_layers: number of blocks L, when known (needed to hold the stack).
         stack_bytes: the largest stack held whole (needs ``n_layers``; 0:
             always stream). Default `STACK_BYTES`.
     """
@@ -398,7 +365,6 @@ class TrajectoryAccumulator:
         if n_layers is not None and (isinstance(n_layers, bool) or int(n_layers) < 1):
             raise ValueError(f"n_layers must be a positive integer or None, found {n_layers!r}")
         self._n_layers = None if n_layers is None else int(n_layers)
-        self._slots = window if n_layers is None else min(window, int(n_layers))
         self.stack_bytes = int(stack_bytes)
         self.reset()
 
@@ -417,9 +383,7 @@ class TrajectoryAccumulator:
         self._steps: list[torch.Tensor] = []
         self._unit_sum: torch.Tensor | None = None
         self._count: torch.Tensor | None = None
-        self._ring: torch.Tensor | None = None  # [slots, B, T, d] unit steps
-        self._ring_nonzero: torch.Tensor | None = None  # [slots, B, T] bool
-        self._prefix: torch.Tensor | None = None  # [B, T, d] unit sum of the current block
+        self._ring: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.window)
         self._windowed_out: list[torch.Tensor] = []
 
     @property
@@ -449,7 +413,7 @@ class TrajectoryAccumulator:
                 f"found {tuple(state.shape)}"
             )
         if self._dtype is None:
-            self._dtype = _work_dtype(state)
+            self._dtype = work_dtype(state)
             if self._fits(state):
                 batch, n_tokens, width = state.shape
                 self._held = state.new_empty(
@@ -473,66 +437,27 @@ class TrajectoryAccumulator:
         self._prev = x
 
     def _add_step(self, step: torch.Tensor) -> None:
-        n_steps = len(self._steps) + 1  # 1-based index m of this step
-        slot = None
-        if self.windowed:
-            if self._slots < self.window and n_steps > self._slots:
-                raise ValueError(
-                    f"received step {n_steps} but the accumulator was built for n_layers="
-                    f"{self._slots}; pass the model's number of blocks (or None)"
-                )
-            if self._ring is None:
-                self._ring = step.new_empty((self._slots, *step.shape))
-                self._ring_nonzero = torch.empty(
-                    (self._slots, *step.shape[:-1]), dtype=torch.bool, device=step.device
-                )
-            slot = (n_steps - 1) % self._slots
-        unit, nonzero, length = _unit_steps_with_length(
-            step, out=None if slot is None else self._ring[slot]
-        )
+        unit, nonzero, length = _unit_steps_with_length(step)
         self._steps.append(length)
         if self._unit_sum is None:
             self._unit_sum, self._count = unit.clone(), nonzero.to(torch.int64)
         else:
             self._unit_sum += unit
             self._count += nonzero
-        if slot is None:
+        if not self.windowed:
             return
-        self._ring_nonzero[slot] = nonzero
-        if self._prefix is None:
-            self._prefix = unit.clone()
-        elif slot == 0:
-            self._prefix.copy_(unit)
-        else:
-            self._prefix += unit
+        self._ring.append((unit, nonzero))
         # Step m completes the window of depth m - h: steps max(1, m - 2h)..m.
-        if n_steps - self._half >= 1:
-            first = max(1, n_steps - 2 * self._half)
-            block_start = n_steps - slot
-            unit_sum = self._prefix
-            if first < block_start:  # earlier steps: suffix sums of the previous block
-                unit_sum = self._ring[(first - 1) % self._slots] + self._prefix
-            self._windowed_out.append(self._window_lss(unit_sum, first, n_steps))
-        if slot == self._slots - 1:
-            self._to_suffix_sums(slot)
+        if len(self._steps) > self._half:
+            self._windowed_out.append(self._window_lss(len(self._ring)))
 
-    def _to_suffix_sums(self, last_slot: int) -> None:
-        """Turn ring slots ``0..last_slot`` (the block's unit steps) into suffix sums, in place.
-
-        Blocks of ``slots >= window`` steps mean that a window spans at most two
-        blocks: its sum is a suffix sum of the previous block plus a prefix sum
-        of the current one, without subtraction (exact cancellations stay 0).
-        """
-        for j in range(last_slot - 1, -1, -1):
-            self._ring[j] += self._ring[j + 1]
-
-    def _window_lss(self, unit_sum: torch.Tensor, first: int, last: int) -> torch.Tensor:
-        """LSS of steps ``first..last`` (1-based) given their unit-step sum."""
-        start, size = (first - 1) % self._slots, last - first + 1
-        head = min(size, self._slots - start)
-        count = self._ring_nonzero[start : start + head].sum(dim=0)
-        if size > head:  # the window wraps around the end of the ring
-            count += self._ring_nonzero[: size - head].sum(dim=0)
+    def _window_lss(self, size: int) -> torch.Tensor:
+        """LSS of the last ``size`` steps held, their unit steps summed in step order."""
+        steps = list(self._ring)[-size:]
+        unit_sum, count = steps[0][0].clone(), steps[0][1].to(torch.int64)
+        for unit, nonzero in steps[1:]:
+            unit_sum += unit
+            count += nonzero
         return _lss_from_sums(unit_sum, count)
 
     def finalize(self) -> dict[str, torch.Tensor | None]:
@@ -557,16 +482,9 @@ class TrajectoryAccumulator:
         windowed = None
         if self.windowed:
             # Depths L-h+1..L (those not yet emitted) use the last steps, clipped at L.
-            last_slot = (n_steps - 1) % self._slots
-            if last_slot != self._slots - 1:  # a partial block: make its suffix sums
-                self._to_suffix_sums(last_slot)
-            block_start = n_steps - last_slot
             for depth in range(len(self._windowed_out) + 1, n_steps + 1):
                 first = max(1, depth - self._half)
-                unit_sum = self._ring[(first - 1) % self._slots]
-                if first < block_start:
-                    unit_sum = unit_sum + self._ring[0]
-                self._windowed_out.append(self._window_lss(unit_sum, first, n_steps))
+                self._windowed_out.append(self._window_lss(n_steps - first + 1))
             windowed = torch.stack(self._windowed_out, dim=1)
         out = {
             "norms": torch.stack(self._norms, dim=1),

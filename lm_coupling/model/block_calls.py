@@ -50,6 +50,7 @@ __all__ = [
     "Streams",
     "call_sites",
     "calls_of",
+    "eval_mode",
     "is_unrolled",
     "residual_streams",
     "stream_sites",
@@ -234,6 +235,18 @@ def _top_lists(decoder: nn.Module) -> list[nn.ModuleList]:
     return [m for _, m in found]
 
 
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """The model in eval mode for the duration; every module's training flag restored after."""
+    training = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        yield
+    finally:
+        for module, flag in training.items():
+            module.training = flag
+
+
 def accepts_argument(model: nn.Module, name: str) -> bool:
     """Whether the model's ``forward`` takes the argument ``name`` (or ``**kwargs``)."""
     try:
@@ -256,18 +269,14 @@ def _call_order(model: nn.Module, decoder: nn.Module) -> list[nn.Module]:
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     ids = torch.arange(1, PROBE_TOKENS + 1, device=device)[None]
-    training = {m: m.training for m in model.modules()}
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(ids, **({"use_cache": False} if accepts_argument(model, "use_cache") else {}))
     except Exception:  # noqa: BLE001 - a model the probe cannot run: the generic rule decides
         order = []
     finally:
         for handle in handles:
             handle.remove()
-        for module, flag in training.items():
-            module.training = flag
     _ORDER[decoder] = order
     return order
 

@@ -105,7 +105,7 @@ METHOD = OptionSpec(
     choices=("auto", "dense", "gram", "krylov"),
     route=True,
 )
-# The engine's settings a user could want (lm_coupling.jacobian.config.USER_FIELDS),
+# The engine's settings a user could want (lm_coupling.jacobian.config.JacobianConfig),
 # each as a jacobian_<field> option; None lets the engine choose.
 ENGINE_OPTIONS = (
     OptionSpec(
@@ -140,7 +140,7 @@ ENGINE_OPTIONS = (
     OptionSpec(
         "jacobian_docs_per_batch",
         None,
-        "documents per batched engine pass (none: from free memory)",
+        "documents per batched engine pass (none: from free GPU memory; one on a CPU)",
         parse_optional_int,
         route=True,
     ),
