@@ -15,8 +15,8 @@ import dataclasses
 
 import torch
 import transformers
+from tiny_models import tiny_config
 
-from lm_coupling.demo.tiny import tiny_config
 from lm_coupling.jacobian.config import METHODS, JacobianConfig
 from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
 from lm_coupling.metrics.coupling import coupling_matrices_dense, miscoupling
@@ -50,7 +50,7 @@ def build_random_model(
     """A seeded random causal LM built directly on ``device`` in ``dtype``, and its parts.
 
     Args:
-        model_type: ``gpt2``, ``llama``, ``gpt_neox``, ... (``lm_coupling.demo.tiny``).
+        model_type: ``gpt2``, ``llama``, ``gpt_neox``, ... (``tests/fixtures/tiny.py``).
         vocab: vocabulary size.
         max_len: largest prompt length.
         device: where the weights are created.

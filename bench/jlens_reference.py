@@ -28,8 +28,8 @@ import warnings
 
 import torch
 from timing import machine_line, median, print_table, timed
+from tiny_models import SAMPLE_TEXT
 
-from lm_coupling.demo.tiny import SAMPLE_TEXT
 from lm_coupling.jacobian.lens_fit import reference_lens_rows
 from lm_coupling.model.architecture import locate_model_parts
 
@@ -68,7 +68,7 @@ def load(name: str):
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     else:
-        from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer
+        from tiny_models import build_tiny_model, train_tokenizer
 
         tokenizer = train_tokenizer()
         model = build_tiny_model("llama", len(tokenizer), seed=0, init_std=0.2)

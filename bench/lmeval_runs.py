@@ -85,22 +85,21 @@ def save_random_model(
 ) -> Path:
     """Save a randomly initialised ``model_type`` model and a trained BPE tokenizer to ``path``.
 
-    Like ``lm_coupling.demo.tiny.save_tiny_model``, but the model keeps the
+    Like ``tiny_models.save_tiny_model``, but the model keeps the
     default attention implementation (what ``--model hf`` loads), may have a
     wider embedding than the tokenizer (``model_vocab``, e.g. Pythia's 50304)
     and is built directly in ``dtype`` on the GPU when one exists.
 
     Args:
         path: output folder.
-        model_type: a ``lm_coupling.demo.tiny.ARCHITECTURES`` name.
+        model_type: a ``tiny_models.ARCHITECTURES`` name.
         tokenizer_vocab: BPE vocabulary trained on :func:`tokenizer_texts`.
         model_vocab: rows of the embedding (default: the tokenizer's size).
         dtype: ``float32`` or ``bfloat16`` weights.
         **sizes: ``d_model``, ``n_layers``, ``n_heads``, ``d_ff``, ``max_len``.
     """
     import transformers
-
-    from lm_coupling.demo.tiny import tiny_config, train_tokenizer
+    from tiny_models import tiny_config, train_tokenizer
 
     tokenizer = train_tokenizer(tokenizer_texts(), vocab_size=tokenizer_vocab)
     config = tiny_config(model_type, max(model_vocab or 0, len(tokenizer)), **sizes)

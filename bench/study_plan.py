@@ -30,7 +30,7 @@ from timing import machine_line, print_table
 
 def tiny_study(root: Path) -> Path:
     """Two tiny random local models and a study file naming them."""
-    from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
+    from tiny_models import save_tiny_model, train_tokenizer
 
     tokenizer = train_tokenizer()
     save_tiny_model(root / "gpt2", "gpt2", tokenizer, d_model=32, n_layers=3, n_heads=4)

@@ -23,8 +23,8 @@ import statistics
 import time
 
 import torch
+from tiny_models import build_tiny_model
 
-from lm_coupling.demo.tiny import build_tiny_model
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.jacobian.calls import engine_mode, record_full_sequence
 from lm_coupling.jacobian.linalg import vjp_rows

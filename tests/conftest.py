@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from lm_coupling.demo.tiny import build_tiny_model, train_tokenizer  # noqa: E402
+from fixtures.tiny import build_tiny_model, train_tokenizer  # noqa: E402
 
 TESTS_DIR = Path(__file__).resolve().parent
 

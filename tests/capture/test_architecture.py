@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 import transformers
+from fixtures.tiny import ARCHITECTURES, build_tiny_model
 from torch import nn
 
-from lm_coupling.demo.tiny import ARCHITECTURES, build_tiny_model
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.model import architecture
 from lm_coupling.model.architecture import (

@@ -12,10 +12,10 @@ import math
 
 import pytest
 import torch
+from fixtures.tiny import ARCHITECTURES, build_tiny_model
 
 from lm_coupling.capture.collector import StateCollector
 from lm_coupling.capture.lens import LogitLens
-from lm_coupling.demo.tiny import ARCHITECTURES, build_tiny_model
 from lm_coupling.metrics.trajectory import (
     line_shape_score,
     norm_profile,
@@ -348,7 +348,7 @@ class _Keep:
 
 
 def test_views_are_the_states_lens_and_attentions(tiny_model, tokenizer):
-    model = tiny_model("llama")  # eager attention (demo.tiny builds every model eager)
+    model = tiny_model("llama")  # eager attention (fixtures.tiny builds every model eager)
     parts = locate_model_parts(model)
     ids = _ids(tokenizer, PROMPTS[0])
     collector = _collector(model, parts, attentions=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from fixtures.tiny import tiny_config
 from fixtures.transformers_range import require_fixed
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from lm_coupling.demo.tiny import tiny_config
 from lm_coupling.jacobian.calls import engine_mode, record_last_token, run_prompts
 from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
 from lm_coupling.jacobian.frozen_attention import SPLIT_ATTENTION, split_attention

@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from fixtures.tiny import build_tiny_model, tiny_config
 
-from lm_coupling.demo.tiny import build_tiny_model, tiny_config
 from lm_coupling.jacobian.calls import engine_mode, record_full_sequence
 from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
 from lm_coupling.jacobian.linalg import dense_jacobian

@@ -46,7 +46,7 @@ def bridge(tmp_path_factory, tokenizer):
     if find_spec("transformer_lens") is None:
         pytest.skip("transformer-lens is not installed (setup.cfg extra `reference`)")
 
-    from lm_coupling.demo.tiny import build_tiny_model
+    from fixtures.tiny import build_tiny_model
 
     folder = tmp_path_factory.mktemp("tok")
     tokenizer.save_pretrained(folder)  # TransformerLens rebuilds the tokenizer from its path

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 import transformers
+from fixtures.tiny import tiny_config
 from fixtures.transformers_range import require_fixed
 
-from lm_coupling.demo.tiny import tiny_config
 from lm_coupling.geometry import GeometryRunner
 from lm_coupling.jacobian.engine import JacobianEngine, JacobianMismatchError
 from lm_coupling.metrics.coupling import (

@@ -42,7 +42,7 @@ def harness_setup(tmp_path_factory) -> HarnessSetup:
 
 
 def _build_setup(root: Path) -> HarnessSetup:
-    from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
+    from fixtures.tiny import save_tiny_model, train_tokenizer
 
     tokenizer = train_tokenizer()
     models = {

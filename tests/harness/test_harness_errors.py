@@ -63,8 +63,7 @@ def test_non_hf_model_names_supported_ones(harness_setup, tmp_path, capsys, monk
 
 def test_unsupported_architecture_fails_before_data(harness_setup, tmp_path, capsys, monkeypatch):
     import transformers
-
-    from lm_coupling.demo.tiny import train_tokenizer
+    from fixtures.tiny import train_tokenizer
 
     tokenizer = train_tokenizer()
     config = transformers.T5Config(
@@ -173,8 +172,7 @@ def test_bad_options_all_listed_before_the_model_loads(
 
 def test_bidirectional_model_fails_at_load(harness_setup, tmp_path):
     import transformers
-
-    from lm_coupling.demo.tiny import train_tokenizer
+    from fixtures.tiny import train_tokenizer
 
     tokenizer = train_tokenizer()
     config = transformers.BertConfig(

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixtures.tiny import build_tiny_model
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from lm_coupling.demo.tiny import build_tiny_model
 from lm_coupling.harness import lm_eval_adapter as adapter
 from lm_coupling.harness.lm_eval_registry import registered_metrics
 from lm_coupling.plugins.manager import get_registry

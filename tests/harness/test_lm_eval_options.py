@@ -131,7 +131,7 @@ def test_recorded_options_are_those_set():
 
 
 def _save_chat_model(root: Path) -> Path:
-    from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
+    from fixtures.tiny import save_tiny_model, train_tokenizer
 
     tokenizer = train_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -187,7 +187,7 @@ def _full_mmlu(data_dir: Path, out: Path) -> Path:
 @pytest.fixture(scope="session")
 def options_setup(harness_setup) -> dict[str, Path]:
     """The harness models and items, plus a chat model, a LoRA adapter and delta weights."""
-    from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
+    from fixtures.tiny import save_tiny_model, train_tokenizer
 
     root = harness_setup.root / "options"
     chat = _save_chat_model(root)

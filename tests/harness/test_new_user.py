@@ -74,7 +74,7 @@ def _board(out: Path) -> pd.DataFrame:
 
 
 def test_in_memory_model_without_a_name_is_refused(harness_setup, tmp_path):
-    from lm_coupling.demo.tiny import build_tiny_model
+    from fixtures.tiny import build_tiny_model
 
     model = build_tiny_model("gpt2", 512, n_layers=2)  # from a config: name_or_path is ""
     with pytest.raises(lm_coupling.ConfigurationError, match="model_name="):
@@ -86,9 +86,8 @@ def test_in_memory_model_without_a_name_is_refused(harness_setup, tmp_path):
 
 def test_in_memory_models_never_share_a_row(harness_setup, index_and_seconds, tmp_path):
     import torch
+    from fixtures.tiny import build_tiny_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lm_coupling.demo.tiny import build_tiny_model
 
     index, _ = index_and_seconds
     path = str(harness_setup.models["gpt2"])

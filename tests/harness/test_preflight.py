@@ -200,8 +200,9 @@ def test_blocks_that_do_not_compose_are_caught(tiny_model, prompt_ids):
 @pytest.mark.slow
 def test_first_captured_batch_stops_a_real_run(tmp_path, tokenizer, restore_overrides):
     """Through lm-eval's own evaluator: the wrong read-out stops the run at its first batch."""
+    from fixtures.tiny import save_tiny_model
+
     import lm_coupling
-    from lm_coupling.demo.tiny import save_tiny_model
 
     path = save_tiny_model(tmp_path / "gpt2", "gpt2", tokenizer=tokenizer, init_std=0.2)
     register_override("gpt2", final_norm=())  # gpt2 applies transformer.ln_f

@@ -30,7 +30,7 @@ A_FILE = "is an existing file, not a folder"
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
     """A tiny GPT-2 saved to disk: a model the run would load if nothing stopped it."""
-    from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
+    from fixtures.tiny import save_tiny_model, train_tokenizer
 
     return save_tiny_model(tmp_path_factory.mktemp("model") / "gpt2", "gpt2", train_tokenizer())
 

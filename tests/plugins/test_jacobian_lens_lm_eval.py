@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 import torch
 from fixtures.jacobians import autograd_total_jacobian, states_at_last
+from fixtures.tiny import save_tiny_model
 
 from lm_coupling.demo.run import demo_tasks_data
-from lm_coupling.demo.tiny import save_tiny_model
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.model.architecture import locate_model_parts
 from lm_coupling.plugins.builtin.jacobian_lens_file import load_lens

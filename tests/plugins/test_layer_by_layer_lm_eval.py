@@ -19,9 +19,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from fixtures.tiny import save_tiny_model
 
 from lm_coupling.demo.run import demo_tasks_data
-from lm_coupling.demo.tiny import save_tiny_model
 from lm_coupling.model.architecture import block_output_hidden, locate_model_parts
 
 pytestmark = pytest.mark.slow

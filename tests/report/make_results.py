@@ -41,9 +41,9 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from fixtures.tiny import save_tiny_model
 
 from lm_coupling.catalogue import CONFIG_KEY, Catalogue
-from lm_coupling.demo.tiny import save_tiny_model
 from lm_coupling.plugins.manager import get_registry
 
 TASK = "lmc_arc_challenge_offline"

@@ -21,13 +21,13 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.tiny import save_tiny_model
 from layout import layout_problems
 from matplotlib.image import imread
 
 import lm_coupling
 from lm_coupling import hookimpl
 from lm_coupling.catalogue import CONFIG_KEY, Catalogue, recorded_catalogue
-from lm_coupling.demo.tiny import save_tiny_model
 from lm_coupling.plugins.manager import get_plugin_manager
 from lm_coupling.plugins.specs import UNIT_INTERVAL, MetricSpec, ProfileSpec
 from lm_coupling.report import build_report

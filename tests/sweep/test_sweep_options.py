@@ -65,7 +65,7 @@ def test_a_config_file_may_not_set_what_the_sweep_sets(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_over_a_users_own_task_folder(tmp_path):
-    from lm_coupling.demo.tiny import save_tiny_model, train_tokenizer
+    from fixtures.tiny import save_tiny_model, train_tokenizer
 
     model = save_tiny_model(tmp_path / "tiny", "gpt2", tokenizer=train_tokenizer(), max_len=128)
     tasks = tmp_path / "my_tasks"

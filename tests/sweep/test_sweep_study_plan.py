@@ -17,8 +17,7 @@ import sys
 
 import pandas as pd
 import pytest
-
-from lm_coupling.demo.tiny import save_tiny_model
+from fixtures.tiny import save_tiny_model
 
 pytestmark = pytest.mark.slow
 FACTOR = 3.0  # docs/sweep.md, "Named studies"
