@@ -42,6 +42,7 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[0] / "tests"))  # fixtures.tiny, which make_results uses
 sys.path.insert(0, str(HERE.parents[0] / "tests" / "report"))
 
 import make_results as mr  # noqa: E402
