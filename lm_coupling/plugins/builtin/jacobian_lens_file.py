@@ -11,9 +11,8 @@ here, rows the output coordinates, for ``l = 0 .. L-2`` (the last block's
 transport is the identity and is not stored). lm-coupling adds, under keys
 TransformerLens ignores, the transport of state 0 (``"lm_coupling_state0"``)
 and ``metadata["lm_coupling"]`` (format, version, task, L, estimator, a
-fingerprint of the unembedding). :func:`load_lens` also reads a reference fit
-checkpoint (``jacobian_sum`` / ``n_done``) and lm-coupling's version-1 files;
-states without a transport are NaN (docs/metrics.md, "The Jacobian lens").
+fingerprint of the unembedding). :func:`load_lens` reads either; states
+without a transport are NaN (docs/metrics.md, "The Jacobian lens").
 """
 
 from __future__ import annotations
@@ -100,42 +99,6 @@ def _refuse(path: Path, why: str) -> ConfigurationError:
     return ConfigurationError(f"jlens_path={path}: {why}")
 
 
-def _from_version1(path: Path, record: dict, n_layers: int, d_model: int) -> dict[str, Any]:
-    J = record["jacobians"]
-    if tuple(J.shape) != (n_layers + 1, d_model, d_model):
-        raise _refuse(
-            path,
-            f"holds a lens of shape {tuple(J.shape)}; this model needs [{n_layers + 1}, "
-            f"{d_model}, {d_model}] (L = {n_layers}, d = {d_model}): fit it on this model",
-        )
-    return {
-        "jacobians": J.float(),
-        "n_documents": int(record["n_documents"]),
-        "task": record.get("task"),
-        "n_layers": n_layers,
-        "d_model": d_model,
-        "metadata": {},
-    }
-
-
-def _transports(path: Path, record: dict) -> tuple[dict, int, dict]:
-    """``({layer: [d, d]}, n_prompts, metadata)`` of an artifact or a fit checkpoint."""
-    if "J" in record:
-        return (
-            dict(record["J"]),
-            int(record.get("n_prompts", 0)),
-            dict(record.get("metadata") or {}),
-        )
-    count = int(record.get("n_done", record.get("n_prompts", 0)))
-    if count <= 0:
-        raise _refuse(path, f"is a fit checkpoint with n_done={count}; nothing to average")
-    sums = record["jacobian_sum"]
-    metadata = dict(record.get("metadata") or {})
-    if "target_layer" in record:
-        metadata.setdefault("target_layer", record["target_layer"])
-    return {layer: matrix.float() / count for layer, matrix in sums.items()}, count, metadata
-
-
 def load_lens(
     path: str | Path, n_layers: int, d_model: int, unembedding_sha256: str | None = None
 ) -> dict[str, Any]:
@@ -155,25 +118,17 @@ def load_lens(
         "metadata"}``.
 
     Raises:
-        ConfigurationError: the file is missing or not a lens, or it belongs to
-            another model (width, depth, final-layer target, unembedding).
+        ConfigurationError: the file is not a lens, or it belongs to another
+            model (width, depth, final-layer target, unembedding).
     """
     import torch
 
     path = Path(path)
-    if not path.is_file():
-        raise ConfigurationError(
-            f"jlens_path={path} is not a file; leave jlens_path out to fit the lens in the run "
-            "(jlens_fit then comes in by itself; docs/metrics.md, 'The Jacobian lens')"
-        )
     record = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(record, dict):
+    if not isinstance(record, dict) or "J" not in record:
         raise _refuse(path, f"is not a Jacobian lens file ({FORMAT} or TransformerLens's)")
-    if record.get("format") == FORMAT:
-        return _from_version1(path, record, n_layers, d_model)
-    if "J" not in record and "jacobian_sum" not in record:
-        raise _refuse(path, f"is not a Jacobian lens file ({FORMAT} or TransformerLens's)")
-    transports, count, metadata = _transports(path, record)
+    transports = dict(record["J"])
+    metadata = dict(record.get("metadata") or {})
     ours = metadata.get("lm_coupling") if isinstance(metadata.get("lm_coupling"), dict) else {}
     widths = {tuple(m.shape) for m in transports.values()}
     if widths - {(d_model, d_model)}:
@@ -213,7 +168,7 @@ def load_lens(
         J[0] = record[STATE0].float()
     return {
         "jacobians": J,
-        "n_documents": count,
+        "n_documents": int(record.get("n_prompts", 0)),
         "task": ours.get("task", metadata.get("corpus")),
         "n_layers": n_layers,
         "d_model": d_model,
