@@ -22,12 +22,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
-from lm_coupling.capture.lens import read_all, read_one
+from lm_coupling.capture.lens import read_all
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.model.attention import attention_modules
@@ -257,7 +258,8 @@ class _Run:
         if lens in self.handle.lens_errors:
             return None, None
         try:
-            return read_one(self.collector.lenses[lens], self.collector.parts, layer, at_n)
+            normed = self.collector.parts.final_norm_fp32(at_n)
+            return normed, self.collector.lenses[lens].logits(layer, at_n)
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
             self.handle.lens_errors[lens] = repr(exc)
             return None, None
@@ -406,16 +408,15 @@ class StateCollector:
             yield handle
 
     @contextmanager
-    def _hooks(self, pre_hook, post_hook, attention_hook=None) -> Iterator[None]:
+    def _hooks(self, pre_hook, post_hook, attention_hook) -> Iterator[None]:
         """The hooks of one forward call, every handle removed on exit (also when it raises)."""
         hooks = []
         try:
             hooks.append(self.parts.blocks[0].register_forward_pre_hook(pre_hook, with_kwargs=True))
-            if attention_hook is not None:
-                for layer, module in enumerate(self.attention_modules, start=1):
-                    hooks.append(module.register_forward_hook(_bind(attention_hook, layer)))
+            for layer, module in enumerate(self.attention_modules, start=1):
+                hooks.append(module.register_forward_hook(partial(attention_hook, layer)))
             for layer, block in enumerate(self.parts.blocks, start=1):
-                hooks.append(block.register_forward_hook(_bind(post_hook, layer)))
+                hooks.append(block.register_forward_hook(partial(post_hook, layer)))
             yield
         finally:
             for hook in hooks:
@@ -505,12 +506,3 @@ def _indices(
         if measured and measured[0] < 0:
             raise ValueError(f"rows must be non-negative, got {measured}")
     return last, first, target, docs, measured
-
-
-def _bind(post_hook, layer: int):
-    """A forward hook that calls ``post_hook(layer, module, args, output)``."""
-
-    def hook(module: nn.Module, args: tuple, output) -> None:
-        return post_hook(layer, module, args, output)
-
-    return hook

@@ -23,7 +23,7 @@ import torch
 
 from lm_coupling.model.architecture import ModelParts
 
-__all__ = ["JacobianLens", "LogitLens", "TransformLens", "read_all", "read_one", "read_out"]
+__all__ = ["JacobianLens", "LogitLens", "TransformLens", "read_all", "read_out"]
 
 
 def read_out(parts: ModelParts, states: torch.Tensor) -> torch.Tensor:
@@ -96,28 +96,12 @@ def _transforms(lens: Any):
     return transform
 
 
-def read_one(
-    lens: Any, parts: ModelParts, layer: int, at_n: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(N(x^l_n), lens logits)`` of one state's rows at n ``[B, d]``.
-
-    The final norm already computed serves the read-out when the transform
-    returns the state itself (the logit lens), so it is not computed twice.
-    """
-    normed = parts.final_norm_fp32(at_n)
-    transform = _transforms(lens)
-    if transform is None:
-        return normed, lens.logits(layer, at_n)
-    moved = transform(layer, at_n)
-    return normed, parts.unembed_fp32(normed if moved is at_n else parts.final_norm_fp32(moved))
-
-
 def read_all(lens: Any, parts: ModelParts, rows: Sequence[torch.Tensor]) -> torch.Tensor:
     """The lens logits ``[B, L+1, V]`` of every state's rows at n (``rows[l]``: ``[B, d]``).
 
     One read-out call on the stacked transformed rows ``[(L+1) B, d]`` (the
-    norm and unembedding act row by row, so each state's logits are those of
-    `read_one`); a lens without a shared read-out is called once per state.
+    norm and unembedding act row by row, so each state's logits equal the
+    lens's ``logits``); a lens without a shared read-out is called once per state.
     """
     transform = _transforms(lens)
     if transform is None:
