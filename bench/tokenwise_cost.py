@@ -4,7 +4,7 @@ python bench/tokenwise_cost.py [--tokens 64] [--positions 4] [--layers 0:-1]
 
 A randomly initialised GPT-2 small (d = 768, 12 blocks, 12 heads; the
 weights do not change the cost), one prompt of --tokens tokens, the three
-token-wise metrics through GeometryRunner.compute_sampled (the route of a
+token-wise metrics through GeometryRunner.compute_sampled_batch (the route of a
 sampled document in an lm_eval run). Prints seconds per document, the number
 of position Jacobians, and the load average it ran under.
 
@@ -72,7 +72,7 @@ def main() -> None:
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        doc = runner.compute_sampled(ids)
+        (doc,) = runner.compute_sampled_batch([ids], errors="raise")
         times.append(time.perf_counter() - start)
     print(
         f"GPT-2-small shape, T={args.tokens}, P={args.positions}, blocks {args.layers}: "

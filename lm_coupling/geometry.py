@@ -323,22 +323,6 @@ class GeometryRunner:
         keys = sorted({tuple(key) for answer in asked.values() for key in answer or ()})
         return {key: self.engine.position_jacobian(input_ids, *key) for key in keys}
 
-    def compute_sampled(
-        self, input_ids: torch.Tensor, metrics: Sequence[str] | None = None
-    ) -> DocumentGeometry:
-        """The sampled (Jacobian) metrics of one prompt ``[T]``.
-
-        Args:
-            input_ids: ``[T]`` token ids; the target position is the last one.
-            metrics: the sampled metrics to compute (default: all selected).
-
-        Raises:
-            JacobianMismatchError: the engine cannot reproduce the model's own
-                block outputs for this prompt (the caller records NaN).
-        """
-        (result,) = self.compute_sampled_batch([input_ids], metrics, errors="raise")
-        return result
-
     def compute_sampled_batch(
         self,
         prompts: Sequence[torch.Tensor],
@@ -348,8 +332,7 @@ class GeometryRunner:
     ) -> list[DocumentGeometry | LmCouplingError]:
         """The sampled metrics of several prompts, their Jacobian work batched.
 
-        Each document's values equal :meth:`compute_sampled` of its prompt
-        alone, up to round-off.
+        Each document's values equal those of its prompt alone, up to round-off.
 
         Args:
             prompts: ``[T_b]`` token ids of each prompt.
@@ -361,7 +344,7 @@ class GeometryRunner:
         Returns:
             Per prompt, in order: its `DocumentGeometry`, or the
             ``JacobianMismatchError`` that makes its values NaN (record it
-            as a failed document, as for an exception of ``compute_sampled``).
+            as a failed document).
         """
         metrics = tuple(metrics if metrics is not None else self.sampled_metrics)
         needs = {need for name in metrics for need in self.selection.specs[name].needs}

@@ -177,7 +177,7 @@ def test_runner_batch_equals_compute_sampled_and_reports_swapped(tiny_model):
     prompts = [IDS, IDS[:4], IDS[3:]]
     batched = runner.compute_sampled_batch(prompts)
     for prompt, doc in zip(prompts, batched, strict=True):
-        alone = runner.compute_sampled(prompt)
+        (alone,) = runner.compute_sampled_batch([prompt], errors="raise")
         assert set(doc.values) == {"coupling", "coupling_swapped", "alignment_ratio"}
         for name, value in alone.values.items():
             assert math.isclose(doc.values[name], value, rel_tol=0, abs_tol=1e-10)
