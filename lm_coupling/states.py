@@ -205,7 +205,7 @@ class TrajectoryStates:
         lss: ``[B, T]`` line-shape score of each token's whole trajectory.
         windowed_lss: ``[B, L, T]`` windowed LSS at depth l = 1..L (window 11).
         token_mask: ``[B, T]`` bool; the tokens a per-document value averages
-            over (context tokens 1..n, or n alone with ``tokens=last``).
+            over (context tokens 1..n; with ``tokens=last``, T = 1: n alone).
     """
 
     norms: torch.Tensor

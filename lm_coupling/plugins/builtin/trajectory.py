@@ -17,8 +17,6 @@ from lm_coupling.plugins.options import parse_bool
 from lm_coupling.plugins.specs import MetricSpec, OptionSpec, ProfileSpec
 
 if TYPE_CHECKING:  # the math (and torch) load when a batch is computed, not on declaring
-    import torch
-
     from lm_coupling.states import BatchInfo, LayerView, TrajectoryStates
 
 TOKENS = OptionSpec(
@@ -82,7 +80,7 @@ class TrajectoryReducer:
         batch: the batch (its token mask and target positions).
         windowed: also the windowed LSS (window 11).
         tokens: ``"all"`` (the context tokens 1..n) or ``"last"`` (n alone; the
-            summaries are then computed at n only and NaN elsewhere).
+            summaries then have the one position n).
     """
 
     def __init__(self, batch: BatchInfo, windowed: bool, tokens: str):
@@ -99,19 +97,15 @@ class TrajectoryReducer:
             self.accumulator.update(view.hidden)
 
     def finalize(self) -> TrajectoryStates:
-        """The batch's `TrajectoryStates` (NaN outside n with ``tokens=last``)."""
+        """The batch's `TrajectoryStates` (over the one position n with ``tokens=last``)."""
         import torch
 
         from lm_coupling.states import TrajectoryStates
 
         out = self.accumulator.finalize()
-        batch = self.batch
-        mask = batch.token_mask
+        mask = self.batch.token_mask
         if self.tokens == "last":
-            positions = torch.arange(batch.n_tokens, device=mask.device)[None]
-            last = batch.last_index[:, None]
-            mask = positions == last
-            out = {key: _scatter_last(value, last, batch.n_tokens) for key, value in out.items()}
+            mask = torch.ones((self.batch.size, 1), dtype=torch.bool, device=mask.device)
         return TrajectoryStates(
             norms=out["norms"],
             step_lengths=out["step_lengths"],
@@ -119,19 +113,6 @@ class TrajectoryReducer:
             windowed_lss=out["windowed_lss"],
             token_mask=mask,
         )
-
-
-def _scatter_last(value: torch.Tensor | None, last: torch.Tensor, n_tokens: int):
-    """Place values computed at n alone (last dim 1) at position n of a NaN tensor."""
-    import torch
-
-    if value is None:
-        return None
-    full = torch.full(
-        (*value.shape[:-1], n_tokens), float("nan"), dtype=value.dtype, device=value.device
-    )
-    index = last.view(-1, *([1] * (value.dim() - 1))).expand(*value.shape[:-1], 1)
-    return full.scatter(-1, index, value)
 
 
 @hookimpl
