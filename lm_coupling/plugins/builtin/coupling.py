@@ -347,7 +347,7 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
         "spectral_gap": gap,
         "k_selected": torch.full((factors.S.shape[0],), float(k), dtype=torch.float64),
         "jacobian_iterations": torch.tensor(factors.iterations, dtype=torch.float64),
-        "jacobian_residual": _per_layer(factors.residual, factors),
+        "jacobian_residual": factors.residual.detach().to("cpu", torch.float64),
         "jacobian_ill_defined": subspace_ill_defined(
             gap, factors.ill_defined, options.get("subspace_min_gap", SUBSPACE_MIN_GAP)
         ),
@@ -359,21 +359,6 @@ def _coupling_one(factors: JacobianFactors, options, d_model: int) -> dict[str, 
     return out
 
 
-def _per_layer(values: torch.Tensor | None, factors: JacobianFactors) -> torch.Tensor:
-    import torch
-
-    if values is None:
-        return torch.full((factors.S.shape[0],), math.nan, dtype=torch.float64)
-    return values.detach().to("cpu", torch.float64)
-
-
-def _alignment_one(factors: JacobianFactors, options, d_model: int) -> torch.Tensor:
-    from lm_coupling.metrics.coupling import alignment_ratio
-
-    k = min(used_k(options["alignment_k"], d_model), factors.U.shape[-1])
-    return alignment_ratio(factors.A[..., :k, :k])
-
-
 def _offdiag_mean(matrix: torch.Tensor) -> torch.Tensor:
     import torch
 
@@ -381,7 +366,7 @@ def _offdiag_mean(matrix: torch.Tensor) -> torch.Tensor:
     return matrix[off].mean() if off.any() else torch.tensor(math.nan)
 
 
-def _coupling_rows(jacobians, options, L: int, d: int, swapped: bool) -> dict[str, list]:
+def _coupling_rows(jacobians, options, L: int, d: int) -> dict[str, list]:
     """Per-document coupling values and profiles (NaN for documents outside the sample)."""
     import torch
 
@@ -401,8 +386,6 @@ def _coupling_rows(jacobians, options, L: int, d: int, swapped: bool) -> dict[st
         one = _coupling_one(factors, options, d) if factors is not None else {}
         for name, empty in blank.items():
             rows[name].append(one[name].detach().cpu() if name in one else empty)
-    if not swapped:
-        rows.pop("swapped"), rows.pop("swapped_matrix")
     return rows
 
 
@@ -417,8 +400,7 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
     L, d = states.n_layers, states.d_model
     values, profiles = {}, {}
     if wanted & {"coupling", "coupling_swapped"}:
-        swapped = "coupling_swapped" in wanted
-        rows = _coupling_rows(states.jacobians, options, L, d, swapped)
+        rows = _coupling_rows(states.jacobians, options, L, d)
         if "coupling" in wanted:
             values["coupling"] = torch.stack(rows["coupling"]).float()
             profiles["coupling"] = torch.stack(rows["coupling_matrix"]).float()
@@ -427,13 +409,17 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
             profiles["k_selected"] = torch.stack(rows["k_selected"]).double()
             for name in DIAGNOSTICS:
                 profiles[name] = torch.stack(rows[name]).double()
-        if swapped:
+        if "coupling_swapped" in wanted:
             values["coupling_swapped"] = torch.stack(rows["swapped"]).float()
             profiles["coupling_swapped"] = torch.stack(rows["swapped_matrix"]).float()
     if "alignment_ratio" in wanted:
-        nan_matrix = torch.full((L, L), math.nan)
+        from lm_coupling.metrics.coupling import alignment_ratio
+
+        k = used_k(options["alignment_k"], d)
         matrices = [
-            _alignment_one(f, options, d).cpu() if f is not None else nan_matrix
+            alignment_ratio(f.A[..., :k, :k]).cpu()
+            if f is not None
+            else torch.full((L, L), math.nan)
             for f in states.jacobians
         ]
         values["alignment_ratio"] = torch.stack([_offdiag_mean(m) for m in matrices]).float()
