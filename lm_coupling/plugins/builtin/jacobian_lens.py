@@ -314,38 +314,30 @@ def lmc_compute_batch(selected, states, options, reduced):
     return out
 
 
-def fitted_lens(documents) -> tuple[torch.Tensor | None, int, int]:
-    """``(J [L+1, d, d] float64, documents fitted on, left out)`` from the sample's terms.
+def fitted_lens(documents) -> tuple[torch.Tensor | None, dict[str, int], dict[str, Any]]:
+    """``(J [L+1, d, d] float64 or None, counts, model identity)`` from the sample's terms.
 
-    Left out: documents the estimator skipped (too short for the reference's
-    positions) or whose terms are not finite; ``fit_counts`` tells them apart.
+    ``counts``: ``fitted_on`` (documents averaged), ``left_out`` (skipped by
+    the estimator or not finite) and ``skipped_short`` (of those, the ones the
+    estimator skipped as too short for the reference's positions).
     """
-    import numpy as np
-    import torch
-
-    rows = [doc.summaries.get(FIT) for doc in documents]
-    rows = [np.asarray(r) for r in rows if r is not None]
-    kept = [r for r in rows if np.isfinite(r).all()]
-    if not kept:
-        return None, 0, len(rows)
-    J = torch.from_numpy(np.mean(np.stack(kept).astype(np.float64), axis=0))
-    return J, len(kept), len(rows) - len(kept)
-
-
-def fit_counts(documents) -> tuple[int, dict[str, Any]]:
-    """``(documents the estimator skipped as too short, the model identity of the terms)``."""
     import json
 
     import numpy as np
+    import torch
 
-    skipped, identity = 0, {}
+    kept, left_out, skipped, identity = [], 0, 0, {}
     for doc in documents:
-        flag = doc.summaries.get(SKIPPED)
-        skipped += int(flag is not None and int(np.asarray(flag).reshape(-1)[0]) == 1)
-        raw = doc.summaries.get(IDENTITY)
+        term, flag, raw = (doc.summaries.get(key) for key in (FIT, SKIPPED, IDENTITY))
+        if term is not None and np.isfinite(np.asarray(term)).all():
+            kept.append(np.asarray(term, dtype=np.float64))
+        elif term is not None:
+            left_out += 1
+        skipped += int(flag is not None and bool(np.asarray(flag).any()))
         if raw is not None and not identity:
             identity = json.loads(bytes(np.asarray(raw, dtype=np.uint8).reshape(-1)).decode())
-    return skipped, identity
+    J = torch.from_numpy(np.mean(np.stack(kept), axis=0)) if kept else None
+    return J, {"fitted_on": len(kept), "left_out": left_out, "skipped_short": skipped}, identity
 
 
 def read_through(lens: JacobianLens, states, targets, selected, chunk: int = 16) -> dict:
@@ -402,13 +394,12 @@ def lmc_complete_task(selected, options, documents, parts: ModelParts):
     import numpy as np
     import torch
 
-    J, _, _ = fitted_lens(documents)
+    J, counts, _ = fitted_lens(documents)
     if J is None:
-        skipped, _ = fit_counts(documents)
         raise ValueError(
-            "no document of the fit's sample (jlens_docs) gave finite Jacobians, so no "
-            f"lens was fitted ({skipped} were too short for the reference estimator: it "
-            "needs more than jlens_skip_first + 1 tokens; lower jlens_skip_first, raise "
+            "no document of the fit's sample (jlens_docs) gave finite Jacobians, so no lens "
+            f"was fitted ({counts['skipped_short']} were too short for the reference estimator: "
+            "it needs more than jlens_skip_first + 1 tokens; lower jlens_skip_first, raise "
             "jlens_docs, or set jlens_estimator=last_position)"
         )
     lens = _on_model(J, parts)
@@ -441,8 +432,7 @@ def lmc_aggregate_task(selected, options, documents, task, output_dir, run_id):
 def _fit_section(documents, options, task: str, output_dir, run_id: str) -> dict[str, Any]:
     import torch
 
-    J, fitted, left_out = fitted_lens(documents)
-    skipped, identity = fit_counts(documents)
+    J, counts, identity = fitted_lens(documents)
     estimator = options.get(ESTIMATOR.name, ESTIMATOR.default)
     fit = {"estimator": estimator}
     if estimator == "reference":
@@ -450,9 +440,7 @@ def _fit_section(documents, options, task: str, output_dir, run_id: str) -> dict
             ("skip_first_positions", SKIP), ("max_seq_len", MAX_LEN), ("dim_batch", DIM_BATCH)
         ):  # fmt: skip
             fit[key] = int(options.get(option.name, option.default))
-    out: dict[str, Any] = {
-        "fitted_on": fitted, "left_out": left_out, "skipped_short": skipped, **fit
-    }  # fmt: skip
+    out: dict[str, Any] = {**counts, **fit}
     if J is None:
         out["saved"] = None
         return out
@@ -463,5 +451,7 @@ def _fit_section(documents, options, task: str, output_dir, run_id: str) -> dict
     save = options.get(SAVE.name)
     if save is None and output_dir is not None:  # beside the geometry file
         save = Path(output_dir) / f"jlens_{task}_{run_id or 'run'}.pt"
-    out["saved"] = str(save_lens(save, J, fitted, task, identity, fit)) if save else None
+    out["saved"] = (
+        str(save_lens(save, J, counts["fitted_on"], task, identity, fit)) if save else None
+    )
     return out
