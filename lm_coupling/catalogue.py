@@ -28,6 +28,15 @@ INSTALLED = "installed plugins"
 """`Catalogue.source` of a catalogue derived from the installed plugins."""
 
 _METRIC_FIELDS = ("label", "unit", "bounds", "higher_is_better", "sampled", "k_option", "plugin")
+_SPEC_FIELDS = (
+    *_METRIC_FIELDS,
+    "profiles",
+    "task_level",
+    "sample_option",
+    "primary",
+    "nan_expected",
+)
+"""The `MetricSpec` fields a `MetricEntry` copies as they are."""
 _PROFILE_FIELDS = ("axis", "label", "bounds", "min_blocks", "boundary", "plot")
 
 
@@ -92,20 +101,9 @@ class Catalogue:
         for spec in specs:
             metrics[spec.name] = MetricEntry(
                 spec.name,
-                spec.label,
-                spec.unit,
-                spec.bounds,
-                spec.higher_is_better,
-                spec.sampled,
-                spec.k_option,
-                spec.plugin,
-                tuple(spec.profiles),
-                spec.task_level,
-                spec.sample_option,
-                spec.primary,
-                spec.lens if "lens" in spec.needs else "logit",
-                spec.nan_expected,
-                frozenset(option.name for option in spec.options if option.route),
+                **{key: getattr(spec, key) for key in _SPEC_FIELDS},
+                lens=spec.lens if "lens" in spec.needs else "logit",
+                route_options=frozenset(option.name for option in spec.options if option.route),
             )
             for record in spec.profile_specs:
                 known = profiles.setdefault(record.name, record)
