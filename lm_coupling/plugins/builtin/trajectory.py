@@ -129,13 +129,7 @@ def lmc_layer_reducer(selected, options, batch: BatchInfo) -> TrajectoryReducer 
 
 @hookimpl
 def lmc_compute_batch(selected, reduced: TrajectoryStates | None):
-    """Average each token's trajectory metric (and profile) over the document's tokens.
-
-    Every per-token quantity is averaged in one masked mean over a
-    ``[B, K, T]`` stack (`masked_token_means`), the same mean row by row.
-    """
-    import torch
-
+    """Average each token's trajectory metric (and profile) over the document's tokens."""
     from lm_coupling.metrics.trajectory import equidistance, expodistance, masked_token_means
 
     trajectory = reduced
@@ -150,9 +144,8 @@ def lmc_compute_batch(selected, reduced: TrajectoryStates | None):
         columns["expodistance"] = expodistance(trajectory.norms.transpose(1, 2))[:, None]
     if "equidistance" in selected:
         columns["equidistance"] = equidistance(trajectory.step_lengths.transpose(1, 2))[:, None]
-    stacked = torch.cat(list(columns.values()), dim=1)
-    means = masked_token_means(stacked, trajectory.token_mask)
-    widths = [column.shape[1] for column in columns.values()]
-    parts = dict(zip(columns, means.split(widths, dim=1), strict=True))
-    profiles = {name: parts.pop(name) for name in _PROFILES if name in parts}
-    return {"values": {name: value[:, 0] for name, value in parts.items()}, "profiles": profiles}
+    means = {
+        name: masked_token_means(column, trajectory.token_mask) for name, column in columns.items()
+    }
+    profiles = {name: means.pop(name) for name in _PROFILES if name in means}
+    return {"values": {name: value[:, 0] for name, value in means.items()}, "profiles": profiles}
