@@ -262,26 +262,6 @@ def lmc_compute_batch(selected, reduced):
     return {"values": values, "profiles": profiles, "summaries": summaries}
 
 
-def _by_count(pooled, alpha: float, clamp: bool = False) -> dict[str, list]:
-    """Dataset entropy (mean over states) on the first n documents, n = 1, 2, 4, ..., N."""
-    import torch
-
-    from lm_coupling.metrics.layer_by_layer import DatasetGram
-
-    counts, values = [], []
-    total = pooled.shape[0]
-    n = 1
-    while True:
-        n = min(n, total)
-        gram = DatasetGram(pooled.shape[1], pooled.shape[2])
-        gram.update(pooled[:n])
-        counts.append(n)
-        values.append(float(torch.nanmean(gram.entropy(alpha, clamp))) if n else float("nan"))
-        if n == total:
-            return {"n": counts, "value": values}
-        n *= 2
-
-
 @hookimpl
 def lmc_aggregate_task(selected, options, documents, doc_ids):
     """``dataset_entropy``: the task's profile over states, its mean, and its estimate vs n."""
@@ -313,13 +293,17 @@ def lmc_aggregate_task(selected, options, documents, doc_ids):
     if not kept:
         return {DATASET: {**section, "value": math.nan, "min_layer": math.nan, "profile": []}}
     pooled = torch.from_numpy(np.stack(kept))
-    gram = DatasetGram(pooled.shape[1], pooled.shape[2])
-    gram.update(pooled)
-    profile = gram.entropy(alpha, clamp)
+    counts = sorted({min(2**i, len(kept)) for i in range(len(kept).bit_length() + 1)})
+    profiles = []  # on the first n documents, n = 1, 2, 4, ..., N: the estimate vs n
+    for n in counts:
+        gram = DatasetGram(pooled.shape[1], pooled.shape[2])
+        gram.update(pooled[:n])
+        profiles.append(gram.entropy(alpha, clamp))
+    profile = profiles[-1]
     section.update(
         value=float(profile.mean()),
         min_layer=float(_min_layer(profile[None])[0]),
         profile=[float(v) for v in profile],
-        by_count=_by_count(pooled, alpha, clamp),
+        by_count={"n": counts, "value": [float(torch.nanmean(p)) for p in profiles]},
     )
     return {DATASET: section}
