@@ -7,15 +7,7 @@ tensors are float32 (float64 for a float64 model) on the model's device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Literal,
-    NamedTuple,
-    Protocol,
-    get_args,
-    runtime_checkable,
-)
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, get_args
 
 if TYPE_CHECKING:  # annotations only: importing the records loads no torch
     import numpy as np
@@ -128,13 +120,11 @@ class LayerView:
         layer: int,
         hidden: torch.Tensor | None = None,
         at_n: torch.Tensor | None = None,
-        normed: torch.Tensor | None = None,
-        logits: torch.Tensor | None = None,
         attentions: torch.Tensor | None = None,
         lens: Any = None,
     ) -> None:
         self.layer, self.hidden, self.at_n, self.attentions = layer, hidden, at_n, attentions
-        self._normed, self._logits = normed, logits
+        self._normed = self._logits = None
         self._lens = lens  # capture's ``() -> (normed, logits)``, called on the first read
 
     def _read_lens(self) -> None:
@@ -158,7 +148,6 @@ class LayerView:
         return f"LayerView(layer={self.layer})"
 
 
-@runtime_checkable
 class LayerReducer(Protocol):
     """What a plugin's ``lmc_layer_reducer`` returns: a reducer of one batch.
 
@@ -175,7 +164,6 @@ class LayerReducer(Protocol):
         """The batch's reductions, handed to ``lmc_compute_batch(reduced=...)``."""
 
 
-@runtime_checkable
 class Lens(Protocol):
     """A lens: the next-token logits read from an intermediate state.
 

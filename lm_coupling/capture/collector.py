@@ -159,7 +159,24 @@ class _Run:
     def begin(self, batch: int, n_tokens: int, dtype: torch.dtype) -> None:
         """Start the reducers for a batch of ``batch`` measured rows and ``n_tokens`` positions."""
         self.phase = "running"
-        self.handle.info = info = self._info(batch, n_tokens, dtype)
+        collector, device = self.collector, self.collector.device
+        last, first = self.last.to(device), self.first.to(device)
+        positions = torch.arange(n_tokens, device=device)[None]
+        self.handle.info = info = BatchInfo(
+            n_layers=collector.parts.n_layers,
+            d_model=collector.parts.d_model,
+            vocab_size=collector.parts.vocab_size,
+            size=batch,
+            n_tokens=n_tokens,
+            last_index=last,
+            first_index=first,
+            token_mask=(positions > first[:, None]) & (positions <= last[:, None]),
+            target_tokens=self.target.to(device),
+            documents=self.documents or tuple(() for _ in range(batch)),
+            lens=next(iter(collector.lenses), ""),
+            dtype=dtype,
+            final_norm=collector.parts.final_norm_fp32,
+        )
         for name, factory in self.factories.items():
             try:
                 reducer = self._call(name, factory, replace(info, lens=self.lens_of[name]))
@@ -174,33 +191,6 @@ class _Run:
             if callable(getattr(reducer, "update_lens", None))
             and self.lens_of[name] in self.collector.lenses
         ]
-
-    def _info(self, batch: int, n_tokens: int, dtype: torch.dtype) -> BatchInfo:
-        collector = self.collector
-        device = collector.device
-        last, first = self.last.to(device), self.first.to(device)
-        positions = torch.arange(n_tokens, device=device)[None]
-        documents = self.documents or tuple(() for _ in range(batch))
-        if len(documents) != batch:
-            raise ValueError(
-                f"capture() was given documents for {len(documents)} rows but the forward "
-                f"has batch size {batch}; pass one entry (possibly empty) per row"
-            )
-        return BatchInfo(
-            n_layers=collector.parts.n_layers,
-            d_model=collector.parts.d_model,
-            vocab_size=collector.parts.vocab_size,
-            size=batch,
-            n_tokens=n_tokens,
-            last_index=last,
-            first_index=first,
-            token_mask=(positions > first[:, None]) & (positions <= last[:, None]),
-            target_tokens=self.target.to(device),
-            documents=documents,
-            lens=next(iter(collector.lenses), ""),
-            dtype=dtype,
-            final_norm=collector.parts.final_norm_fp32,
-        )
 
     def attention_hook(self, layer: int, module: nn.Module, args: tuple, output) -> None:
         """Forward hook on block ``layer``'s attention: keep its probabilities until x^layer."""
@@ -494,6 +484,11 @@ def _indices(
         tuple(ref if type(ref) is DocumentRef else DocumentRef(*ref) for ref in row)
         for row in documents or ()
     )
+    if docs and len(docs) != len(last):
+        raise ValueError(
+            f"documents must have one entry (possibly empty) per last_index entry, got "
+            f"{len(docs)} for {len(last)}"
+        )
     measured = None if rows is None else _as_list(rows, "rows")
     if measured is not None:
         if len(measured) != len(last) or any(

@@ -47,16 +47,13 @@ class PluginCalls:
         self._warned: set[tuple[str, str]] = set()
         self.deferred = False
         """Record failures without warning: the harness warns once per task (`warn_failures`)."""
-        declaring = {self._name(i) for i in pm.hook.lmc_declare_metrics.get_hookimpls()}
+        declaring = {plugin_name(pm, i) for i in pm.hook.lmc_declare_metrics.get_hookimpls()}
         self.observers = tuple(
             name
-            for name in (self._name(i) for i in pm.hook.lmc_compute_batch.get_hookimpls())
+            for name in (plugin_name(pm, i) for i in pm.hook.lmc_compute_batch.get_hookimpls())
             if name not in declaring
         )
         """Plugins computing without declaring metrics (observers), called with ``selected=()``."""
-
-    def _name(self, impl: pluggy.HookImpl) -> str:
-        return plugin_name(self.pm, impl)
 
     def owners(self, metrics: Iterable[str]) -> dict[str, tuple[str, ...]]:
         """``{plugin name: its metrics among metrics}``, in selection order."""
@@ -68,7 +65,7 @@ class PluginCalls:
     def implementation(self, hook: str, plugin: str) -> pluggy.HookImpl | None:
         """The plugin's implementation of ``hook`` (None: it has none)."""
         for impl in getattr(self.pm.hook, hook).get_hookimpls():
-            if self._name(impl) == plugin:
+            if plugin_name(self.pm, impl) == plugin:
                 return impl
         return None
 
