@@ -232,14 +232,10 @@ class GeometryRunner:
         documents: Sequence[Sequence[DocumentRef]] | None = None,
         rows: Sequence[int] | torch.Tensor | None = None,
     ) -> Iterator:
-        """Capture the first forward pass run inside the block (`StateCollector.capture`).
+        """Capture the first forward pass run inside the block.
 
-        Args:
-            last_index: ``[B]`` target position n of each row.
-            first_index: ``[B]`` first real token of each row (left padding).
-            target_tokens: ``[B]`` gold token id at n+1 for the lens, -1 if none.
-            documents: per row, the documents it measures (`DocumentRef`s).
-            rows: the forward's rows to measure, increasing (default: all).
+        The arguments are `StateCollector.capture`'s; the reducers and lenses
+        are the selected plugins'.
 
         Yields:
             A ``CaptureHandle``, filled once the block exits; pass it to :meth:`compute`.

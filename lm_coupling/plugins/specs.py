@@ -209,7 +209,7 @@ class MetricSpec:
             set_(self, "sample_option", DEFAULT_SAMPLE_OPTION)
         set_(self, "bounds", _check_bounds(f"metric {self.name!r}", self.bounds))
         given: dict[str, ProfileSpec] = {}
-        names: list[str] = []
+        names: dict[str, None] = {}  # in order, once each
         for item in (*self.profiles, *self.profile_specs):
             record = item if isinstance(item, ProfileSpec) else None
             name = item.name if record is not None else item
@@ -224,12 +224,17 @@ class MetricSpec:
                         f"metric {self.name!r} describes profile {name!r} twice, differently: "
                         f"{given[name]!r} and {record!r}"
                     )
-            if name not in names:
-                names.append(name)
+            names[name] = None
         matrices = list(self.matrices)
         records = []
         for name in names:
-            record = given.get(name) or self._default_profile(name)
+            own = name == self.name  # one given by name only: see ``profiles``
+            record = given.get(name) or ProfileSpec(
+                name,
+                "matrix" if name in self.matrices else "states",
+                label=self.label if own else "",
+                bounds=self.bounds if own else None,
+            )
             if record.axis == "matrix" and name not in matrices:
                 matrices.append(name)
             if name in matrices and record.axis != "matrix":
@@ -241,16 +246,6 @@ class MetricSpec:
         set_(self, "profiles", tuple(names))
         set_(self, "matrices", tuple(matrices))
         set_(self, "profile_specs", tuple(records))
-
-    def _default_profile(self, name: str) -> ProfileSpec:
-        """The record of a profile given by name only (see ``profiles``)."""
-        own = name == self.name
-        return ProfileSpec(
-            name,
-            "matrix" if name in self.matrices else "states",
-            label=self.label if own else "",
-            bounds=self.bounds if own else None,
-        )
 
     def profile(self, name: str) -> ProfileSpec:
         """The `ProfileSpec` of one of its profiles.
