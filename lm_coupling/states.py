@@ -6,7 +6,7 @@ tensors are float32 (float64 for a float64 model) on the model's device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, get_args
 
 if TYPE_CHECKING:  # annotations only: importing the records loads no torch
@@ -346,13 +346,7 @@ class DocumentGeometry:
 
     def without_profiles(self) -> DocumentGeometry:
         """This geometry without its profiles (the other parts shared, not copied)."""
-        return DocumentGeometry(
-            values=self.values,
-            jacobian_methods=self.jacobian_methods,
-            timings=self.timings,
-            summaries=self.summaries,
-            failures=self.failures,
-        )
+        return replace(self, profiles={})
 
     def merge(self, other: DocumentGeometry) -> None:
         """Add ``other``'s values, profiles, summaries, failures and timings to this document's."""

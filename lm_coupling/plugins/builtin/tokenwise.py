@@ -25,7 +25,6 @@ as many SVDs, per sampled document; see ``DEFAULT_TOKENWISE_DOCS``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from lm_coupling.plugins.builtin.coupling import ABS, NORM
@@ -142,18 +141,13 @@ def resolve_layers(layers: tuple[int, ...] | None, n_layers: int) -> list[int]:
     return [layer % n_layers for layer in layers]
 
 
-def positions_of(options: Mapping, n_tokens: int) -> list[int]:
-    """The last P positions of a prompt of ``n_tokens`` (fewer if it is shorter)."""
-    return list(range(max(0, n_tokens - options["tokenwise_positions"]), n_tokens))
-
-
 @hookimpl
 def lmc_position_jacobian_keys(selected, options, n_layers: int, n_tokens: int):
     """The ``(layer, t_in, t_out)`` keys the selected token-wise metrics need."""
     wanted = set(_OWN) & set(selected)
     if not wanted:
         return None
-    positions = positions_of(options, n_tokens)
+    positions = list(range(max(0, n_tokens - options["tokenwise_positions"]), n_tokens))  # P last
     first, last = positions[0], positions[-1]
     keys = set()
     for layer in resolve_layers(options["tokenwise_layers"], n_layers):
