@@ -393,6 +393,7 @@ def _coupling_rows(jacobians, options, L: int, d: int) -> dict[str, list]:
 def lmc_compute_batch(selected, states: GeometryStates, options):
     """Coupling, swapped coupling and alignment ratio of each sampled document (NaN elsewhere)."""
     import torch
+    from torch.nn.utils.rnn import pad_sequence
 
     wanted = set(OWN) & set(selected)
     if not wanted or not states.jacobians:
@@ -404,7 +405,10 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
         if "coupling" in wanted:
             values["coupling"] = torch.stack(rows["coupling"]).float()
             profiles["coupling"] = torch.stack(rows["coupling_matrix"]).float()
-            profiles["singular_values"] = _stack_ragged(rows["singular_values"])
+            ragged = [row.T.float() for row in rows["singular_values"]]  # [k_i + 1, L] each
+            profiles["singular_values"] = pad_sequence(
+                ragged, batch_first=True, padding_value=math.nan
+            ).transpose(1, 2)  # NaN-padded to the widest k_i + 1
             profiles["spectral_gap"] = torch.stack(rows["spectral_gap"]).float()
             profiles["k_selected"] = torch.stack(rows["k_selected"]).double()
             for name in DIAGNOSTICS:
@@ -425,14 +429,3 @@ def lmc_compute_batch(selected, states: GeometryStates, options):
         values["alignment_ratio"] = torch.stack([_offdiag_mean(m) for m in matrices]).float()
         profiles["alignment_ratio"] = torch.stack(matrices).float()
     return {"values": values, "profiles": profiles}
-
-
-def _stack_ragged(rows: list[torch.Tensor]) -> torch.Tensor:
-    """Stack ``[L, k_i]`` rows, NaN-padding to the widest."""
-    import torch
-
-    width = max(r.shape[1] for r in rows)
-    out = torch.full((len(rows), rows[0].shape[0], width), math.nan)
-    for i, r in enumerate(rows):
-        out[i, :, : r.shape[1]] = r
-    return out
