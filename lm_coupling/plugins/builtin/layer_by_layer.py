@@ -141,14 +141,6 @@ def lmc_declare_metrics():
     ]
 
 
-def _wanted(selected) -> tuple[set[str], bool]:
-    """The profiles to compute and whether pooled vectors are kept."""
-    chosen = set(selected)
-    profiles = {m for m in PROFILED if m in chosen}
-    profiles |= {MIN_LAYER[m] for m in MIN_LAYER if m in chosen}
-    return profiles, DATASET in chosen
-
-
 class LayerByLayerReducer:
     """Per state, the selected measures of every document's measured tokens.
 
@@ -229,10 +221,11 @@ class LayerByLayerReducer:
 @hookimpl
 def lmc_layer_reducer(selected, options, batch: BatchInfo) -> LayerByLayerReducer | None:
     """Start the batch's reducer when one of this plugin's metrics is selected."""
-    profiles, pooled = _wanted(selected)
-    if not profiles and not pooled:
+    profiles = {m for m in PROFILED if m in selected}
+    profiles |= {MIN_LAYER[m] for m in selected if m in MIN_LAYER}  # the minimum of a profile
+    if not profiles and DATASET not in selected:
         return None
-    return LayerByLayerReducer(batch, profiles, pooled, options)
+    return LayerByLayerReducer(batch, profiles, DATASET in selected, options)
 
 
 def _min_layer(profile):
