@@ -286,11 +286,7 @@ def lmc_aggregate_task(selected, profiles, options, documents) -> dict[str, Any]
     if "coupling" not in selected:
         return None
     methods = [doc.jacobian_methods for doc in documents if doc.jacobian_methods]
-    per_layer = (
-        [Counter(layer).most_common(1)[0][0] for layer in zip(*methods, strict=False)]
-        if methods
-        else []
-    )
+    per_layer = [Counter(layer).most_common(1)[0][0] for layer in zip(*methods, strict=False)]
     n_sampled = sum(math.isfinite(doc.values.get("coupling", math.nan)) for doc in documents)
     return {
         "coupling": {

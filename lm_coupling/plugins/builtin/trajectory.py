@@ -40,36 +40,23 @@ _PROFILE_SPECS = (
 @hookimpl
 def lmc_declare_metrics():
     """Declare lss, expodistance and equidistance."""
-    options = (TOKENS, WINDOWED)
+    described = {
+        "lss": "line-shape score L/||sum of unit steps||: 1 for a straight trajectory",
+        "expodistance": "relative variance of log norm growth: 0 for exact exponential growth",
+        "equidistance": "coefficient of variation of step lengths: 0 for equally spaced states",
+    }
     return [
         MetricSpec(
-            "lss",
-            "line-shape score L/||sum of unit steps||: 1 for a straight trajectory",
+            name,
+            description,
             _NEEDS,
-            options,
+            (TOKENS, WINDOWED),
             _PROFILES,
             higher_is_better=False,
-            label="LSS",
+            label="LSS" if name == "lss" else "",
             profile_specs=_PROFILE_SPECS,
-        ),
-        MetricSpec(
-            "expodistance",
-            "relative variance of log norm growth: 0 for exact exponential growth",
-            _NEEDS,
-            options,
-            _PROFILES,
-            higher_is_better=False,
-            profile_specs=_PROFILE_SPECS,
-        ),
-        MetricSpec(
-            "equidistance",
-            "coefficient of variation of step lengths: 0 for equally spaced states",
-            _NEEDS,
-            options,
-            _PROFILES,
-            higher_is_better=False,
-            profile_specs=_PROFILE_SPECS,
-        ),
+        )
+        for name, description in described.items()
     ]
 
 
