@@ -413,13 +413,12 @@ def _rows_of(reduced: Any, states: GeometryStates) -> list[tuple[GeometryStates,
     out = []
     try:
         for b in range(size):
-            row = dataclasses.replace(
-                states,
-                size=1,
-                documents=states.documents[b : b + 1],
-                jacobians=states.jacobians[b : b + 1],
-                tokenwise=states.tokenwise[b : b + 1],
-            )
+            per_row = {  # documents and every engine list (jacobians, tokenwise, ...)
+                f.name: getattr(states, f.name)[b : b + 1]
+                for f in dataclasses.fields(states)
+                if isinstance(getattr(states, f.name), (list, tuple))
+            }
+            row = dataclasses.replace(states, size=1, **per_row)
             out.append((row, cut(reduced, b)))
     except (_Unsliceable, TypeError, ValueError):
         return None

@@ -472,3 +472,39 @@ def test_a_short_route_module_with_the_hooks_it_is_served_by_is_refused():
         from lm_coupling import metric
 
         metric("bad")(lambda hidden: hidden)
+
+
+class _SampledFaulty:
+    """A sampled metric of the engine's per-document terms that fails on document 11."""
+
+    @hookimpl
+    def lmc_declare_metrics(self):
+        return [
+            MetricSpec("term_norm", "norm of a term", frozenset({"authors_jacobian"}), sampled=True)
+        ]
+
+    @hookimpl
+    def lmc_compute_batch(self, selected, states):
+        if any(ref.doc_id == 11 for row in states.documents for ref in row):
+            raise RuntimeError("bad term")
+        return {"values": {"term_norm": torch.stack([J.norm() for J in states.authors_jacobians])}}
+
+
+def test_a_sampled_batch_is_retried_row_by_row_with_each_row_s_own_terms():
+    from lm_coupling.geometry import DocumentGeometry
+    from lm_coupling.plugins.calls import PluginCalls
+    from lm_coupling.states import DocumentRef, GeometryStates
+
+    pm = _pm(sampled_plugin=_SampledFaulty())
+    selection = make_selection("term_norm", None, get_registry(pm))
+    terms = [torch.full((2, 3, 3), float(v)) for v in (1.0, 2.0, 3.0)]
+    states = GeometryStates(
+        2, 3, 5, size=3, documents=tuple((DocumentRef("task", i),) for i in (10, 11, 12)),
+        authors_jacobians=terms,
+    )  # fmt: skip
+    docs = [DocumentGeometry() for _ in terms]
+    with pytest.warns(GeometryWarning, match="document 11: RuntimeError"):
+        PluginCalls(pm, selection).compute(("term_norm",), states, docs, {}, {}, {}, {})
+    assert docs[0].values["term_norm"] == pytest.approx(float(terms[0].norm()))
+    assert docs[2].values["term_norm"] == pytest.approx(float(terms[2].norm()))
+    assert math.isnan(docs[1].values["term_norm"]) and docs[0].failures == docs[2].failures == []
