@@ -498,10 +498,8 @@ def test_a_sampled_batch_is_retried_row_by_row_with_each_row_s_own_terms():
     pm = _pm(sampled_plugin=_SampledFaulty())
     selection = make_selection("term_norm", None, get_registry(pm))
     terms = [torch.full((2, 3, 3), float(v)) for v in (1.0, 2.0, 3.0)]
-    states = GeometryStates(
-        2, 3, 5, size=3, documents=tuple((DocumentRef("task", i),) for i in (10, 11, 12)),
-        authors_jacobians=terms,
-    )  # fmt: skip
+    documents = tuple((DocumentRef("task", i),) for i in (10, 11, 12))
+    states = GeometryStates(2, 3, 5, size=3, documents=documents, authors_jacobians=terms)
     docs = [DocumentGeometry() for _ in terms]
     with pytest.warns(GeometryWarning, match="document 11: RuntimeError"):
         PluginCalls(pm, selection).compute(("term_norm",), states, docs, {}, {}, {}, {})
