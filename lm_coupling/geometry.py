@@ -81,10 +81,8 @@ class GeometryRunner:
         from lm_coupling.model.attention import check_attentions
 
         if "attentions" in needs:
-            readers = [
-                n for n in self.streamed_metrics if "attentions" in self.selection.specs[n].needs
-            ]
-            spec = self.selection.specs[readers[0]]
+            specs = (self.selection.specs[n] for n in self.streamed_metrics)
+            spec = next(s for s in specs if "attentions" in s.needs)
             check_attentions(self.model, f"metric {spec.name!r} (plugin {spec.plugin!r})")
         if "lens" in needs:
             self.lenses = self._lenses()
