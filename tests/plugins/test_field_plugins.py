@@ -89,6 +89,9 @@ def test_lens_file_round_trip_and_refusals(tmp_path):
     with pytest.raises(ConfigurationError, match="target layer 2 .* another model"):
         load_lens(path, n_layers=4, d_model=8)
     torch.save({"something": 1}, tmp_path / "other.pt")
+    torch.save({"format": "lm_coupling.jacobian_lens", "version": 1}, tmp_path / "v1.pt")
+    with pytest.raises(ConfigurationError, match="version 1.*fit the lens again"):
+        load_lens(tmp_path / "v1.pt", 3, 8)
     with pytest.raises(ConfigurationError, match="not a Jacobian lens"):
         load_lens(tmp_path / "other.pt", 3, 8)
 

@@ -125,6 +125,12 @@ def load_lens(
 
     path = Path(path)
     record = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(record, dict) and record.get("format") == FORMAT:
+        raise _refuse(
+            path,
+            "is an lm-coupling lens of version 1, which this version no longer reads: "
+            "fit the lens again (jlens_fit)",
+        )
     if not isinstance(record, dict) or "J" not in record:
         raise _refuse(path, f"is not a Jacobian lens file ({FORMAT} or TransformerLens's)")
     transports = dict(record["J"])
