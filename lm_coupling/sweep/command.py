@@ -85,8 +85,6 @@ SET_BY_THE_SWEEP = {
     "-o": "-o is --output_path: give the sweep's --output_path folder",
     "-t": "-t is --tasks: give the sweep's --tasks",
 }
-# Keys of a --config YAML that would override what the sweep sets per model.
-_CONFIG_KEYS_SET_BY_THE_SWEEP = ("model", "tasks", "output_path")
 
 
 def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -94,13 +92,13 @@ def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]
 
     Every lm-eval ``run`` option that makes sense per model is passed on to
     each model's run (``--include_path`` too: lm-coupling's task folder is
-    added to it); with ``--metrics`` they are checked once, before any model
-    runs (`lm_coupling.harness.run_options`).
+    added to it); they are checked once, before any model runs
+    (`check_lm_eval_options`).
 
     Raises:
         ConfigurationError: MODELS missing or not first, an option the sweep
             sets per model (``--model``, ``pretrained=`` in ``--model_args``,
-            ``--output_path`` of a model), or an option refused with ``--metrics``.
+            ``--output_path`` of a model), or options `check_lm_eval_options` refuses.
     """
     argv = list(argv)
     if argv and argv[0] in ("-h", "--help"):
@@ -131,10 +129,9 @@ def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]
             "--model_args of a sweep must not hold pretrained=: the sweep sets it per model "
             "from MODELS (add the model to MODELS instead)"
         )
-    _check_config_file(rest)
     if args.metrics is not None:
         rest += ["--metrics", args.metrics]
-        check_lm_eval_options(args, rest)
+    check_lm_eval_options(args, rest)
     return args, rest
 
 
@@ -161,51 +158,31 @@ def _study_argv(argv: list[str]) -> tuple[Study | None, list[str]]:
     return study, [*words, *study.lm_eval_args, *typed]
 
 
-def _check_config_file(rest: Sequence[str]) -> None:
-    """Refuse a ``--config`` YAML that sets what the sweep sets per model."""
-    pairs = zip(rest, rest[1:], strict=False)
-    path = next((value for flag, value in pairs if flag in ("--config", "-C")), None)
-    if path is None:
-        return
-    import yaml
-
-    try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigurationError(f"--config {path}: cannot read it ({exc})") from exc
-    model_args = config.get("model_args") if isinstance(config, dict) else None
-    keys = [key for key in _CONFIG_KEYS_SET_BY_THE_SWEEP if key in config]
-    if isinstance(model_args, dict) and "pretrained" in model_args:
-        keys.append("model_args.pretrained")
-    elif isinstance(model_args, str) and "pretrained=" in model_args:
-        keys.append("model_args.pretrained")
-    if keys:
-        raise ConfigurationError(
-            f"--config {path} sets {', '.join(keys)}, which the sweep sets per model; remove "
-            "them from the file (models: MODELS; tasks: --tasks; folder: --output_path)"
-        )
-
-
 def check_lm_eval_options(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> None:
     """Check the options every model's run will get, once, before any model runs.
 
     Raises:
-        ConfigurationError: an option lm-coupling refuses with ``--metrics``.
+        ConfigurationError: arguments ``lm_eval run`` refuses, a ``--config``
+            YAML that sets what the sweep sets per model, or an option
+            lm-coupling refuses with ``--metrics``.
     """
-    from lm_coupling.harness.cli import run_parser
-    from lm_coupling.harness.run_options import check_run_options
+    from lm_coupling.harness.run_options import check_run_options, effective_options
+    from lm_coupling.sweep.estimate import parse_run_args
 
-    argv = ["run", "--tasks", args.tasks, *lm_eval_args]
-    if args.model_args:
-        argv += ["--model_args", args.model_args]
-    try:
-        namespace = run_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse has printed why
+    namespace = parse_run_args(lm_eval_args)
+    # The flags that set these were refused above: what is left comes from --config.
+    options = effective_options(namespace)
+    keys = [key for key in ("model", "tasks", "output_path") if key in options]
+    keys += ["model_args.pretrained"] if "pretrained" in options["model_args"] else []
+    if keys:
         raise ConfigurationError(
-            "lm_eval run does not accept the sweep's lm-eval arguments "
-            f"{' '.join(lm_eval_args)!r} (see the message above)"
-        ) from exc
-    check_run_options(namespace)
+            f"--config {namespace.config} sets {', '.join(keys)}, which the sweep sets per "
+            "model; remove them from the file (models: MODELS; tasks: --tasks; folder: "
+            "--output_path)"
+        )
+    if args.metrics is not None:
+        namespace.tasks, namespace.model_args = args.tasks, args.model_args
+        check_run_options(namespace)
 
 
 def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> str:
