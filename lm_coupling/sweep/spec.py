@@ -10,9 +10,9 @@ MODELS is one of:
 - a CSV file with a ``model`` column and an optional ``revision`` column.
 
 Every name and revision may hold brace expressions, expanded like a shell
-does: ``step{0,1000,2000}`` (a list), ``step{0,1000,...,143000}`` (an
-arithmetic range from the first two numbers to the last, inclusive) and
-``step{0..143000..1000}``. Several braces give their product.
+does: ``step{0,1000,2000}`` (a list) and ``step{0,1000,...,143000}`` (an
+arithmetic range from the first two numbers to the last, inclusive). Several
+braces give their product.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from pathlib import Path
 from lm_coupling.errors import ConfigurationError
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
-_DOTS = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -79,19 +78,14 @@ def _arithmetic(items: list[str], text: str) -> list[str]:
 
 def _alternatives(text: str) -> list[str]:
     """The words one ``{...}`` stands for."""
-    dots = _DOTS.match(text.strip())
-    if dots:
-        first, last = int(dots.group(1)), int(dots.group(2))
-        step = int(dots.group(3) or 1)
-        if step < 1:
-            raise ConfigurationError(f"brace range {{{text}}}: the step must be at least 1")
-        direction = 1 if last >= first else -1
-        return [str(v) for v in range(first, last + direction, step * direction)]
     items = [item.strip() for item in text.split(",")]
     if "..." in items:
         return _arithmetic(items, text)
-    if any(not item for item in items):
-        raise ConfigurationError(f"empty item in brace list {{{text}}}")
+    if any(not item or ".." in item for item in items):
+        raise ConfigurationError(
+            f"brace list {{{text}}}: an empty item, or a range not written as "
+            "{first,second,...,last}, e.g. {0,1000,...,143000}"
+        )
     return items
 
 
