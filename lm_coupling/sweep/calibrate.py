@@ -57,8 +57,6 @@ BLOCK_VOCAB = 512
 """Vocabulary of the timed block's model (its head is no part of a layer's Jacobian)."""
 JACOBIAN_REPEATS = 3
 """Timed calls of a block's Jacobian (their median is kept), after one warm-up call."""
-STARTUP_CACHE_ENV = "LM_COUPLING_CACHE_DIR"
-"""Folder of the measured startup seconds (default ``$XDG_CACHE_HOME/lm_coupling``)."""
 
 
 @dataclass(frozen=True)
@@ -280,12 +278,10 @@ def _median_seconds(fn, device: str, repeats: int = 5) -> float:
 
 
 def startup_cache_path() -> Path:
-    """Where the startup seconds are kept: ``$LM_COUPLING_CACHE_DIR`` or the user's cache."""
-    folder = os.environ.get(STARTUP_CACHE_ENV)
-    if not folder:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        folder = str(Path(base) / "lm_coupling")
-    return Path(folder) / "sweep_startup.json"
+    """Where the startup seconds are kept: lm-coupling's cache folder (`lm_coupling.fetch`)."""
+    from lm_coupling.fetch import cache_dir
+
+    return cache_dir() / "sweep_startup.json"
 
 
 def _environment_key(metrics: str | None) -> str:
