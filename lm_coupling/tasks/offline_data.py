@@ -173,25 +173,16 @@ def load_offline(
     return datasets.DatasetDict(splits)
 
 
-def _announced() -> set[tuple[str, str]]:
-    """The announcements made in this process, whichever copy of this module made them.
-
-    lm-eval imports this file by path, once per copy, each with its own globals;
-    the set lives on the ``lm_coupling.tasks`` logger, one object per process.
-    """
-    announced = getattr(log, ANNOUNCED_ATTRIBUTE, None)
-    if announced is None:
-        announced = set()
-        setattr(log, ANNOUNCED_ATTRIBUTE, announced)
-    return announced
-
-
 def _announce_bundled(benchmark: str, folder: Path) -> None:
-    """Say, once per benchmark and process, that the bundled sample documents are used."""
-    announced = _announced()
-    if ("bundled", benchmark) in announced:
+    """Say, once per benchmark and process, that the bundled sample documents are used.
+
+    lm-eval imports this file by path, once per copy, each with its own globals:
+    the benchmarks announced are kept on the ``lm_coupling.tasks`` logger, one per process.
+    """
+    announced = vars(log).setdefault(ANNOUNCED_ATTRIBUTE, set())
+    if benchmark in announced:
         return
-    announced.add(("bundled", benchmark))
+    announced.add(benchmark)
     log.warning(
         "lm-coupling: offline %s task: no data folder given, using the bundled sample "
         "documents in %s (a handful of items, for trying the package out). Set $%s or "
