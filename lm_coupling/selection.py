@@ -40,10 +40,7 @@ class Selection:
     @property
     def profiles(self) -> tuple[str, ...]:
         """Names of the per-document profiles the selected metrics store."""
-        names: list[str] = []
-        for spec in self.specs.values():
-            names.extend(p for p in spec.profiles if p not in names)
-        return tuple(names)
+        return tuple(dict.fromkeys(p for spec in self.specs.values() for p in spec.profiles))
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
@@ -208,12 +205,11 @@ def make_selection(
 ) -> Selection:
     """Validate ``--metrics`` and ``--metric_args`` and return the selection."""
     registry = registry if registry is not None else get_registry()
-    if metrics is None or not str(metrics).strip():
-        if metric_args:
-            raise ConfigurationError(
-                "--metric_args was given but --metrics is missing: add --metrics with the "
-                "metrics the options are for (e.g. --metrics all)"
-            )
+    if metric_args and not str(metrics or "").strip():
+        raise ConfigurationError(
+            "--metric_args was given but --metrics is missing: add --metrics with the "
+            "metrics the options are for (e.g. --metrics all)"
+        )
     names = parse_metric_names(metrics or "", registry)
     specs = {name: registry.metrics[name] for name in names}
     options = parse_metric_args(metric_args, specs, registry)

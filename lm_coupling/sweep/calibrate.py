@@ -201,9 +201,7 @@ def block_jacobian(
     from lm_coupling.model.architecture import locate_model_parts
     from lm_coupling.plugins.specs import used_k
 
-    longest = getattr(shape.config, "max_position_embeddings", None) or getattr(
-        shape.config, "n_positions", None
-    )
+    longest = getattr(shape.config, "max_position_embeddings", None)  # n_positions too (GPT-2)
     own = shape.d_model <= BLOCK_D
     width = shape.d_model if own else PROXY_D
     n = min(tokens, BLOCK_TOKENS if own else PROXY_TOKENS, int(longest) if longest else tokens)
@@ -307,11 +305,10 @@ def cached_startup_seconds(metrics: str | None) -> tuple[float, bool]:
     """
     path, key = startup_cache_path(), _environment_key(metrics)
     try:
-        known = json.loads(path.read_text()) if path.is_file() else {}
+        known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    if not isinstance(known, dict):
-        known = {}
+    known = known if isinstance(known, dict) else {}
     if isinstance(known.get(key), (int, float)):
         return float(known[key]), False
     seconds = startup_seconds(metrics)

@@ -51,15 +51,6 @@ class ModelEntry:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", self.label).strip("_")[-150:]
 
 
-def _numbers(items: list[str], text: str) -> list[int]:
-    try:
-        return [int(item) for item in items]
-    except ValueError:
-        raise ConfigurationError(
-            f"brace range {{{text}}}: '...' needs integers around it, e.g. {{0,1000,...,143000}}"
-        ) from None
-
-
 def _arithmetic(items: list[str], text: str) -> list[str]:
     """``a,b,...,z`` -> a, b, ..., z with step b - a (z reached exactly)."""
     if items.count("...") != 1 or items.index("...") != 2 or len(items) != 4:
@@ -67,7 +58,12 @@ def _arithmetic(items: list[str], text: str) -> list[str]:
             f"brace range {{{text}}}: write two first values, '...', and the last one, "
             "e.g. {0,1000,...,143000}"
         )
-    first, second, last = _numbers([items[0], items[1], items[3]], text)
+    try:
+        first, second, last = (int(items[i]) for i in (0, 1, 3))
+    except ValueError:
+        raise ConfigurationError(
+            f"brace range {{{text}}}: '...' needs integers around it, e.g. {{0,1000,...,143000}}"
+        ) from None
     step = second - first
     if step == 0 or (last - first) % step != 0 or (last - first) // step < 1:
         raise ConfigurationError(

@@ -20,11 +20,8 @@ Rows carry the same fields as the Hugging Face hub data sets that the stock
 tasks read (allenai/ai2_arc, openai/gsm8k, Rowan/hellaswag, cais/mmlu,
 truthful_qa ``multiple_choice``, allenai/winogrande).
 
-``data_dir`` is chosen, first match wins, from: ``--metadata
-'{"lmc_data_dir": "/path"}'`` on the lm_eval command line (or
-``TaskManager(metadata=...)``); the environment variable
-``LM_COUPLING_DATA_DIR``; the sample documents bundled with lm-coupling
-(``lm_coupling/demo/sample_tasks``), so that the tasks run with no set-up.
+``data_dir``: the ``lmc_data_dir`` metadata, else ``$LM_COUPLING_DATA_DIR``,
+else the bundled sample documents (`resolve_data_dir`).
 
 lm-eval imports this file by path (not as part of the ``lm_coupling``
 package), so it depends on the standard library and ``datasets`` only.
