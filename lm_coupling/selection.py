@@ -112,7 +112,12 @@ def parse_metric_args(
             options[key] = _parse_value(by_name[key], key, raw)
         except ConfigurationError as exc:
             problems.append(str(exc))
-    _raise_all(problems + sample_problems(options, specs))
+    problems += sample_problems(options, specs)
+    if len(problems) > 1:
+        listed = "".join(f"\n  - {p}" for p in problems)
+        raise ConfigurationError(f"{len(problems)} problems with --metric_args:{listed}")
+    if problems:
+        raise ConfigurationError(problems[0])
     return options
 
 
@@ -163,16 +168,6 @@ def _unknown_option(
         f"unknown --metric_args option {key!r}.{_did_you_mean(key, list(by_name))} "
         f"Options of the selected metrics: {valid}"
     )
-
-
-def _raise_all(problems: list[str]) -> None:
-    if len(problems) == 1:
-        raise ConfigurationError(problems[0])
-    if problems:
-        raise ConfigurationError(
-            f"{len(problems)} problems with --metric_args:\n"
-            + "\n".join(f"  - {p}" for p in problems)
-        )
 
 
 def sample_problems(options: dict[str, Any], specs: dict[str, MetricSpec]) -> list[str]:

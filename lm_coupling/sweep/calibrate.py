@@ -226,7 +226,8 @@ def block_jacobian(
 def _one_block_config(shape: Shape, tokens: int):
     """One block of ``shape`` with a small vocabulary: its config's, else a Llama block."""
     vocab = min(shape.vocab, BLOCK_VOCAB)
-    if shape.config is not None and shape.d_model <= BLOCK_D:
+    own = shape.d_model <= BLOCK_D
+    if shape.config is not None and own:
         config = copy.deepcopy(shape.config)
         config.num_hidden_layers = 1
         if isinstance(getattr(config, "layer_types", None), list):
@@ -239,13 +240,11 @@ def _one_block_config(shape: Shape, tokens: int):
         return config
     import transformers
 
-    own = shape.d_model <= BLOCK_D
-    d = shape.d_model if own else PROXY_D
-    heads = shape.n_heads if own else 4
+    d, heads = (shape.d_model, shape.n_heads) if own else (PROXY_D, 4)
     return transformers.LlamaConfig(
         vocab_size=vocab,
         hidden_size=d,
-        intermediate_size=(shape.d_ff or 4 * d) if own else 4 * d,
+        intermediate_size=shape.d_ff if own and shape.d_ff else 4 * d,
         num_hidden_layers=1,
         num_attention_heads=heads,
         num_key_value_heads=heads,
