@@ -91,32 +91,16 @@ def expand_braces(text: str) -> list[str]:
     Raises:
         ConfigurationError: unbalanced or nested braces, or a bad range.
     """
-    parts = _BRACE.split(text)
-    literals, groups = parts[0::2], parts[1::2]
-    if any(c in literal for literal in literals for c in "{}"):
+    parts = _BRACE.split(text)  # literal, group, literal, ..., literal
+    if any(c in literal for literal in parts[0::2] for c in "{}"):
         raise ConfigurationError(f"unbalanced or nested braces in {text!r}")
-    choices = [_alternatives(group) for group in groups]
-    out = []
-    for combo in itertools.product(*choices):
-        pieces = [literals[0]]
-        for value, literal in zip(combo, literals[1:], strict=True):
-            pieces += [value, literal]
-        out.append("".join(pieces))
-    return out
+    choices = [_alternatives(p) if i % 2 else [p] for i, p in enumerate(parts)]
+    return ["".join(combo) for combo in itertools.product(*choices)]
 
 
 def split_top_level(text: str) -> list[str]:
-    """Split on commas outside braces."""
-    words, depth, current = [], 0, []
-    for char in text:
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            words.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    words.append("".join(current))
-    return [w.strip() for w in words if w.strip()]
+    """Split on commas outside braces (a comma before the next ``}`` is inside them)."""
+    return [w.strip() for w in re.split(r",(?![^{}]*\})", text) if w.strip()]
 
 
 def parse_entry(word: str) -> list[ModelEntry]:
@@ -133,14 +117,11 @@ def parse_entry(word: str) -> list[ModelEntry]:
 
 def entries_for(name: str, revision: str | list | None) -> list[ModelEntry]:
     """Entries for a name and a revision (string, list, or None), braces expanded."""
-    revisions: list[str | None]
+    names = expand_braces(str(name))
     if revision is None or revision == "":
-        revisions = [None]
-    elif isinstance(revision, list):
-        revisions = [r for item in revision for r in expand_braces(str(item))]
-    else:
-        revisions = list(expand_braces(str(revision)))
-    return [ModelEntry(n, r) for n in expand_braces(str(name)) for r in revisions]
+        return [ModelEntry(n) for n in names]
+    items = revision if isinstance(revision, list) else [revision]
+    return [ModelEntry(n, r) for n in names for item in items for r in expand_braces(str(item))]
 
 
 def _yaml_entries(path: Path) -> list[ModelEntry]:
