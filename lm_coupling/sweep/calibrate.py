@@ -117,7 +117,7 @@ def shape_of(entry: ModelEntry, recorded: dict[str, Any]) -> Shape:
             int(recorded["d_ff"]) if recorded.get("d_ff") else None,
             "study file",
         )
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = config.get_text_config()
     d_ff = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None)
     return Shape(
         text.model_type,
@@ -332,20 +332,19 @@ def startup_seconds(metrics: str | None) -> float:
     """
     import tempfile
 
-    package = Path(__file__).resolve().parents[1]
-    model = package / "demo" / "assets" / "tiny-gpt2"
-    samples = package / "demo" / "sample_tasks"
+    from lm_coupling.demo.assets import bundled_model_path
+
     with tempfile.TemporaryDirectory(prefix="lmc_startup_") as tmp:
         command = [
             sys.executable, "-m", "lm_coupling", "run", "--model", "hf",
-            "--model_args", f"pretrained={model},dtype=float32", "--device", "cpu",
-            "--tasks", "lmc_hellaswag_offline", "--limit", "1",
-            "--metadata", json.dumps({"lmc_data_dir": str(samples)}),
+            "--model_args", f"pretrained={bundled_model_path()},dtype=float32",
+            "--device", "cpu", "--tasks", "lmc_hellaswag_offline", "--limit", "1",
             "--output_path", tmp,
         ]  # fmt: skip
         if metrics:
             command += ["--metrics", metrics]
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+        env.pop("LM_COUPLING_DATA_DIR", None)  # the bundled sample documents
         start = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         seconds = time.monotonic() - start
