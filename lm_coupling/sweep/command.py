@@ -114,6 +114,7 @@ def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]
     args, rest = build_parser().parse_known_args(argv[1:])
     args.models = argv[0]
     args.study = study
+    args.metric_names = split_top_level(args.metrics) if args.metrics else None
     if args.output_path is None and not args.plan:
         raise ConfigurationError("lm-coupling sweep needs --output_path DIR (the results folder)")
     if study is None and (args.plan or args.max_hours is not None):
@@ -190,7 +191,7 @@ def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> 
     progress.begin(entry.label, f"running {len(planned.tasks)} task(s): {','.join(planned.tasks)}")
     command = run_command(entry, planned.tasks, out, args.model_args, lm_eval_args)
     outcome = run_model(command, out / LOG_DIR / f"{entry.slug}.log", echo=not args.quiet)
-    missing = plan_sweep([entry], planned.tasks, _metric_names(args), out)[0].tasks
+    missing = plan_sweep([entry], planned.tasks, args.metric_names, out)[0].tasks
     error = outcome.error
     if outcome.returncode == 0 and missing:
         error = f"finished, but no complete results and geometry for {','.join(missing)}"
@@ -207,10 +208,6 @@ def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> 
     return state
 
 
-def _metric_names(args: argparse.Namespace) -> list[str] | None:
-    return split_top_level(args.metrics) if args.metrics else None
-
-
 def run_sweep(argv: Sequence[str]) -> int:
     """Run the sweep; returns the exit status (1 when a model failed)."""
     args, lm_eval_args = parse_sweep_args(argv)
@@ -219,7 +216,7 @@ def run_sweep(argv: Sequence[str]) -> int:
     tasks = split_top_level(args.tasks)
     out = Path(args.output_path) if args.output_path else None
     # --plan without a folder: nothing counts as done (os.devnull is no folder to read).
-    plan = plan_sweep(entries, tasks, _metric_names(args), out or Path(os.devnull), shard)
+    plan = plan_sweep(entries, tasks, args.metric_names, out or Path(os.devnull), shard)
     to_run = [p for p in plan if not p.done]
     if args.max_models is not None:
         to_run = to_run[: args.max_models]

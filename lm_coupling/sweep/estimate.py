@@ -32,7 +32,7 @@ from typing import Any
 
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.plugins.specs import DEFAULT_SAMPLE_OPTION
-from lm_coupling.sweep.calibrate import Calibration, Shape
+from lm_coupling.sweep import calibrate
 from lm_coupling.sweep.spec import ModelEntry
 from lm_coupling.sweep.study import Study, TaskCost
 
@@ -180,7 +180,7 @@ class ModelPlan:
     """One model's row of the plan."""
 
     entry: ModelEntry
-    shape: Shape
+    shape: calibrate.Shape
     documents: int
     coupled: int
     forward_s: float
@@ -195,8 +195,8 @@ class ModelPlan:
 
 def model_plan(
     entry: ModelEntry,
-    shape: Shape,
-    calibration: Calibration,
+    shape: calibrate.Shape,
+    calibration: calibrate.Calibration,
     study: Study,
     settings: RunSettings,
     startup: float,
@@ -235,7 +235,7 @@ class SweepPlan:
     tasks: Sequence[str]
     settings: RunSettings
     startup: float
-    calibrations: dict[tuple, Calibration]
+    calibrations: dict[tuple, calibrate.Calibration]
     models: list[ModelPlan]
     skipped: Sequence[str] = ()
 
@@ -337,13 +337,6 @@ def build_plan(
         ConfigurationError: a task the study has no ``task_costs`` for, or a model
             with neither a readable config nor a recorded shape.
     """
-    from lm_coupling.sweep.calibrate import (
-        cached_startup_seconds,
-        calibrate,
-        shape_of,
-        startup_cache_path,
-    )
-
     unknown = [task for task in tasks if task not in study.task_costs]
     if unknown:
         raise ConfigurationError(
@@ -351,23 +344,23 @@ def build_plan(
             "plan the study's own tasks, or add their documents to a study file of your own"
         )
     tokens = max(1, round(max(study.task_costs[t].tokens for t in tasks)))
-    startup, measured = cached_startup_seconds(metrics)
+    startup, measured = calibrate.cached_startup_seconds(metrics)
     print(
         f"lm-coupling sweep --plan: startup of a model's process {startup:.1f} s "
         + ("measured now" if measured else "as measured before")
-        + f" (kept in {startup_cache_path()}; delete it to measure again)",
+        + f" (kept in {calibrate.startup_cache_path()}; delete it to measure again)",
         file=sys.stderr,
     )
-    calibrations: dict[tuple, Calibration] = {}
+    calibrations: dict[tuple, calibrate.Calibration] = {}
     plans = []
     for entry in entries:
         try:
-            shape = shape_of(entry, study.shape_of(entry))
+            shape = calibrate.shape_of(entry, study.shape_of(entry))
         except ValueError as exc:
             raise ConfigurationError(f"--plan: {exc}; add its shape to the study") from exc
         if shape.key not in calibrations:
             print(f"lm-coupling sweep --plan: calibrating {entry.label} ...", file=sys.stderr)
-            calibrations[shape.key] = calibrate(
+            calibrations[shape.key] = calibrate.calibrate(
                 shape, settings.device, tokens, settings.batch, settings.k, settings.dtype
             )
         calibration = calibrations[shape.key]
