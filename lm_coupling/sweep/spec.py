@@ -139,10 +139,13 @@ def _yaml_entries(path: Path) -> list[ModelEntry]:
     for item in data:
         if isinstance(item, str):
             entries += parse_entry(item)
-        elif isinstance(item, dict) and ("model" in item or "name" in item):
-            entries += entries_for(item.get("model") or item["name"], item.get("revision"))
+        elif isinstance(item, dict) and "model" in item:
+            entries += entries_for(item["model"], item.get("revision"))
         else:
-            raise ConfigurationError(f"{path}: cannot read model item {item!r}")
+            raise ConfigurationError(
+                f"{path}: cannot read model item {item!r}: give NAME[@REV] or "
+                "{model: NAME, revision: REV}"
+            )
     return entries
 
 
@@ -151,7 +154,7 @@ def _csv_entries(path: Path) -> list[ModelEntry]:
         rows = list(csv.DictReader(handle))
     entries = []
     for number, row in enumerate(rows, start=2):
-        name = (row.get("model") or row.get("name") or "").strip()
+        name = (row.get("model") or "").strip()
         if not name:
             raise ConfigurationError(f"{path}:{number}: no 'model' value (columns: model,revision)")
         entries += entries_for(name, (row.get("revision") or "").strip() or None)
