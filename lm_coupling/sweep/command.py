@@ -248,11 +248,7 @@ def run_sweep(argv: Sequence[str]) -> int:
 
 
 def _estimate(args, lm_eval_args, to_run: list[PlannedModel], skipped: list[str]) -> None:
-    """Print (and, with --output_path, record) the plan; refuse it when it passes --max-hours.
-
-    Raises:
-        ConfigurationError: the estimate passes ``--max-hours``.
-    """
+    """Print (and, with --output_path, record) the plan; refuse it when it passes --max-hours."""
     from lm_coupling.sweep import estimate
 
     settings = estimate.read_settings(lm_eval_args, args.metrics, args.model_args)
@@ -266,11 +262,7 @@ def _estimate(args, lm_eval_args, to_run: list[PlannedModel], skipped: list[str]
 
 
 def _report(out: Path) -> bool:
-    """Build the report on the folder; False (with the error printed) when it fails.
-
-    The results are on disk either way: a failing report does not undo the
-    sweep, and ``lm-coupling report DIR`` can be rerun on its own.
-    """
+    """Build the report on the folder; False (with the error printed) when it fails."""
     import traceback
 
     from lm_coupling.report.build import build_report
