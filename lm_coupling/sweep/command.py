@@ -171,15 +171,16 @@ def check_lm_eval_options(args: argparse.Namespace, lm_eval_args: Sequence[str])
     from lm_coupling.sweep.estimate import parse_run_args
 
     namespace = parse_run_args(lm_eval_args)
-    # The flags that set these were refused above: what is left comes from --config.
+    # The flags that set these were refused above: what is left comes from --config
+    # (or from a flag lm-eval's parser completes, e.g. --output for --output_path).
     options = effective_options(namespace)
     keys = [key for key in ("model", "tasks", "output_path") if key in options]
     keys += ["model_args.pretrained"] if "pretrained" in options["model_args"] else []
     if keys:
+        where = f"--config {namespace.config}" if namespace.config else "an abbreviated flag"
         raise ConfigurationError(
-            f"--config {namespace.config} sets {', '.join(keys)}, which the sweep sets per "
-            "model; remove them from the file (models: MODELS; tasks: --tasks; folder: "
-            "--output_path)"
+            f"{where} sets {', '.join(keys)}, which the sweep sets per model; leave them out "
+            "(models: MODELS; tasks: the sweep's --tasks; folder: its --output_path)"
         )
     if args.metrics is not None:
         namespace.tasks, namespace.model_args = args.tasks, args.model_args
