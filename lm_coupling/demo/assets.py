@@ -14,9 +14,6 @@ from pathlib import Path
 from lm_coupling.errors import DataUnavailableError
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
-MODEL_DIRNAME = "tiny-gpt2"
-TASKS_DIRNAME = "tasks_data"
-MODELS_DIRNAME = "models"
 
 
 def _existing(path: Path, what: str) -> Path:
@@ -33,7 +30,7 @@ def bundled_model_path() -> Path:
     Raises:
         DataUnavailableError: the folder is missing from the installation.
     """
-    return _existing(ASSETS_DIR / MODEL_DIRNAME, "demo model")
+    return _existing(ASSETS_DIR / "tiny-gpt2", "demo model")
 
 
 def bundled_tasks_data_path() -> Path:
@@ -44,9 +41,9 @@ def bundled_tasks_data_path() -> Path:
     Raises:
         DataUnavailableError: the folder is missing from the installation.
     """
-    return _existing(ASSETS_DIR / TASKS_DIRNAME, "demo tasks")
+    return _existing(ASSETS_DIR / "tasks_data", "demo tasks")
 
 
-def independent_model_paths(assets_dir: Path = ASSETS_DIR) -> list[Path]:
+def independent_model_paths() -> list[Path]:
     """The models trained beside the bundled one (``assets/models/<name>``), by name."""
-    return sorted(p.parent for p in (Path(assets_dir) / MODELS_DIRNAME).glob("*/config.json"))
+    return sorted(p.parent for p in (ASSETS_DIR / "models").glob("*/config.json"))

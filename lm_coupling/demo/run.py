@@ -14,8 +14,9 @@ lm-eval's results and the geometry files to ``results/<model>/``, then the
 report runs on that folder and its ``summary.md`` says what the demo's data is.
 
 ``lm-coupling demo --where`` prints where the bundled model and task data are
-installed, as two shell lines (``eval "$(lm-coupling demo --where)"`` sets
-them), and exits without importing torch or lm-eval.
+installed, as two ``export`` lines (``eval "$(lm-coupling demo --where)"``
+points the offline tasks at the bundled items), and exits without importing
+torch or lm-eval.
 """
 
 from __future__ import annotations
@@ -76,12 +77,7 @@ def demo_tasks_data() -> Path:
 
 
 def run_demo(args: argparse.Namespace) -> None:
-    """Run the demo evaluation, then the report (with ``--where``: print the bundle's folders).
-
-    ``--where`` prints ``export NAME=PATH`` lines: ``LM_COUPLING_DATA_DIR`` is
-    the variable the offline tasks read, so ``eval "$(lm-coupling demo
-    --where)"`` points them at the bundled items.
-    """
+    """Run the demo evaluation, then the report (``--where``: the module docstring)."""
     from lm_coupling.demo.assets import bundled_model_path, independent_model_paths
 
     model, data = bundled_model_path(), demo_tasks_data()

@@ -10,8 +10,3 @@
 - `lm_coupling.sweep.estimate`: ``--plan`` and ``--max-hours``;
 - `lm_coupling.sweep.command`: the command itself.
 """
-
-from lm_coupling.sweep.command import run_sweep
-from lm_coupling.sweep.spec import ModelEntry, parse_models
-
-__all__ = ["ModelEntry", "parse_models", "run_sweep"]

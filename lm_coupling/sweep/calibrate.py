@@ -57,8 +57,6 @@ BLOCK_VOCAB = 512
 """Vocabulary of the timed block's model (its head is no part of a layer's Jacobian)."""
 JACOBIAN_REPEATS = 3
 """Timed calls of a block's Jacobian (their median is kept), after one warm-up call."""
-STARTUP_CACHE_ENV = "LM_COUPLING_CACHE_DIR"
-"""Folder of the measured startup seconds (default ``$XDG_CACHE_HOME/lm_coupling``)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,7 @@ def shape_of(entry: ModelEntry, recorded: dict[str, Any]) -> Shape:
             int(recorded["d_ff"]) if recorded.get("d_ff") else None,
             "study file",
         )
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = config.get_text_config()
     d_ff = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None)
     return Shape(
         text.model_type,
@@ -203,9 +201,7 @@ def block_jacobian(
     from lm_coupling.model.architecture import locate_model_parts
     from lm_coupling.plugins.specs import used_k
 
-    longest = getattr(shape.config, "max_position_embeddings", None) or getattr(
-        shape.config, "n_positions", None
-    )
+    longest = getattr(shape.config, "max_position_embeddings", None)  # n_positions too (GPT-2)
     own = shape.d_model <= BLOCK_D
     width = shape.d_model if own else PROXY_D
     n = min(tokens, BLOCK_TOKENS if own else PROXY_TOKENS, int(longest) if longest else tokens)
@@ -230,7 +226,8 @@ def block_jacobian(
 def _one_block_config(shape: Shape, tokens: int):
     """One block of ``shape`` with a small vocabulary: its config's, else a Llama block."""
     vocab = min(shape.vocab, BLOCK_VOCAB)
-    if shape.config is not None and shape.d_model <= BLOCK_D:
+    own = shape.d_model <= BLOCK_D
+    if shape.config is not None and own:
         config = copy.deepcopy(shape.config)
         config.num_hidden_layers = 1
         if isinstance(getattr(config, "layer_types", None), list):
@@ -243,13 +240,11 @@ def _one_block_config(shape: Shape, tokens: int):
         return config
     import transformers
 
-    own = shape.d_model <= BLOCK_D
-    d = shape.d_model if own else PROXY_D
-    heads = shape.n_heads if own else 4
+    d, heads = (shape.d_model, shape.n_heads) if own else (PROXY_D, 4)
     return transformers.LlamaConfig(
         vocab_size=vocab,
         hidden_size=d,
-        intermediate_size=(shape.d_ff or 4 * d) if own else 4 * d,
+        intermediate_size=shape.d_ff if own and shape.d_ff else 4 * d,
         num_hidden_layers=1,
         num_attention_heads=heads,
         num_key_value_heads=heads,
@@ -280,12 +275,10 @@ def _median_seconds(fn, device: str, repeats: int = 5) -> float:
 
 
 def startup_cache_path() -> Path:
-    """Where the startup seconds are kept: ``$LM_COUPLING_CACHE_DIR`` or the user's cache."""
-    folder = os.environ.get(STARTUP_CACHE_ENV)
-    if not folder:
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        folder = str(Path(base) / "lm_coupling")
-    return Path(folder) / "sweep_startup.json"
+    """Where the startup seconds are kept: lm-coupling's cache folder (`lm_coupling.fetch`)."""
+    from lm_coupling.fetch import cache_dir
+
+    return cache_dir() / "sweep_startup.json"
 
 
 def _environment_key(metrics: str | None) -> str:
@@ -311,11 +304,10 @@ def cached_startup_seconds(metrics: str | None) -> tuple[float, bool]:
     """
     path, key = startup_cache_path(), _environment_key(metrics)
     try:
-        known = json.loads(path.read_text()) if path.is_file() else {}
+        known = json.loads(path.read_text())
     except (OSError, ValueError):
         known = {}
-    if not isinstance(known, dict):
-        known = {}
+    known = known if isinstance(known, dict) else {}
     if isinstance(known.get(key), (int, float)):
         return float(known[key]), False
     seconds = startup_seconds(metrics)
@@ -340,20 +332,19 @@ def startup_seconds(metrics: str | None) -> float:
     """
     import tempfile
 
-    package = Path(__file__).resolve().parents[1]
-    model = package / "demo" / "assets" / "tiny-gpt2"
-    samples = package / "demo" / "sample_tasks"
+    from lm_coupling.demo.assets import bundled_model_path
+
     with tempfile.TemporaryDirectory(prefix="lmc_startup_") as tmp:
         command = [
             sys.executable, "-m", "lm_coupling", "run", "--model", "hf",
-            "--model_args", f"pretrained={model},dtype=float32", "--device", "cpu",
-            "--tasks", "lmc_hellaswag_offline", "--limit", "1",
-            "--metadata", json.dumps({"lmc_data_dir": str(samples)}),
+            "--model_args", f"pretrained={bundled_model_path()},dtype=float32",
+            "--device", "cpu", "--tasks", "lmc_hellaswag_offline", "--limit", "1",
             "--output_path", tmp,
         ]  # fmt: skip
         if metrics:
             command += ["--metrics", metrics]
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+        env.pop("LM_COUPLING_DATA_DIR", None)  # the bundled sample documents
         start = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, env=env)
         seconds = time.monotonic() - start

@@ -85,8 +85,6 @@ SET_BY_THE_SWEEP = {
     "-o": "-o is --output_path: give the sweep's --output_path folder",
     "-t": "-t is --tasks: give the sweep's --tasks",
 }
-# Keys of a --config YAML that would override what the sweep sets per model.
-_CONFIG_KEYS_SET_BY_THE_SWEEP = ("model", "tasks", "output_path")
 
 
 def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -94,13 +92,13 @@ def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]
 
     Every lm-eval ``run`` option that makes sense per model is passed on to
     each model's run (``--include_path`` too: lm-coupling's task folder is
-    added to it); with ``--metrics`` they are checked once, before any model
-    runs (`lm_coupling.harness.run_options`).
+    added to it); they are checked once, before any model runs
+    (`check_lm_eval_options`).
 
     Raises:
         ConfigurationError: MODELS missing or not first, an option the sweep
             sets per model (``--model``, ``pretrained=`` in ``--model_args``,
-            ``--output_path`` of a model), or an option refused with ``--metrics``.
+            ``--output_path`` of a model), or options `check_lm_eval_options` refuses.
     """
     argv = list(argv)
     if argv and argv[0] in ("-h", "--help"):
@@ -116,6 +114,7 @@ def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]
     args, rest = build_parser().parse_known_args(argv[1:])
     args.models = argv[0]
     args.study = study
+    args.metric_names = split_top_level(args.metrics) if args.metrics else None
     if args.output_path is None and not args.plan:
         raise ConfigurationError("lm-coupling sweep needs --output_path DIR (the results folder)")
     if study is None and (args.plan or args.max_hours is not None):
@@ -131,10 +130,9 @@ def parse_sweep_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]
             "--model_args of a sweep must not hold pretrained=: the sweep sets it per model "
             "from MODELS (add the model to MODELS instead)"
         )
-    _check_config_file(rest)
     if args.metrics is not None:
         rest += ["--metrics", args.metrics]
-        check_lm_eval_options(args, rest)
+    check_lm_eval_options(args, rest)
     return args, rest
 
 
@@ -161,51 +159,32 @@ def _study_argv(argv: list[str]) -> tuple[Study | None, list[str]]:
     return study, [*words, *study.lm_eval_args, *typed]
 
 
-def _check_config_file(rest: Sequence[str]) -> None:
-    """Refuse a ``--config`` YAML that sets what the sweep sets per model."""
-    pairs = zip(rest, rest[1:], strict=False)
-    path = next((value for flag, value in pairs if flag in ("--config", "-C")), None)
-    if path is None:
-        return
-    import yaml
-
-    try:
-        config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigurationError(f"--config {path}: cannot read it ({exc})") from exc
-    model_args = config.get("model_args") if isinstance(config, dict) else None
-    keys = [key for key in _CONFIG_KEYS_SET_BY_THE_SWEEP if key in config]
-    if isinstance(model_args, dict) and "pretrained" in model_args:
-        keys.append("model_args.pretrained")
-    elif isinstance(model_args, str) and "pretrained=" in model_args:
-        keys.append("model_args.pretrained")
-    if keys:
-        raise ConfigurationError(
-            f"--config {path} sets {', '.join(keys)}, which the sweep sets per model; remove "
-            "them from the file (models: MODELS; tasks: --tasks; folder: --output_path)"
-        )
-
-
 def check_lm_eval_options(args: argparse.Namespace, lm_eval_args: Sequence[str]) -> None:
     """Check the options every model's run will get, once, before any model runs.
 
     Raises:
-        ConfigurationError: an option lm-coupling refuses with ``--metrics``.
+        ConfigurationError: arguments ``lm_eval run`` refuses, a ``--config``
+            YAML that sets what the sweep sets per model, or an option
+            lm-coupling refuses with ``--metrics``.
     """
-    from lm_coupling.harness.cli import run_parser
-    from lm_coupling.harness.run_options import check_run_options
+    from lm_coupling.harness.run_options import check_run_options, effective_options
+    from lm_coupling.sweep.estimate import parse_run_args
 
-    argv = ["run", "--tasks", args.tasks, *lm_eval_args]
-    if args.model_args:
-        argv += ["--model_args", args.model_args]
-    try:
-        namespace = run_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse has printed why
+    namespace = parse_run_args(lm_eval_args)
+    # The flags that set these were refused above: what is left comes from --config
+    # (or from a flag lm-eval's parser completes, e.g. --output for --output_path).
+    options = effective_options(namespace)
+    keys = [key for key in ("model", "tasks", "output_path") if key in options]
+    keys += ["model_args.pretrained"] if "pretrained" in options["model_args"] else []
+    if keys:
+        where = f"--config {namespace.config}" if namespace.config else "an abbreviated flag"
         raise ConfigurationError(
-            "lm_eval run does not accept the sweep's lm-eval arguments "
-            f"{' '.join(lm_eval_args)!r} (see the message above)"
-        ) from exc
-    check_run_options(namespace)
+            f"{where} sets {', '.join(keys)}, which the sweep sets per model; leave them out "
+            "(models: MODELS; tasks: the sweep's --tasks; folder: its --output_path)"
+        )
+    if args.metrics is not None:
+        namespace.tasks, namespace.model_args = args.tasks, args.model_args
+        check_run_options(namespace)
 
 
 def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> str:
@@ -213,7 +192,7 @@ def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> 
     progress.begin(entry.label, f"running {len(planned.tasks)} task(s): {','.join(planned.tasks)}")
     command = run_command(entry, planned.tasks, out, args.model_args, lm_eval_args)
     outcome = run_model(command, out / LOG_DIR / f"{entry.slug}.log", echo=not args.quiet)
-    missing = plan_sweep([entry], planned.tasks, _metric_names(args), out)[0].tasks
+    missing = plan_sweep([entry], planned.tasks, args.metric_names, out)[0].tasks
     error = outcome.error
     if outcome.returncode == 0 and missing:
         error = f"finished, but no complete results and geometry for {','.join(missing)}"
@@ -230,10 +209,6 @@ def _run_one(planned: PlannedModel, args, lm_eval_args, out: Path, progress) -> 
     return state
 
 
-def _metric_names(args: argparse.Namespace) -> list[str] | None:
-    return split_top_level(args.metrics) if args.metrics else None
-
-
 def run_sweep(argv: Sequence[str]) -> int:
     """Run the sweep; returns the exit status (1 when a model failed)."""
     args, lm_eval_args = parse_sweep_args(argv)
@@ -242,7 +217,7 @@ def run_sweep(argv: Sequence[str]) -> int:
     tasks = split_top_level(args.tasks)
     out = Path(args.output_path) if args.output_path else None
     # --plan without a folder: nothing counts as done (os.devnull is no folder to read).
-    plan = plan_sweep(entries, tasks, _metric_names(args), out or Path(os.devnull), shard)
+    plan = plan_sweep(entries, tasks, args.metric_names, out or Path(os.devnull), shard)
     to_run = [p for p in plan if not p.done]
     if args.max_models is not None:
         to_run = to_run[: args.max_models]
@@ -274,11 +249,7 @@ def run_sweep(argv: Sequence[str]) -> int:
 
 
 def _estimate(args, lm_eval_args, to_run: list[PlannedModel], skipped: list[str]) -> None:
-    """Print (and, with --output_path, record) the plan; refuse it when it passes --max-hours.
-
-    Raises:
-        ConfigurationError: the estimate passes ``--max-hours``.
-    """
+    """Print (and, with --output_path, record) the plan; refuse it when it passes --max-hours."""
     from lm_coupling.sweep import estimate
 
     settings = estimate.read_settings(lm_eval_args, args.metrics, args.model_args)
@@ -292,11 +263,7 @@ def _estimate(args, lm_eval_args, to_run: list[PlannedModel], skipped: list[str]
 
 
 def _report(out: Path) -> bool:
-    """Build the report on the folder; False (with the error printed) when it fails.
-
-    The results are on disk either way: a failing report does not undo the
-    sweep, and ``lm-coupling report DIR`` can be rerun on its own.
-    """
+    """Build the report on the folder; False (with the error printed) when it fails."""
     import traceback
 
     from lm_coupling.report.build import build_report

@@ -32,7 +32,7 @@ from typing import Any
 
 from lm_coupling.errors import ConfigurationError
 from lm_coupling.plugins.specs import DEFAULT_SAMPLE_OPTION
-from lm_coupling.sweep.calibrate import Calibration, Shape
+from lm_coupling.sweep import calibrate
 from lm_coupling.sweep.spec import ModelEntry
 from lm_coupling.sweep.study import Study, TaskCost
 
@@ -51,20 +51,22 @@ class RunSettings:
     sample_option: str = DEFAULT_SAMPLE_OPTION  # the option S was read from
 
 
-def _last_value(args: Sequence[str], *flags: str) -> str | None:
-    value = None
-    for i, word in enumerate(args):
-        for flag in flags:
-            if word == flag and i + 1 < len(args):
-                value = args[i + 1]
-            elif word.startswith(flag + "="):
-                value = word.split("=", 1)[1]
-    return value
+def parse_run_args(lm_eval_args: Sequence[str], model_args: str | None = None):
+    """``lm_eval run``'s parse of a model run's arguments (lm-coupling's flags included).
 
+    Raises:
+        ConfigurationError: arguments ``lm_eval run`` refuses (argparse has printed why).
+    """
+    from lm_coupling.harness.cli import run_parser
 
-def _options(text: str | None) -> dict[str, str]:
-    pairs = [p.split("=", 1) for p in (text or "").split(",") if "=" in p]
-    return {k.strip(): v.strip() for k, v in pairs}
+    argv = ["run", *lm_eval_args, *(["--model_args", model_args] if model_args else [])]
+    try:
+        return run_parser().parse_args(argv)
+    except SystemExit as exc:
+        raise ConfigurationError(
+            "lm_eval run does not accept the sweep's lm-eval arguments "
+            f"{' '.join(lm_eval_args)!r} (see the message above)"
+        ) from exc
 
 
 def sample_settings(metrics: str | None, metric_args: str | None) -> tuple[str, Any, Any, bool]:
@@ -114,15 +116,18 @@ def read_settings(lm_eval_args: Sequence[str], metrics: str | None, model_args: 
     """
     import torch
 
+    from lm_coupling.harness.run_options import effective_options
+
+    namespace = parse_run_args(lm_eval_args, model_args)
+    options = effective_options(namespace)  # the --config YAML read too
     default_device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval's hf default
-    device = _last_value(lm_eval_args, "--device") or default_device
+    device = str(options.get("device") or default_device)
     check_device(device)
-    batch_text = _last_value(lm_eval_args, "--batch_size", "-b") or "1"
+    batch_text = str(options.get("batch_size", 1))
     batch = int(batch_text) if batch_text.isdigit() else 1
-    limit_text = _last_value(lm_eval_args, "--limit", "-L")
-    limit = float(limit_text) if limit_text else None
-    option, size, k, coupled = sample_settings(metrics, _last_value(lm_eval_args, "--metric_args"))
-    dtype = _options(model_args).get("dtype", "float32")
+    limit = float(options["limit"]) if "limit" in options else None
+    option, size, k, coupled = sample_settings(metrics, namespace.metric_args)
+    dtype = str(options["model_args"].get("dtype", "float32"))
     if dtype in ("auto", "float16", "bfloat16") and device == "cpu":
         dtype = "float32"
     return RunSettings(device, batch, limit, size, coupled, k, dtype, option)
@@ -132,30 +137,22 @@ def check_device(device: str) -> None:
     """Refuse a device the plan cannot time on here (before anything is built).
 
     Raises:
-        ConfigurationError: a CUDA or MPS device on a machine without one, or a
-            CUDA index beyond the devices present.
+        ConfigurationError: a CUDA or MPS device this machine does not have.
     """
     import torch
 
     kind, _, index = device.partition(":")
-    if kind == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigurationError(
-                f"--device {device}: this machine has no CUDA GPU (torch {torch.__version__} "
-                "sees none), and --plan times the models' shapes on the device it plans for. "
-                "Plan on the GPU machine that will run the sweep, or plan for this one with "
-                "--device cpu"
-            )
-        if index.isdigit() and int(index) >= count:
-            raise ConfigurationError(
-                f"--device {device}: this machine has {count} CUDA device(s) (cuda:0 to "
-                f"cuda:{count - 1}); choose one of them"
-            )
-    elif kind == "mps" and not torch.backends.mps.is_available():
+    counts = {
+        "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "mps": int(torch.backends.mps.is_available()),
+    }
+    count = counts.get(kind)
+    if count is not None and (count == 0 or index.isdigit() and int(index) >= count):
         raise ConfigurationError(
-            f"--device {device}: MPS is not available here; plan with --device cpu, or on the "
-            "machine that will run the sweep"
+            f"--device {device}: this machine has {count} {kind} device(s) (torch "
+            f"{torch.__version__}), and --plan times the models' shapes on the device it "
+            "plans for. Plan on the machine that will run the sweep, or plan for this one "
+            f"with --device cpu{f' or {kind}:0' if count else ''}"
         )
 
 
@@ -183,7 +180,7 @@ class ModelPlan:
     """One model's row of the plan."""
 
     entry: ModelEntry
-    shape: Shape
+    shape: calibrate.Shape
     documents: int
     coupled: int
     forward_s: float
@@ -198,8 +195,8 @@ class ModelPlan:
 
 def model_plan(
     entry: ModelEntry,
-    shape: Shape,
-    calibration: Calibration,
+    shape: calibrate.Shape,
+    calibration: calibrate.Calibration,
     study: Study,
     settings: RunSettings,
     startup: float,
@@ -238,7 +235,7 @@ class SweepPlan:
     tasks: Sequence[str]
     settings: RunSettings
     startup: float
-    calibrations: dict[tuple, Calibration]
+    calibrations: dict[tuple, calibrate.Calibration]
     models: list[ModelPlan]
     skipped: Sequence[str] = ()
 
@@ -340,13 +337,6 @@ def build_plan(
         ConfigurationError: a task the study has no ``task_costs`` for, or a model
             with neither a readable config nor a recorded shape.
     """
-    from lm_coupling.sweep.calibrate import (
-        cached_startup_seconds,
-        calibrate,
-        shape_of,
-        startup_cache_path,
-    )
-
     unknown = [task for task in tasks if task not in study.task_costs]
     if unknown:
         raise ConfigurationError(
@@ -354,23 +344,23 @@ def build_plan(
             "plan the study's own tasks, or add their documents to a study file of your own"
         )
     tokens = max(1, round(max(study.task_costs[t].tokens for t in tasks)))
-    startup, measured = cached_startup_seconds(metrics)
+    startup, measured = calibrate.cached_startup_seconds(metrics)
     print(
         f"lm-coupling sweep --plan: startup of a model's process {startup:.1f} s "
         + ("measured now" if measured else "as measured before")
-        + f" (kept in {startup_cache_path()}; delete it to measure again)",
+        + f" (kept in {calibrate.startup_cache_path()}; delete it to measure again)",
         file=sys.stderr,
     )
-    calibrations: dict[tuple, Calibration] = {}
+    calibrations: dict[tuple, calibrate.Calibration] = {}
     plans = []
     for entry in entries:
         try:
-            shape = shape_of(entry, study.shape_of(entry))
+            shape = calibrate.shape_of(entry, study.shape_of(entry))
         except ValueError as exc:
             raise ConfigurationError(f"--plan: {exc}; add its shape to the study") from exc
         if shape.key not in calibrations:
             print(f"lm-coupling sweep --plan: calibrating {entry.label} ...", file=sys.stderr)
-            calibrations[shape.key] = calibrate(
+            calibrations[shape.key] = calibrate.calibrate(
                 shape, settings.device, tokens, settings.batch, settings.k, settings.dtype
             )
         calibration = calibrations[shape.key]

@@ -75,19 +75,20 @@ class _Run:
     identity: tuple[str, str]
 
 
+def _read_json(path: Path, what: str, then: str) -> Any:
+    """The JSON in ``path``; None, with a warning saying ``then``, where it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        message = f"lm-coupling sweep: the {what} {path} cannot be read ({exc!r}); {then}"
+        warnings.warn(message, UserWarning, stacklevel=3)
+        return None
+
+
 def _read_runs(out_dir: Path) -> list[_Run]:
     runs = []
     for path in sorted(out_dir.rglob("results_*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            warnings.warn(
-                f"lm-coupling sweep: the results file {path} cannot be read ({exc!r}); its "
-                "tasks count as not done and are run again",
-                UserWarning,
-                stacklevel=2,
-            )
-            continue
+        data = _read_json(path, "results file", "its tasks count as not done and are run again")
         if isinstance(data, dict) and isinstance(data.get("results"), dict):
             if isinstance(data.get("config"), dict):
                 model, revision, _ = run_identity(data)
@@ -106,16 +107,7 @@ def _geometry_ok(run: _Run, task: str) -> bool:
     path = geometry_file_for(run.path, task)  # the writer's own naming rule
     if path is None or not path.is_file():
         return False  # not measured: the task is run again
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        warnings.warn(
-            f"lm-coupling sweep: the geometry file {path} cannot be read ({exc!r}); the "
-            "task counts as not done and is run again",
-            UserWarning,
-            stacklevel=2,
-        )
-        return False
+    data = _read_json(path, "geometry file", "the task counts as not done and is run again")
     return isinstance(data, dict) and int(data.get("n_documents") or 0) > 0
 
 

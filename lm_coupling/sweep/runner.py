@@ -9,7 +9,6 @@ own progress bars) and to ``<out>/sweep_logs/<model>.log``.
 from __future__ import annotations
 
 import codecs
-import os
 import subprocess
 import sys
 import time
@@ -68,19 +67,14 @@ def last_error(text: str) -> str:
     return chosen[:500]
 
 
-def run_model(
-    command: Sequence[str], log: Path, echo: bool = True, env: dict | None = None
-) -> RunOutcome:
+def run_model(command: Sequence[str], log: Path, echo: bool = True) -> RunOutcome:
     """Run ``command``, copying its output to ``log`` (and stderr when ``echo``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with log.open("wb") as sink:
         sink.write(("$ " + " ".join(command) + "\n").encode())
         with subprocess.Popen(
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env if env is not None else os.environ.copy(),
+            list(command), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         ) as process:
             decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             while chunk := process.stdout.read1(65536):  # type: ignore[union-attr]

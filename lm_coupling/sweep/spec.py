@@ -10,9 +10,9 @@ MODELS is one of:
 - a CSV file with a ``model`` column and an optional ``revision`` column.
 
 Every name and revision may hold brace expressions, expanded like a shell
-does: ``step{0,1000,2000}`` (a list), ``step{0,1000,...,143000}`` (an
-arithmetic range from the first two numbers to the last, inclusive) and
-``step{0..143000..1000}``. Several braces give their product.
+does: ``step{0,1000,2000}`` (a list) and ``step{0,1000,...,143000}`` (an
+arithmetic range from the first two numbers to the last, inclusive). Several
+braces give their product.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from pathlib import Path
 from lm_coupling.errors import ConfigurationError
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
-_DOTS = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.(\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -52,15 +51,6 @@ class ModelEntry:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", self.label).strip("_")[-150:]
 
 
-def _numbers(items: list[str], text: str) -> list[int]:
-    try:
-        return [int(item) for item in items]
-    except ValueError:
-        raise ConfigurationError(
-            f"brace range {{{text}}}: '...' needs integers around it, e.g. {{0,1000,...,143000}}"
-        ) from None
-
-
 def _arithmetic(items: list[str], text: str) -> list[str]:
     """``a,b,...,z`` -> a, b, ..., z with step b - a (z reached exactly)."""
     if items.count("...") != 1 or items.index("...") != 2 or len(items) != 4:
@@ -68,7 +58,12 @@ def _arithmetic(items: list[str], text: str) -> list[str]:
             f"brace range {{{text}}}: write two first values, '...', and the last one, "
             "e.g. {0,1000,...,143000}"
         )
-    first, second, last = _numbers([items[0], items[1], items[3]], text)
+    try:
+        first, second, last = (int(items[i]) for i in (0, 1, 3))
+    except ValueError:
+        raise ConfigurationError(
+            f"brace range {{{text}}}: '...' needs integers around it, e.g. {{0,1000,...,143000}}"
+        ) from None
     step = second - first
     if step == 0 or (last - first) % step != 0 or (last - first) // step < 1:
         raise ConfigurationError(
@@ -79,19 +74,14 @@ def _arithmetic(items: list[str], text: str) -> list[str]:
 
 def _alternatives(text: str) -> list[str]:
     """The words one ``{...}`` stands for."""
-    dots = _DOTS.match(text.strip())
-    if dots:
-        first, last = int(dots.group(1)), int(dots.group(2))
-        step = int(dots.group(3) or 1)
-        if step < 1:
-            raise ConfigurationError(f"brace range {{{text}}}: the step must be at least 1")
-        direction = 1 if last >= first else -1
-        return [str(v) for v in range(first, last + direction, step * direction)]
     items = [item.strip() for item in text.split(",")]
     if "..." in items:
         return _arithmetic(items, text)
-    if any(not item for item in items):
-        raise ConfigurationError(f"empty item in brace list {{{text}}}")
+    if any(not item or ".." in item for item in items):
+        raise ConfigurationError(
+            f"brace list {{{text}}}: an empty item, or a range not written as "
+            "{first,second,...,last}, e.g. {0,1000,...,143000}"
+        )
     return items
 
 
@@ -101,32 +91,16 @@ def expand_braces(text: str) -> list[str]:
     Raises:
         ConfigurationError: unbalanced or nested braces, or a bad range.
     """
-    parts = _BRACE.split(text)
-    literals, groups = parts[0::2], parts[1::2]
-    if any(c in literal for literal in literals for c in "{}"):
+    parts = _BRACE.split(text)  # literal, group, literal, ..., literal
+    if any(c in literal for literal in parts[0::2] for c in "{}"):
         raise ConfigurationError(f"unbalanced or nested braces in {text!r}")
-    choices = [_alternatives(group) for group in groups]
-    out = []
-    for combo in itertools.product(*choices):
-        pieces = [literals[0]]
-        for value, literal in zip(combo, literals[1:], strict=True):
-            pieces += [value, literal]
-        out.append("".join(pieces))
-    return out
+    choices = [_alternatives(p) if i % 2 else [p] for i, p in enumerate(parts)]
+    return ["".join(combo) for combo in itertools.product(*choices)]
 
 
 def split_top_level(text: str) -> list[str]:
-    """Split on commas outside braces."""
-    words, depth, current = [], 0, []
-    for char in text:
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            words.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    words.append("".join(current))
-    return [w.strip() for w in words if w.strip()]
+    """Split on commas outside braces (a comma before the next ``}`` is inside them)."""
+    return [w.strip() for w in re.split(r",(?![^{}]*\})", text) if w.strip()]
 
 
 def parse_entry(word: str) -> list[ModelEntry]:
@@ -143,14 +117,11 @@ def parse_entry(word: str) -> list[ModelEntry]:
 
 def entries_for(name: str, revision: str | list | None) -> list[ModelEntry]:
     """Entries for a name and a revision (string, list, or None), braces expanded."""
-    revisions: list[str | None]
+    names = expand_braces(str(name))
     if revision is None or revision == "":
-        revisions = [None]
-    elif isinstance(revision, list):
-        revisions = [r for item in revision for r in expand_braces(str(item))]
-    else:
-        revisions = list(expand_braces(str(revision)))
-    return [ModelEntry(n, r) for n in expand_braces(str(name)) for r in revisions]
+        return [ModelEntry(n) for n in names]
+    items = revision if isinstance(revision, list) else [revision]
+    return [ModelEntry(n, r) for n in names for item in items for r in expand_braces(str(item))]
 
 
 def _yaml_entries(path: Path) -> list[ModelEntry]:
@@ -168,10 +139,13 @@ def _yaml_entries(path: Path) -> list[ModelEntry]:
     for item in data:
         if isinstance(item, str):
             entries += parse_entry(item)
-        elif isinstance(item, dict) and ("model" in item or "name" in item):
-            entries += entries_for(item.get("model") or item["name"], item.get("revision"))
+        elif isinstance(item, dict) and "model" in item:
+            entries += entries_for(item["model"], item.get("revision"))
         else:
-            raise ConfigurationError(f"{path}: cannot read model item {item!r}")
+            raise ConfigurationError(
+                f"{path}: cannot read model item {item!r}: give NAME[@REV] or "
+                "{model: NAME, revision: REV}"
+            )
     return entries
 
 
@@ -180,7 +154,7 @@ def _csv_entries(path: Path) -> list[ModelEntry]:
         rows = list(csv.DictReader(handle))
     entries = []
     for number, row in enumerate(rows, start=2):
-        name = (row.get("model") or row.get("name") or "").strip()
+        name = (row.get("model") or "").strip()
         if not name:
             raise ConfigurationError(f"{path}:{number}: no 'model' value (columns: model,revision)")
         entries += entries_for(name, (row.get("revision") or "").strip() or None)

@@ -51,12 +51,16 @@ class ModelStatus:
 
 
 def record(out_dir: Path, entry: ModelEntry, status: ModelStatus) -> None:
-    """Write one model's record and refresh the CSV of all records."""
+    """Write one model's record, then rewrite ``sweep_status.csv`` from every record."""
     status.finished = time.strftime("%Y-%m-%dT%H:%M:%S")
     folder = out_dir / STATUS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     _atomic_write(folder / f"{entry.slug}.json", json.dumps(asdict(status), indent=2) + "\n")
-    write_csv(out_dir)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=FIELDS)
+    writer.writeheader()
+    writer.writerows(asdict(found) for found in read_records(out_dir))
+    _atomic_write(out_dir / STATUS_CSV, text.getvalue())
 
 
 def read_records(out_dir: Path) -> list[ModelStatus]:
@@ -74,16 +78,6 @@ def read_records(out_dir: Path) -> list[ModelStatus]:
                 stacklevel=2,
             )
     return records
-
-
-def write_csv(out_dir: Path) -> Path:
-    """Rewrite ``sweep_status.csv`` from the per-model records."""
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=FIELDS)
-    writer.writeheader()
-    writer.writerows(asdict(status) for status in read_records(out_dir))
-    _atomic_write(out_dir / STATUS_CSV, text.getvalue())
-    return out_dir / STATUS_CSV
 
 
 def _atomic_write(path: Path, text: str) -> None:

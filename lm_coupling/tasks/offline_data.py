@@ -20,11 +20,8 @@ Rows carry the same fields as the Hugging Face hub data sets that the stock
 tasks read (allenai/ai2_arc, openai/gsm8k, Rowan/hellaswag, cais/mmlu,
 truthful_qa ``multiple_choice``, allenai/winogrande).
 
-``data_dir`` is chosen, first match wins, from: ``--metadata
-'{"lmc_data_dir": "/path"}'`` on the lm_eval command line (or
-``TaskManager(metadata=...)``); the environment variable
-``LM_COUPLING_DATA_DIR``; the sample documents bundled with lm-coupling
-(``lm_coupling/demo/sample_tasks``), so that the tasks run with no set-up.
+``data_dir``: the ``lmc_data_dir`` metadata, else ``$LM_COUPLING_DATA_DIR``,
+else the bundled sample documents (`resolve_data_dir`).
 
 lm-eval imports this file by path (not as part of the ``lm_coupling``
 package), so it depends on the standard library and ``datasets`` only.
@@ -173,25 +170,16 @@ def load_offline(
     return datasets.DatasetDict(splits)
 
 
-def _announced() -> set[tuple[str, str]]:
-    """The announcements made in this process, whichever copy of this module made them.
-
-    lm-eval imports this file by path, once per copy, each with its own globals;
-    the set lives on the ``lm_coupling.tasks`` logger, one object per process.
-    """
-    announced = getattr(log, ANNOUNCED_ATTRIBUTE, None)
-    if announced is None:
-        announced = set()
-        setattr(log, ANNOUNCED_ATTRIBUTE, announced)
-    return announced
-
-
 def _announce_bundled(benchmark: str, folder: Path) -> None:
-    """Say, once per benchmark and process, that the bundled sample documents are used."""
-    announced = _announced()
-    if ("bundled", benchmark) in announced:
+    """Say, once per benchmark and process, that the bundled sample documents are used.
+
+    lm-eval imports this file by path, once per copy, each with its own globals:
+    the benchmarks announced are kept on the ``lm_coupling.tasks`` logger, one per process.
+    """
+    announced = vars(log).setdefault(ANNOUNCED_ATTRIBUTE, set())
+    if benchmark in announced:
         return
-    announced.add(("bundled", benchmark))
+    announced.add(benchmark)
     log.warning(
         "lm-coupling: offline %s task: no data folder given, using the bundled sample "
         "documents in %s (a handful of items, for trying the package out). Set $%s or "

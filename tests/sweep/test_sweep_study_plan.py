@@ -54,7 +54,7 @@ def study_file(root, names, path):
 
 
 CACHE: dict[str, str] = {}
-"""``LM_COUPLING_CACHE_DIR`` of this module's plans (set by the `cache_dir` fixture)."""
+"""``LM_COUPLING_CACHE`` of this module's plans (set by the `cache_dir` fixture)."""
 
 PEAK = (
     "import atexit, re, sys\n"
@@ -78,7 +78,7 @@ def sweep(root, *args, peak: bool = False):
 
 @pytest.fixture(autouse=True)
 def _plan_cache(cache_dir, monkeypatch):
-    monkeypatch.setitem(CACHE, "LM_COUPLING_CACHE_DIR", str(cache_dir))
+    monkeypatch.setitem(CACHE, "LM_COUPLING_CACHE", str(cache_dir))
 
 
 def planned_hours(stdout: str) -> float:
