@@ -21,7 +21,6 @@ The prefix cache keeps every key/value row on every layer (a cache of full
 layers, whatever the model's own cache would keep): a layer's sliding window
 (Mistral, Gemma-2/3, Cohere2, ...) or attention chunk (Llama-4) is applied by
 the mask the model builds for that layer, exactly as in a whole-sequence pass.
-``engine_mode`` lives in ``jacobian.engine_mode``.
 """
 
 from __future__ import annotations
@@ -47,7 +46,6 @@ __all__ = [
     "compute_dtype",
     "engine_mode",
     "probe_split",
-    "record_full_sequence",
     "PromptPass",
     "record_last_token",
     "replay_errors",
@@ -180,7 +178,7 @@ class BlockCall:
     ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
         """``f(x) = block(X with row t_in = x)_{t_out} (- x if t_in == t_out)``, and ``x_{t_in}``.
 
-        Valid for calls recorded by :func:`record_full_sequence` (one
+        Valid for whole-sequence calls (``jacobian.sequence.record_sequences``, one
         document); ``f`` maps ``[1, d] -> [1, d]``.
         """
         params = self.params()
@@ -229,12 +227,6 @@ def _record(
     return records
 
 
-def _block_device(block: nn.Module) -> torch.device | None:
-    """The device of a block's parameters (None when they are offloaded or absent)."""
-    param = next((p for p in block.parameters()), None)
-    return None if param is None or param.device.type == "meta" else param.device
-
-
 def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
     """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped.
 
@@ -242,7 +234,8 @@ def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
     GPUs, a pre-hook sees them on the previous block's device), so that the
     block's Jacobian is computed and kept where the block lives.
     """
-    device = _block_device(block)
+    param = next(block.parameters(), None)
+    device = None if param is None or param.device.type == "meta" else param.device
 
     def convert(obj):
         if tfa.is_cache(obj):
@@ -434,14 +427,6 @@ def _padded_prefixes(prompts: list[torch.Tensor], per_doc: list[dict[int, tuple]
     return padded, None if bool(mask.all()) else mask
 
 
-def _batched_cache(model: nn.Module, padded: dict[int, tuple]):
-    """A transformers ``DynamicCache`` holding the padded prefixes (for the recording run)."""
-    cache = tfa.new_cache()
-    for layer in sorted(padded):
-        cache.update(*padded[layer], layer)
-    return cache
-
-
 def record_last_token(
     model: nn.Module,
     parts: ModelParts,
@@ -475,7 +460,10 @@ def record_last_token(
     padded, mask = _padded_prefixes(prompts, prefixes)
     kwargs: dict = {"use_cache": bool(padded)}
     if padded:
-        kwargs.update(tfa.cache_kwargs(model, _batched_cache(model, padded)))
+        cache = tfa.new_cache()
+        for layer in sorted(padded):
+            cache.update(*padded[layer], layer)
+        kwargs.update(tfa.cache_kwargs(model, cache))
     if mask is not None:
         kwargs["attention_mask"] = mask.to(last.device)
         kwargs["position_ids"] = torch.tensor([[p.shape[0] - 1] for p in prompts]).to(last.device)
@@ -552,20 +540,3 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
             enabled |= layers
             call.split_prefix = True
     cache.split, cache.touched = enabled, set()
-
-
-def record_full_sequence(
-    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, dtype: torch.dtype
-) -> list[BlockCall]:
-    """Record every block's call on the whole sequence (no cache).
-
-    Call inside :func:`engine_mode`.
-
-    Returns:
-        L block calls whose hidden states are ``[1, T, d]`` (x^{l-1}).
-    """
-    records = _record(model, parts.blocks, input_ids[None], use_cache=False)
-    return [
-        _block_call(block, record, dtype, lambda _cache: None)
-        for block, record in zip(parts.blocks, records, strict=True)
-    ]

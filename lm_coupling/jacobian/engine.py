@@ -65,7 +65,6 @@ from lm_coupling.jacobian.calls import (
     BlockCall,
     compute_dtype,
     engine_mode,
-    record_full_sequence,
     record_last_token,
     replay_errors,
     run_prompts,
@@ -503,8 +502,8 @@ def naive_block_jacobians(
     ids = _check_ids(input_ids)
     dtype = compute_dtype(parts)
     with engine_mode(model):
-        calls = record_full_sequence(model, parts, ids.to(parts.input_device), dtype)
-        return torch.stack([_naive_rows(call) for call in calls])
+        calls = record_sequences(model, parts, [ids.to(parts.input_device)], dtype)
+        return torch.stack([_naive_rows(call.docs[0]) for call in calls])
 
 
 def _naive_rows(call: BlockCall) -> torch.Tensor:

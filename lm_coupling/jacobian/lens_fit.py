@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from lm_coupling.errors import LmCouplingError
-from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.jacobian.calls import compute_dtype
+from lm_coupling.model.architecture import ModelParts, block_output_hidden
 
 __all__ = [
     "ESTIMATORS",
@@ -218,8 +219,7 @@ def reference_lens_rows(
     positions = valid_positions(int(ids.shape[0]), skip_first_positions)
     if len(positions) == 0:
         return None
-    param = next((p for p in parts.blocks[0].parameters() if p.is_floating_point()), None)
-    dtype = torch.float32 if param is None else work_dtype(param)
+    dtype = compute_dtype(parts)
     d, n_layers = parts.d_model, parts.n_layers
     if first_state > n_layers:
         raise ValueError(f"first_state must be at most L = {n_layers}, found {first_state}")

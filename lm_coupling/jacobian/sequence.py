@@ -97,7 +97,7 @@ def cache_replay_problem(model: nn.Module) -> str:
         cache_keeps_state,
         cache_layers,
         layer_keys_values,
-        make_model_cache,
+        new_cache,
         output_cache,
     )
 
@@ -109,7 +109,7 @@ def cache_replay_problem(model: nn.Module) -> str:
     if not accepts_argument(model, "use_cache"):
         return f"{type(model).__name__}.forward takes no use_cache argument (no cache)"
     try:
-        cache = make_model_cache(model)
+        cache = new_cache(model.config)
     except Exception as error:  # noqa: BLE001 - any failure means: no cache of the model's own
         return f"no cache can be built from its config ({type(error).__name__}: {error})"
     layers = getattr(cache, "layers", None) or []

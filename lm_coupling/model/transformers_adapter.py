@@ -291,18 +291,6 @@ def bloom_gelu_forward() -> Callable:
     return forward
 
 
-def make_model_cache(model: nn.Module) -> Any:
-    """A ``DynamicCache`` built from the model's own config (`new_cache`).
-
-    With its config, transformers gives each layer the kind of cache layer the
-    model needs (sliding-window, recurrent-state, convolution or sparse-attention
-    indexer layers); a bare ``DynamicCache()`` gives plain key/value layers,
-    which indexer attention (DeepSeek-V3.2's ``update_indexer``) rejects with a
-    ValueError.
-    """
-    return new_cache(model.config)
-
-
 def module_with_child_replaced(module: nn.Module, name: str, child: nn.Module) -> nn.Module:
     """A shallow copy of ``module`` whose child ``name`` is ``child``; ``module`` is unchanged.
 
