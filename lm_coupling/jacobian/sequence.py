@@ -230,13 +230,11 @@ class SequenceCall:
         block: the model's own block.
         docs: one whole-sequence ``BlockCall`` per document (``hidden [1, T_b, d]``).
         hidden: ``[B, 1, d]`` x^{l-1}_n of each document.
-        dtype: the compute dtype.
     """
 
     block: nn.Module
     docs: list[BlockCall]
     hidden: torch.Tensor
-    dtype: torch.dtype
     split_prefix: bool = False
 
     def last_token_map(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
@@ -276,5 +274,5 @@ def record_sequences(
     for index, block in enumerate(parts.blocks):
         docs = [doc[index] for doc in per_doc]
         hidden = torch.cat([call.hidden[:, -1:] for call in docs])
-        calls.append(SequenceCall(block=block, docs=docs, hidden=hidden, dtype=dtype))
+        calls.append(SequenceCall(block=block, docs=docs, hidden=hidden))
     return calls
