@@ -23,7 +23,7 @@ ILL_GAP = 1e-3
 """Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
 
 METHODS = ("auto", "dense", "gram", "krylov")
-"""The routes (``jacobian.engine`` module docstring)."""
+"""The routes (``jacobian.routes`` module docstring)."""
 
 
 def _int(name: str, value, low: int, *, optional: bool = False) -> None:
