@@ -228,12 +228,7 @@ def _record(
 
 
 def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
-    """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped.
-
-    Recorded tensors move to the block's own device (with a model split over
-    GPUs, a pre-hook sees them on the previous block's device), so that the
-    block's Jacobian is computed and kept where the block lives.
-    """
+    """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped, on its device."""
     param = next(block.parameters(), None)
     device = None if param is None or param.device.type == "meta" else param.device
 
@@ -281,12 +276,9 @@ def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
 
 
 def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]:
-    """The first ``length - 1`` positions of a cache filled by a whole prompt of ``length``.
+    """``(prefix, "")``: the first ``length - 1`` rows of a prompt's cache, or ``(None, why)``.
 
-    Returns:
-        ``(prefix, "")``, or ``(None, why)`` when the cache is not one full
-        key/value row per position on every attention layer (an
-        architecture-specific cache): then the prefix must run alone.
+    None where the cache is not one key/value row per position on every layer.
     """
     try:
         keys_values = _prefix_keys_values(cache)
@@ -301,12 +293,7 @@ def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]
 
 
 def _refuse_state_layers(model: nn.Module) -> None:
-    """Raise when the model's own cache has layers with a recurrent or convolution state.
-
-    The engine freezes the prefix as keys and values; the state of a hybrid's
-    state-space or linear-attention layers (Falcon-H1, Qwen3-Next, LFM2) is not
-    reproduced, so its Jacobians would not be the model's.
-    """
+    """Raise when the model's own cache has layers with a recurrent or convolution state."""
     layers = tfa.model_cache_layers(model)
     state = [i for i, lay in enumerate(layers) if tfa.layer_keeps_state(lay)]
     if state:
@@ -398,10 +385,7 @@ def run_prompts(
 
 
 def _padded_prefixes(prompts: list[torch.Tensor], per_doc: list[dict[int, tuple] | None]):
-    """Each prompt's prefix keys/values, left-padded with zeros to the longest prefix.
-
-    Every prefix ran alone (no padding inside a forward pass: padded query
-    rows attend to nothing, which gives NaN in some attention paths).
+    """Each prompt's prefix keys/values (each run alone), left-padded with zeros to the longest.
 
     Returns:
         ``(layer -> (K [B, H, N, d_head], V), mask [B, N + 1] or None)``; the

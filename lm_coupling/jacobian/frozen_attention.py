@@ -78,11 +78,8 @@ STASH = PrefixStash()
 def _prefix_matmul(a: torch.Tensor, b: torch.Tensor, per_head: bool | None = None) -> torch.Tensor:
     """``a @ b`` for ``a [B, H_kv, g, k]`` and a prefix operand ``b [B' in (1, B), H_kv, k, n]``.
 
-    ``per_head`` (default: on a CPU) makes one 2-D matmul per (document,
-    head): under ``vmap`` a matmul with an unbatched 2-D right operand folds
-    the tangents into its rows, whereas a batched matmul first copies ``b``
-    once per tangent (27x slower at GPT-2-small shape on a CPU). On a GPU
-    that copy is cheap and one batched matmul saves B x H_kv kernel launches.
+    ``per_head`` (default: on a CPU) makes one 2-D matmul per (document, head):
+    a batched matmul under ``vmap`` copies ``b`` per tangent (27x slower on a CPU).
     """
     if per_head is None:
         per_head = a.device.type == "cpu"

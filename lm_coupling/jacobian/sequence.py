@@ -155,12 +155,7 @@ RESOURCE_FAILURES = ("out of memory", "can't allocate memory", "resource tempora
 
 
 def _is_resource_failure(error: BaseException) -> bool:
-    """Whether ``error`` says the machine ran out of something (its route would depend on load).
-
-    The route is a property of the model: a probe that fails for want of memory
-    or threads must not pick the sequence replay on a loaded machine and the
-    cache replay on an idle one, so such a failure is raised, not read as a route.
-    """
+    """Whether ``error`` says the machine ran out of memory or threads (raised, not a route)."""
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         return True
     text = str(error).lower()
@@ -168,14 +163,10 @@ def _is_resource_failure(error: BaseException) -> bool:
 
 
 def _cache_replay_mismatch(model: nn.Module) -> str:
-    """Replay every block at n of a probe prompt by the cache replay; "" when it matches.
+    """Replay every block at n of two probe prompts by the cache replay; "" when it matches.
 
-    A model that computes something from the whole input which a call on one
-    token with a cache does not see (RoBERTa's position ids counted from the
-    padding, which a left-padded batch of last tokens shifts) gives a cache
-    replay that differs from its own forward pass; the sequence replay has no
-    such assumption. A probe of two prompts of different lengths in one
-    batch. Tolerance: ``sqrt(eps)`` of the engine's dtype, relative.
+    Catches models that compute something from the whole input that a cached
+    call does not see (RoBERTa's position ids). Tolerance: ``sqrt(eps)``, relative.
     """
     from lm_coupling.jacobian.calls import (
         compute_dtype,
