@@ -1,24 +1,14 @@
 """The sequence replay: block Jacobians with the prefix held fixed, for any architecture.
 
 ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` with every other row of
-``X = x^{l-1}`` held fixed (docs/design.md) is the diagonal block at the last
-position of the whole-sequence Jacobian. The cache replay
-(``jacobian.calls.record_last_token``) gets it by running block l on
-the one token n against a frozen copy of the prefix's keys and values; that
-needs a cache of keys and values only. This module gets it from no cache at
-all: each block's inputs are recorded on the whole prompt (the model's own
-forward pass, ``use_cache=False``), and block l is called on the whole
-sequence with rows ``0..n-1`` of its input fixed to the recorded ones and
-only row n variable. Exact for every mixer that reads the prefix: attention
-(sparse and indexer attention included), Mamba/Mamba-2 scans, short
-convolutions, gated delta-rule and other linear attention, RG-LRU, and
-models that return no cache.
-
-A product then costs the block on the whole prompt (T rows) instead of one
-row: the engine uses this replay only where the cache replay cannot serve
-(:func:`choose_replay`) and records which one ran (``JacobianFactors.replay``).
-Every document of a batch is its own call on its own prompt (no padding
-inside a forward pass), so a batch of B documents gives B independent maps.
+``X = x^{l-1}`` held fixed (docs/design.md): each block's inputs are recorded
+on the whole prompt (``use_cache=False``), and block l is called on the whole
+sequence with rows ``0..n-1`` fixed and only row n variable. Exact for every
+mixer that reads the prefix (attention, scans, convolutions, linear
+attention, RG-LRU) and models that return no cache, but a product costs the
+block on T rows instead of one: the engine uses it only where the cache
+replay (``jacobian.calls``) cannot serve (:func:`choose_replay`, docs/engine.md,
+"Replays"). Each document is its own call on its own prompt (no padding).
 
 Reference: Aubry et al., "Transformer Block Coupling and its Correlation with
 Generalization in LLMs", ICLR 2025 (block Jacobians at the last token);

@@ -1,21 +1,11 @@
 """Blocks called more than once per forward pass: one call site per call, in call order.
 
-Some causal LMs run a block module several times in one forward pass: looped
-depth (HRM's low- and high-level stacks, ``hrm_text``: each stack's layers run
-``L_cycles`` resp. once per high-level cycle) or weights shared between
-depths. Their ``num_hidden_layers`` counts calls, not modules. The convention
-of lm-coupling (docs/design.md, "Blocks called more than once"): the
-trajectory follows the calls in order, x^0 the input of the first call and
-x^l the output of call l, and the block Jacobian of call l is
-``J^l = d out_l / d in_l`` at the last token with the prefix held fixed, taken
-at that call's own recorded input (the sequence replay,
-``jacobian.sequence``); coupling couples calls.
-
-The same holds for a located layer list whose layers run more than once
-(Dory loops its recurrent section over layers of its one list,
-:func:`calls_of`). A located block the forward pass never calls on text
-(Mllama's cross-attention layers, skipped without an image) has no state and
-is left out.
+Looped depth (HRM's stacks, ``hrm_text``), weights shared between depths, or
+a located layer list whose layers run more than once (Dory, :func:`calls_of`):
+``num_hidden_layers`` counts calls, and the trajectory and the block Jacobians
+follow the calls in order (docs/design.md, "Blocks called more than once").
+A located block the forward pass never calls on text (Mllama's
+cross-attention layers) is left out.
 
 A :class:`CallSite` stands for one call: ``ModelParts.blocks`` lists one per
 call, so every consumer (the collector's hooks, the engine's recording and
