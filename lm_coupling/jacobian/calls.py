@@ -6,21 +6,15 @@ mask, position embeddings, cache, ...); :class:`BlockCall` then calls the block
 again on new hidden states with everything else held fixed, in float32 (float64
 for a float64 model), without modifying the model.
 
-Single-token route: attention is causal and n is the last position, so the
-keys and values of positions 0..n-1 do not depend on x_n. The prefix 0..n-1 runs
-once with ``use_cache=True``; token n then runs with that cache, and each
-block's cache argument is replaced by a :class:`FrozenPrefixCache` whose
-``update`` returns ``cat(prefix, new)`` without storing anything, so the block
-can be called any number of times, also under ``torch.func`` transforms.
-Where the model's attention runs as the engine's own SDPA function, the cache
-hands the prefix to that attention uncopied instead (``probe_split``,
-``jacobian.frozen_attention``): a product then costs what the block costs on
-one token, whatever the prompt length.
-
-The prefix cache keeps every key/value row on every layer (a cache of full
-layers, whatever the model's own cache would keep): a layer's sliding window
-(Mistral, Gemma-2/3, Cohere2, ...) or attention chunk (Llama-4) is applied by
-the mask the model builds for that layer, exactly as in a whole-sequence pass.
+The cache replay: attention is causal and n is the last position, so the keys
+and values of positions 0..n-1 do not depend on x_n. Token n runs with each
+block's cache replaced by a :class:`FrozenPrefixCache` of the prefix's keys
+and values, whose ``update`` returns ``cat(prefix, new)`` without storing
+anything, so the block can be called any number of times, also under
+``torch.func`` transforms; or, where the model's attention runs as the
+engine's own SDPA function, hands the prefix to it uncopied (``probe_split``,
+``jacobian.frozen_attention``). The prefix keeps every key/value row on every
+layer: sliding windows and attention chunks are applied by the model's masks.
 """
 
 from __future__ import annotations
@@ -324,16 +318,12 @@ def run_prompts(
 ) -> PromptPass:
     """One plain forward pass per prompt: every block's output at n, and the prefix keys/values.
 
-    Run *outside* :func:`engine_mode`: the model's own attention
-    implementation and kernels on each prompt alone (no padding), in eval
-    mode, i.e. the function a benchmark's forward pass computes; it stops
-    after the last block (no final norm, no unembedding). The block outputs
-    are the reference of the engine's run-time check (each stays on its
-    block's device). With ``prefixes`` (the cache replay) the pass also
-    fills a cache, whose keys and values of positions < n the engine freezes
-    (the prefix runs again alone where that cache is not one row per
-    position); without (the sequence replay, ``jacobian.sequence``)
-    ``PromptPass.prefixes`` are None.
+    Run *outside* :func:`engine_mode` (the function the benchmark ran), each
+    prompt alone, in eval mode, stopped after the last block. The block
+    outputs are the reference of the engine's run-time check. With
+    ``prefixes`` (the cache replay) the pass also fills a cache, whose keys
+    and values of positions < n the engine freezes (the prefix runs again
+    alone where that cache is not one row per position).
     """
     if prefixes:
         _refuse_state_layers(model)
@@ -497,10 +487,6 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
     attention (``jacobian.frozen_attention``) on the recorded hidden states;
     the block's layers join ``cache.split`` only when the attention took the
     stashed prefix and the two outputs agree to ``sqrt(eps)`` (relative).
-    A block whose attention never called ``split_sdpa`` (eager attention, a
-    model with its own SDPA branch) is not tried and keeps concatenating; so
-    does one whose cache rows are not the attention's keys (``StashMismatch``:
-    DeepSeek's compressed latents) or whose split call computes something else.
     """
     enabled: set[int] = set()
     for call in calls:

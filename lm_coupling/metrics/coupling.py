@@ -39,8 +39,7 @@ _PAIRS = ("offdiag", "all", "adjacent")
 
 def _check_factor(name: str, x: torch.Tensor, dims: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != dims:
-        found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a {dims}-d tensor, found {found}")
+        raise ValueError(f"{name} must be a {dims}-d tensor, found {_shape(x)}")
 
 
 def coupling_matrices(U: torch.Tensor, JV: torch.Tensor) -> torch.Tensor:
