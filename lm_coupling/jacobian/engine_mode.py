@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from lm_coupling.jacobian.frozen_attention import STASH, register_split_attention
+from lm_coupling.jacobian.frozen_attention import SPLIT_ATTENTION, STASH, split_sdpa
 from lm_coupling.model import transformers_adapter as tfa
 from lm_coupling.model.block_calls import eval_mode
 from lm_coupling.model.differentiable import differentiable_substitutes
@@ -51,8 +51,9 @@ def _engine_attention(current, forced: str | None, split: bool):
         return forced
     if target not in FORWARD_AD_ATTENTION:
         target = "sdpa"
-    if target == "sdpa" and split:
-        return register_split_attention()
+    if target == "sdpa" and split:  # a name of its own: no global entry changes
+        tfa.register_attention(SPLIT_ATTENTION, split_sdpa)
+        return SPLIT_ATTENTION
     return None if target == current else target
 
 

@@ -47,7 +47,6 @@ __all__ = [
     "STASH",
     "PrefixStash",
     "StashMismatch",
-    "register_split_attention",
     "split_attention",
     "split_sdpa",
 ]
@@ -199,19 +198,3 @@ def split_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         return sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     out = split_attention(query, key, value, prefix_keys, prefix_values, attention_mask, scaling)
     return out.contiguous(), None
-
-
-def register_split_attention() -> str:
-    """Register ``split_sdpa`` and SDPA's mask builder as ``SPLIT_ATTENTION`` (idempotent).
-
-    Adds one key to transformers' ``AttentionInterface`` and
-    ``AttentionMaskInterface``; existing entries (``"sdpa"`` among them) are
-    not changed, so no model that does not select the name is affected.
-
-    Returns:
-        ``SPLIT_ATTENTION``.
-    """
-    from lm_coupling.model.transformers_adapter import register_attention
-
-    register_attention(SPLIT_ATTENTION, split_sdpa)
-    return SPLIT_ATTENTION

@@ -84,14 +84,7 @@ def new_cache(config: Any = None) -> Any:
     """
     from transformers import DynamicCache
 
-    if config is None:
-        return DynamicCache()
-    if "config" not in inspect.signature(DynamicCache.__init__).parameters:
-        raise TypeError(
-            "this transformers' DynamicCache cannot be laid out from a model config "
-            "(DynamicCache(config=...) needs transformers >= 4.56)"
-        )
-    return DynamicCache(config=config)
+    return DynamicCache() if config is None else DynamicCache(config=config)
 
 
 def is_cache(obj: Any) -> bool:
