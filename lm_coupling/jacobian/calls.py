@@ -411,11 +411,9 @@ def record_last_token(
 ) -> list[BlockCall]:
     """Record every block's call on the last token n with the prefix keys/values frozen.
 
-    Call inside :func:`engine_mode`. Each prompt's prefix keys/values come
-    from its own forward pass (``prefixes``, from :func:`run_prompts`, run
-    outside ``engine_mode``); they are left-padded into one batch (padded
-    keys masked out, every prompt at its own positions) and the last tokens
-    run as one batch.
+    Call inside :func:`engine_mode`. The prompts' prefix keys/values
+    (:func:`run_prompts`) are left-padded into one batch (padded keys masked
+    out, every prompt at its own positions); the last tokens run as one batch.
 
     Args:
         model: the causal LM.

@@ -391,16 +391,10 @@ class JacobianEngine:
         """The Jacobian between positions, ``J^l_{t_in t_out} = d block_l(X)_{t_out} / d x_{t_in}``.
 
         Minus the identity when ``t_in == t_out`` (residual branch only), so
-        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. Only the rows
-        a tangent at ``t_in`` changes are run: causal attention makes the keys
-        and values of positions < t_in independent of ``x_{t_in}`` (they are
-        frozen from a forward pass of the prompt up to t_in, as for the last
-        token in ``factors``), positions > t_out cannot reach t_out, so each of
-        the d products runs block l on rows ``t_in..t_out`` alone (with the
-        frozen prefix), not on the whole prompt. For ``t_in == t_out`` under
-        SDPA attention the prefix also reaches the attention uncopied
-        (``jacobian.frozen_attention``); with more rows, or eager attention, it
-        is concatenated per tangent, which then dominates the cost.
+        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. By causality
+        each product runs block l on rows ``t_in..t_out`` alone, the keys and
+        values of positions < t_in frozen as for the last token in ``factors``
+        (the cache replay; the sequence replay runs the whole prompt).
 
         Args:
             input_ids: ``[T]`` token ids of one prompt.

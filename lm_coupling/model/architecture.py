@@ -467,12 +467,9 @@ unembedding, is a head transform (Electra's ``generator_predictions``, ModernBER
 class HeadTransform(nn.Module):
     """The part of a prediction head before its unembedding: the head's own forward.
 
-    ``container`` is the module holding the unembedding as its child ``name``
-    (BERT's ``cls.predictions``: ``transform`` then ``decoder``; RoBERTa's
-    ``lm_head``: dense, GELU, norm, then ``decoder``; RemBERT's projection to
-    the embedding width). Its forward runs on a shallow copy whose child
-    ``name`` is the identity, so activations written as functions inside the
-    forward are kept; the model's own modules are not modified.
+    ``container`` holds the unembedding as its child ``name`` (BERT's
+    ``cls.predictions``, RoBERTa's ``lm_head``); its forward runs on a shallow
+    copy whose child ``name`` is the identity (the model is not modified).
     """
 
     def __init__(self, container: nn.Module, name: str):

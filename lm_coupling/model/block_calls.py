@@ -294,14 +294,10 @@ def call_sites(model: nn.Module, decoder: nn.Module, n_layers: int | None) -> li
 def calls_of(model: nn.Module, decoder: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     """The located ``blocks`` as the forward pass calls them: one entry per call, in call order.
 
-    The probe's call order (``_call_order``) restricted to ``blocks``. Every
-    block called once: ``blocks`` in call order (their list order in every
-    model the census knows). A block the forward pass never calls
-    on text (Mllama's cross-attention layers, skipped without an image) has
-    no state and is left out; a block called more than once (Dory's
-    recurrent section, looped ``n_recurrent_loops`` times) gives one
-    :class:`CallSite` per call (docs/design.md, "Blocks called more than
-    once"). ``blocks`` unchanged when the probe cannot run the model.
+    The probe's call order (``_call_order``) restricted to ``blocks``: a
+    block never called on text is left out, a block called more than once
+    (Dory) gives one :class:`CallSite` per call; ``blocks`` unchanged when
+    the probe cannot run the model.
     """
     members = {id(b) for b in blocks}
     order = [m for m in _call_order(model, decoder) if id(m) in members]

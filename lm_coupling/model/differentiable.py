@@ -40,13 +40,7 @@ class _PlainSqrt:
 
 
 def _recurrent_gemma_rglru(module: nn.Module) -> Callable:
-    """RecurrentGemma's RG-LRU with its square root as plain ``torch.sqrt``.
-
-    ``SqrtBoundDerivative`` computes ``sqrt(1 - a^2)`` and only clips its
-    gradient (at 1000, i.e. where ``1 - a^2 < 2.5e-7``) for training; the
-    engine differentiates the function itself. The module's own forward runs
-    with the name rebound for the duration of the call.
-    """
+    """RecurrentGemma's RG-LRU, ``SqrtBoundDerivative`` (a clipped gradient) rebound to ``sqrt``."""
     from transformers.models.recurrent_gemma import modeling_recurrent_gemma as modeling
 
     forward = type(module).forward
