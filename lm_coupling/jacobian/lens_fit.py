@@ -44,6 +44,7 @@ from torch import nn
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.jacobian.calls import compute_dtype
 from lm_coupling.model.architecture import ModelParts, block_output_hidden
+from lm_coupling.model.block_calls import map_hidden
 
 __all__ = [
     "ESTIMATORS",
@@ -77,18 +78,6 @@ class _Stop(Exception):
 def valid_positions(n_tokens: int, skip_first_positions: int) -> range:
     """The positions V the estimator averages over: ``s .. T-2`` (empty: the prompt is skipped)."""
     return range(skip_first_positions, n_tokens - 1)
-
-
-def _hidden_input(args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
-    if args and isinstance(args[0], torch.Tensor):
-        return args[0], True
-    hidden = kwargs.get("hidden_states")
-    if not isinstance(hidden, torch.Tensor):
-        raise LmCouplingError(
-            "the Jacobian lens fit expected the first decoder block to receive the hidden "
-            "states as its first argument or as hidden_states=; it found neither"
-        )
-    return hidden, False
 
 
 @contextlib.contextmanager
@@ -126,13 +115,18 @@ def _states_with_graph(
         calls[0] += 1
         if call != first_state:
             return None
-        hidden, positional = _hidden_input(args, kwargs)
-        xs = hidden.detach().to(dtype).requires_grad_(True)
-        states.append(xs)
-        xs_in = xs.to(hidden.dtype)
-        if positional:
-            return (xs_in, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": xs_in}
+
+        def leaf(hidden: torch.Tensor) -> torch.Tensor:
+            states.append(hidden.detach().to(dtype).requires_grad_(True))
+            return states[-1].to(hidden.dtype)
+
+        args, kwargs = map_hidden(args, kwargs, leaf)
+        if not states:
+            raise LmCouplingError(
+                "the Jacobian lens fit expected the first decoder block to receive the hidden "
+                "states as its first argument or as hidden_states=; it found neither"
+            )
+        return args, kwargs
 
     def out(module, args, kwargs, output):
         if calls[0] - 1 < first_state:

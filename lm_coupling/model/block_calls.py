@@ -42,6 +42,7 @@ __all__ = [
     "calls_of",
     "eval_mode",
     "is_unrolled",
+    "map_hidden",
     "residual_streams",
     "stream_sites",
 ]
@@ -82,7 +83,7 @@ class CallSite(nn.Module):
         """The block's forward on these arguments (one call); flattened streams in and out."""
         streams = self._dispatch.streams
         if streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, streams.unflatten)
+            args, kwargs = map_hidden(args, kwargs, streams.unflatten)
         with self._dispatch.direct():
             out = self.block(*args, **kwargs)
         return out if streams is None else _map_output(out, streams.flatten)
@@ -117,7 +118,7 @@ class Streams:
         return hidden.movedim(-2, 0) if self.leading else hidden
 
 
-def _map_hidden(args: tuple, kwargs: dict, fn) -> tuple[tuple, dict]:
+def map_hidden(args: tuple, kwargs: dict, fn) -> tuple[tuple, dict]:
     """Apply ``fn`` to a block call's hidden states (first argument or ``hidden_states``)."""
     if args and isinstance(args[0], torch.Tensor):
         return (fn(args[0]), *args[1:]), kwargs
@@ -173,7 +174,7 @@ class _Dispatch:
         if site is None:
             return None
         if self.streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
+            args, kwargs = map_hidden(args, kwargs, self.streams.flatten)
         for hook, with_kwargs in forward_hooks(site, pre=True):
             if with_kwargs:
                 result = hook(site, args, kwargs)
@@ -184,7 +185,7 @@ class _Dispatch:
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
         if self.streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, self.streams.unflatten)
+            args, kwargs = map_hidden(args, kwargs, self.streams.unflatten)
         return args, kwargs
 
     def _post(self, module, args, kwargs, output):
@@ -195,7 +196,7 @@ class _Dispatch:
             return None
         changed = False
         if self.streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
+            args, kwargs = map_hidden(args, kwargs, self.streams.flatten)
             output = _map_output(output, self.streams.flatten)
         for hook, with_kwargs in forward_hooks(site, pre=False):
             if with_kwargs:
