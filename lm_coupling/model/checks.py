@@ -7,9 +7,6 @@
 - `readout_problems`: the lens read-out of the last block's output,
   ``unembed(final_norm(x^L))``, must reproduce the model's own logits, and the
   located blocks must compose (block l+1 consumes what block l returned).
-
-The run's preflight (`lm_coupling.harness.preflight`) calls them at model load
-and on the first captured batch, and adds the Jacobian engine's checks.
 """
 
 from __future__ import annotations
@@ -42,11 +39,9 @@ class ModelProbe:
         max_change: largest change of an earlier position's logits.
         hidden_shape: the shape of the first block's input hidden states
             (``[1, T, d]`` for one residual stream).
-        replay: how the Jacobian engine replays this model's blocks
-            (``"cache"`` or ``"sequence"``), and why not from the cache (set
-            by `check_model` once the model passed its checks); None when no
-            selected metric reads Jacobians (the choice, a few forward passes
-            of the model, is then not made).
+        replay: ``(replay, why not from the cache)`` of the Jacobian engine
+            (``jacobian.sequence.choose_replay``); None when no selected
+            metric reads Jacobians.
     """
 
     causal: bool
