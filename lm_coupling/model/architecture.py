@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from lm_coupling.errors import UnsupportedModelError
-from lm_coupling.metrics import work_dtype
 from lm_coupling.model.block_calls import (
     StreamReadout,
     call_sites,
@@ -135,6 +134,11 @@ def register_override(
     if logit_softcap is not None:
         entry["logit_softcap"] = float(logit_softcap) or None
     _OVERRIDES[model_type] = entry
+
+
+def work_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 stays float64; every other dtype is computed in float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def block_output_hidden(output) -> torch.Tensor:
