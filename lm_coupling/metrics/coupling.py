@@ -313,7 +313,7 @@ def largest_gap_k(S: torch.Tensor, k_min: int, k_max: int) -> int:
         k_max: largest K considered.
 
     Returns:
-        K*; ``k_max`` when no gap is finite.
+        K*; a NaN gap (``s_K = s_{K+1} = 0``) counts as the smallest.
     """
     if not 1 <= k_min <= k_max or S.shape[-1] < k_max + 1:
         raise ValueError(
@@ -322,6 +322,4 @@ def largest_gap_k(S: torch.Tensor, k_min: int, k_max: int) -> int:
         )
     gaps = torch.stack([spectral_gap(S, k).amin() for k in range(k_min, k_max + 1)])
     gaps = torch.where(torch.isnan(gaps), torch.full_like(gaps, -math.inf), gaps)
-    if not bool(torch.isfinite(gaps).any()) and not bool(torch.isinf(gaps).any()):
-        return k_max
     return k_min + int(torch.argmax(gaps))

@@ -211,22 +211,20 @@ def readout_problems(
     finally:
         for handle in handles:
             handle.remove()
-    problems = []
     calls = [len(outputs[i]) for i in range(parts.n_layers)]
     if any(c != 1 for c in calls):
-        problems.append(f"the located blocks were called {calls} times in one forward pass")
-        return problems
+        return [f"the located blocks were called {calls} times in one forward pass"]
     own = logits[0, -1].float()
     state = outputs[parts.n_layers - 1][0][0, -1]
     try:
         lens = parts.unembed_fp32(parts.final_norm_fp32(state))
     except RuntimeError as error:  # a projection the locator missed: widths do not fit
-        problems.append(
+        return [
             f"unembed(final_norm(x^L)) cannot be computed ({error}): the state has width "
             f"{state.shape[-1]}, the unembedding takes {parts.unembed_weight.shape[1]}, and "
             "the located final norm does not map one to the other"
-        )
-        return problems
+        ]
+    problems = []
     difference = float((lens.to(own.device) - own).abs().max())
     if difference > _tolerance(logits.dtype, float(own.abs().max())):
         problems.append(
