@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from lm_coupling.errors import LmCouplingError
-from lm_coupling.jacobian.calls import compute_dtype
+from lm_coupling.jacobian.calls import _StopForward, compute_dtype
 from lm_coupling.model.architecture import ModelParts, block_output_hidden
 from lm_coupling.model.block_calls import map_hidden
 
@@ -69,10 +69,6 @@ DEFAULT_MAX_SEQ_LEN = 128
 
 DEFAULT_DIM_BATCH = 8
 """Cotangent directions per backward pass (TransformerLens 4.3 ``dim_batch``)."""
-
-
-class _Stop(Exception):
-    """Raised after the last block's output is captured: the head is not needed."""
 
 
 def valid_positions(n_tokens: int, skip_first_positions: int) -> range:
@@ -133,7 +129,7 @@ def _states_with_graph(
             return
         states.append(block_output_hidden(output))
         if len(states) == len(blocks) - first_state + 1:
-            raise _Stop
+            raise _StopForward  # the head is not needed
 
     unique = list(dict.fromkeys(blocks))
     handles = [b.register_forward_pre_hook(root, with_kwargs=True) for b in unique]
@@ -141,7 +137,7 @@ def _states_with_graph(
     try:
         with torch.enable_grad():
             model(input_ids=ids[None].expand(copies, -1), use_cache=False)
-    except _Stop:
+    except _StopForward:
         pass
     finally:
         for handle in handles:

@@ -229,15 +229,11 @@ def ill_defined(S: torch.Tensor, k: int, ill_gap: float) -> torch.Tensor:
     return diffs.min(dim=1).values < ill_gap * top[:, 0]
 
 
-def _residuals(JV: torch.Tensor, U: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
-    """``[B, r]`` ``||J v_i - s_i u_i||`` from ``JV = J V``."""
-    return torch.linalg.vector_norm(JV - U * S[:, None, :], dim=1)
-
-
 def _direct(J, U, S, V, k: int, ill_gap: float) -> TopK:
+    """``TopK`` of a direct route, with the residual ``max_{i<K} ||J v_i - s_i u_i|| / s_1``."""
     B = J.shape[0]
-    JV = J @ V[:, :, :k]
-    residual = _residuals(JV, U[:, :, :k], S[:, :k]).amax(dim=1) / S[:, 0].clamp_min(1e-300)
+    res = torch.linalg.vector_norm(J @ V[:, :, :k] - U[:, :, :k] * S[:, None, :k], dim=1)
+    residual = res.amax(dim=1) / S[:, 0].clamp_min(1e-300)
     zeros = torch.zeros(B, dtype=torch.long, device=J.device)
     ones = torch.ones(B, dtype=torch.bool, device=J.device)
     return TopK(U, S, V, zeros, residual, ones, ill_defined(S, k, ill_gap))
