@@ -63,9 +63,10 @@ from engine_runs import (
 )
 from timing import machine_line, median, print_table, timed
 
-from lm_coupling.jacobian.calls import compute_dtype, engine_mode, record_full_sequence
+from lm_coupling.jacobian.calls import compute_dtype, engine_mode
 from lm_coupling.jacobian.engine import JacobianEngine
 from lm_coupling.jacobian.linalg import top_eigh
+from lm_coupling.jacobian.sequence import record_sequences
 
 TOLERANCE = 1e-4
 HEADER = (
@@ -230,7 +231,7 @@ def gpt2_rows(args: argparse.Namespace, floors: list) -> list[tuple]:
 def authors_rows_seconds(model, parts, ids, n_rows: int) -> float:
     """Seconds of ``n_rows`` of the authors' d backward passes through block 0 (whole sequence)."""
     with engine_mode(model):
-        call = record_full_sequence(model, parts, ids, compute_dtype(parts))[0]
+        call = record_sequences(model, parts, [ids], compute_dtype(parts))[0].docs[0]
         params = call.params()
         with torch.enable_grad():
             X = call.hidden.detach().clone().requires_grad_(True)

@@ -26,8 +26,9 @@ import torch
 from tiny_models import build_tiny_model
 
 from lm_coupling.geometry import GeometryRunner
-from lm_coupling.jacobian.calls import engine_mode, record_full_sequence
+from lm_coupling.jacobian.calls import engine_mode
 from lm_coupling.jacobian.linalg import vjp_rows
+from lm_coupling.jacobian.sequence import record_sequences
 from lm_coupling.plugins.builtin.tokenwise import lmc_position_jacobian_keys
 from lm_coupling.selection import make_selection
 
@@ -87,7 +88,7 @@ def whole_sequence_seconds(engine, ids: torch.Tensor, rows: int) -> float:
     """Seconds of ``J^0_{n-1, n}`` by the whole-sequence route, extrapolated from ``rows`` VJPs."""
     T, d = ids.shape[0], engine.d
     with engine_mode(engine.model):
-        call = record_full_sequence(engine.model, engine.parts, ids, engine.dtype)[0]
+        call = record_sequences(engine.model, engine.parts, [ids], engine.dtype)[0].docs[0]
         f, x = call.position_map(T - 2, T - 1)
         cotangents = torch.eye(d, dtype=x.dtype)[None, :, :rows]
         start = time.perf_counter()

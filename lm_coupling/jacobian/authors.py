@@ -24,23 +24,10 @@ from typing import Any
 import torch
 
 from lm_coupling.errors import LmCouplingError
-from lm_coupling.model.architecture import block_output_hidden, work_dtype
+from lm_coupling.jacobian.calls import run_prompts
+from lm_coupling.model.architecture import work_dtype
 
 __all__ = ["authors_jacobians", "final_norm_jacobian"]
-
-
-def _last_state(model, parts, ids: torch.Tensor) -> torch.Tensor:
-    """``x^L_n`` ``[d]``: the last block's output at the last position, before the norm."""
-    kept: list[torch.Tensor] = []
-    handle = parts.blocks[-1].register_forward_hook(
-        lambda _m, _a, out: kept.append(block_output_hidden(out)[0, -1].detach())
-    )
-    try:
-        with torch.no_grad():
-            model(input_ids=ids[None].to(parts.input_device), use_cache=False)
-    finally:
-        handle.remove()
-    return kept[-1]
 
 
 def final_norm_jacobian(parts, y: torch.Tensor) -> torch.Tensor:
@@ -73,13 +60,13 @@ def authors_jacobians(runner: Any, prompts: Sequence[torch.Tensor]) -> list[torc
     """
     out: list[torch.Tensor | None] = []
     for ids in prompts:
-        ids = torch.as_tensor(ids).reshape(-1)
+        ids = torch.as_tensor(ids).reshape(-1).to(runner.parts.input_device)
         try:
             dense = runner.engine.dense_jacobians(ids)
         except LmCouplingError:
             out.append(None)
             continue
-        y = _last_state(runner.model, runner.parts, ids)
+        y = run_prompts(runner.model, runner.parts, [ids], prefixes=False).outputs[-1][0]
         D = final_norm_jacobian(runner.parts, y).to(dense.device, dense.dtype)
         eye = torch.eye(dense.shape[-1], dtype=dense.dtype, device=dense.device)
         dense = dense.clone()

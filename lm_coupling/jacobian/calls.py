@@ -6,22 +6,15 @@ mask, position embeddings, cache, ...); :class:`BlockCall` then calls the block
 again on new hidden states with everything else held fixed, in float32 (float64
 for a float64 model), without modifying the model.
 
-Single-token route: attention is causal and n is the last position, so the
-keys and values of positions 0..n-1 do not depend on x_n. The prefix 0..n-1 runs
-once with ``use_cache=True``; token n then runs with that cache, and each
-block's cache argument is replaced by a :class:`FrozenPrefixCache` whose
-``update`` returns ``cat(prefix, new)`` without storing anything, so the block
-can be called any number of times, also under ``torch.func`` transforms.
-Where the model's attention runs as the engine's own SDPA function, the cache
-hands the prefix to that attention uncopied instead (``probe_split``,
-``jacobian.frozen_attention``): a product then costs what the block costs on
-one token, whatever the prompt length.
-
-The prefix cache keeps every key/value row on every layer (a cache of full
-layers, whatever the model's own cache would keep): a layer's sliding window
-(Mistral, Gemma-2/3, Cohere2, ...) or attention chunk (Llama-4) is applied by
-the mask the model builds for that layer, exactly as in a whole-sequence pass.
-``engine_mode`` lives in ``jacobian.engine_mode``.
+The cache replay: attention is causal and n is the last position, so the keys
+and values of positions 0..n-1 do not depend on x_n. Token n runs with each
+block's cache replaced by a :class:`FrozenPrefixCache` of the prefix's keys
+and values, whose ``update`` returns ``cat(prefix, new)`` without storing
+anything, so the block can be called any number of times, also under
+``torch.func`` transforms; or, where the model's attention runs as the
+engine's own SDPA function, hands the prefix to it uncopied (``probe_split``,
+``jacobian.frozen_attention``). The prefix keeps every key/value row on every
+layer: sliding windows and attention chunks are applied by the model's masks.
 """
 
 from __future__ import annotations
@@ -47,7 +40,6 @@ __all__ = [
     "compute_dtype",
     "engine_mode",
     "probe_split",
-    "record_full_sequence",
     "PromptPass",
     "record_last_token",
     "replay_errors",
@@ -180,7 +172,7 @@ class BlockCall:
     ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
         """``f(x) = block(X with row t_in = x)_{t_out} (- x if t_in == t_out)``, and ``x_{t_in}``.
 
-        Valid for calls recorded by :func:`record_full_sequence` (one
+        Valid for whole-sequence calls (``jacobian.sequence.record_sequences``, one
         document); ``f`` maps ``[1, d] -> [1, d]``.
         """
         params = self.params()
@@ -229,20 +221,10 @@ def _record(
     return records
 
 
-def _block_device(block: nn.Module) -> torch.device | None:
-    """The device of a block's parameters (None when they are offloaded or absent)."""
-    param = next((p for p in block.parameters()), None)
-    return None if param is None or param.device.type == "meta" else param.device
-
-
 def _block_call(block, record, dtype: torch.dtype, swap: Callable) -> BlockCall:
-    """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped.
-
-    Recorded tensors move to the block's own device (with a model split over
-    GPUs, a pre-hook sees them on the previous block's device), so that the
-    block's Jacobian is computed and kept where the block lives.
-    """
-    device = _block_device(block)
+    """A BlockCall from a recorded (args, kwargs): floats cast, caches swapped, on its device."""
+    param = next(block.parameters(), None)
+    device = None if param is None or param.device.type == "meta" else param.device
 
     def convert(obj):
         if tfa.is_cache(obj):
@@ -288,12 +270,9 @@ def _prefix_cache(model: nn.Module, prompt: torch.Tensor) -> dict[int, tuple]:
 
 
 def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]:
-    """The first ``length - 1`` positions of a cache filled by a whole prompt of ``length``.
+    """``(prefix, "")``: the first ``length - 1`` rows of a prompt's cache, or ``(None, why)``.
 
-    Returns:
-        ``(prefix, "")``, or ``(None, why)`` when the cache is not one full
-        key/value row per position on every attention layer (an
-        architecture-specific cache): then the prefix must run alone.
+    None where the cache is not one key/value row per position on every layer.
     """
     try:
         keys_values = _prefix_keys_values(cache)
@@ -308,12 +287,7 @@ def _truncated_prefix(cache, length: int) -> tuple[dict[int, tuple] | None, str]
 
 
 def _refuse_state_layers(model: nn.Module) -> None:
-    """Raise when the model's own cache has layers with a recurrent or convolution state.
-
-    The engine freezes the prefix as keys and values; the state of a hybrid's
-    state-space or linear-attention layers (Falcon-H1, Qwen3-Next, LFM2) is not
-    reproduced, so its Jacobians would not be the model's.
-    """
+    """Raise when the model's own cache has layers with a recurrent or convolution state."""
     layers = tfa.model_cache_layers(model)
     state = [i for i, lay in enumerate(layers) if tfa.layer_keeps_state(lay)]
     if state:
@@ -344,16 +318,12 @@ def run_prompts(
 ) -> PromptPass:
     """One plain forward pass per prompt: every block's output at n, and the prefix keys/values.
 
-    Run *outside* :func:`engine_mode`: the model's own attention
-    implementation and kernels on each prompt alone (no padding), in eval
-    mode, i.e. the function a benchmark's forward pass computes; it stops
-    after the last block (no final norm, no unembedding). The block outputs
-    are the reference of the engine's run-time check (each stays on its
-    block's device). With ``prefixes`` (the cache replay) the pass also
-    fills a cache, whose keys and values of positions < n the engine freezes
-    (the prefix runs again alone where that cache is not one row per
-    position); without (the sequence replay, ``jacobian.sequence``)
-    ``PromptPass.prefixes`` are None.
+    Run *outside* :func:`engine_mode` (the function the benchmark ran), each
+    prompt alone, in eval mode, stopped after the last block. The block
+    outputs are the reference of the engine's run-time check. With
+    ``prefixes`` (the cache replay) the pass also fills a cache, whose keys
+    and values of positions < n the engine freezes (the prefix runs again
+    alone where that cache is not one row per position).
     """
     if prefixes:
         _refuse_state_layers(model)
@@ -405,10 +375,7 @@ def run_prompts(
 
 
 def _padded_prefixes(prompts: list[torch.Tensor], per_doc: list[dict[int, tuple] | None]):
-    """Each prompt's prefix keys/values, left-padded with zeros to the longest prefix.
-
-    Every prefix ran alone (no padding inside a forward pass: padded query
-    rows attend to nothing, which gives NaN in some attention paths).
+    """Each prompt's prefix keys/values (each run alone), left-padded with zeros to the longest.
 
     Returns:
         ``(layer -> (K [B, H, N, d_head], V), mask [B, N + 1] or None)``; the
@@ -434,14 +401,6 @@ def _padded_prefixes(prompts: list[torch.Tensor], per_doc: list[dict[int, tuple]
     return padded, None if bool(mask.all()) else mask
 
 
-def _batched_cache(model: nn.Module, padded: dict[int, tuple]):
-    """A transformers ``DynamicCache`` holding the padded prefixes (for the recording run)."""
-    cache = tfa.new_cache()
-    for layer in sorted(padded):
-        cache.update(*padded[layer], layer)
-    return cache
-
-
 def record_last_token(
     model: nn.Module,
     parts: ModelParts,
@@ -452,11 +411,9 @@ def record_last_token(
 ) -> list[BlockCall]:
     """Record every block's call on the last token n with the prefix keys/values frozen.
 
-    Call inside :func:`engine_mode`. Each prompt's prefix keys/values come
-    from its own forward pass (``prefixes``, from :func:`run_prompts`, run
-    outside ``engine_mode``); they are left-padded into one batch (padded
-    keys masked out, every prompt at its own positions) and the last tokens
-    run as one batch.
+    Call inside :func:`engine_mode`. The prompts' prefix keys/values
+    (:func:`run_prompts`) are left-padded into one batch (padded keys masked
+    out, every prompt at its own positions); the last tokens run as one batch.
 
     Args:
         model: the causal LM.
@@ -475,7 +432,10 @@ def record_last_token(
     padded, mask = _padded_prefixes(prompts, prefixes)
     kwargs: dict = {"use_cache": bool(padded)}
     if padded:
-        kwargs.update(tfa.cache_kwargs(model, _batched_cache(model, padded)))
+        cache = tfa.new_cache()
+        for layer in sorted(padded):
+            cache.update(*padded[layer], layer)
+        kwargs.update(tfa.cache_kwargs(model, cache))
     if mask is not None:
         kwargs["attention_mask"] = mask.to(last.device)
         kwargs["position_ids"] = torch.tensor([[p.shape[0] - 1] for p in prompts]).to(last.device)
@@ -525,10 +485,6 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
     attention (``jacobian.frozen_attention``) on the recorded hidden states;
     the block's layers join ``cache.split`` only when the attention took the
     stashed prefix and the two outputs agree to ``sqrt(eps)`` (relative).
-    A block whose attention never called ``split_sdpa`` (eager attention, a
-    model with its own SDPA branch) is not tried and keeps concatenating; so
-    does one whose cache rows are not the attention's keys (``StashMismatch``:
-    DeepSeek's compressed latents) or whose split call computes something else.
     """
     enabled: set[int] = set()
     for call in calls:
@@ -552,20 +508,3 @@ def probe_split(calls: list[BlockCall], cache: FrozenPrefixCache) -> None:
             enabled |= layers
             call.split_prefix = True
     cache.split, cache.touched = enabled, set()
-
-
-def record_full_sequence(
-    model: nn.Module, parts: ModelParts, input_ids: torch.Tensor, dtype: torch.dtype
-) -> list[BlockCall]:
-    """Record every block's call on the whole sequence (no cache).
-
-    Call inside :func:`engine_mode`.
-
-    Returns:
-        L block calls whose hidden states are ``[1, T, d]`` (x^{l-1}).
-    """
-    records = _record(model, parts.blocks, input_ids[None], use_cache=False)
-    return [
-        _block_call(block, record, dtype, lambda _cache: None)
-        for block, record in zip(parts.blocks, records, strict=True)
-    ]

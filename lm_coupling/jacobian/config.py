@@ -23,7 +23,7 @@ ILL_GAP = 1e-3
 """Top K+1 singular values closer than ``ILL_GAP * s_1`` make a layer ill-defined."""
 
 METHODS = ("auto", "dense", "gram", "krylov")
-"""The routes (``jacobian.engine`` module docstring)."""
+"""The routes (``jacobian.routes`` module docstring)."""
 
 
 def _int(name: str, value, low: int, *, optional: bool = False) -> None:
@@ -58,8 +58,6 @@ class JacobianConfig:
             the plain forward pass that also gives the frozen prefix (no extra pass).
         dense_max_d: ``auto`` takes the exact ``gram`` route for every layer
             when d <= this.
-        oversample: extra columns of the iterated block (None: K + 1, i.e. a
-            block of 2(K + 1) columns, which converges fast on flat spectra).
         chunk_size: tangents per vectorized JVP/VJP batch (None: from a
             memory budget, ``jacobian.linalg.chunk_size_for``).
         docs_per_batch: documents per batched pass (None: from free GPU memory; one on a CPU).
@@ -86,7 +84,6 @@ class JacobianConfig:
     ill_gap: float = ILL_GAP
     check: bool = True
     dense_max_d: int = DENSE_MAX_D
-    oversample: int | None = None
     chunk_size: int | None = None
     docs_per_batch: int | None = None
     keep_bytes: int | None = None
@@ -101,7 +98,6 @@ class JacobianConfig:
         _int("k_max", self.k_max, 1)
         _int("seed", self.seed, 0)
         _int("dense_max_d", self.dense_max_d, 0)
-        _int("oversample", self.oversample, 0, optional=True)
         _int("max_iters", self.max_iters, 1, optional=True)
         _int("chunk_size", self.chunk_size, 1, optional=True)
         _int("docs_per_batch", self.docs_per_batch, 1, optional=True)
@@ -124,9 +120,8 @@ class JacobianConfig:
 
     @property
     def block(self) -> int:
-        """Columns of the iterative routes' block: K + 1 plus ``oversample`` (default K + 1)."""
-        extra = self.k_max + 1 if self.oversample is None else self.oversample
-        return self.k_max + 1 + extra
+        """Columns of the iterative routes' block, 2(K + 1): converges fast on flat spectra."""
+        return 2 * (self.k_max + 1)
 
     def replace(self, **changes) -> JacobianConfig:
         """A copy with ``changes`` (validated again)."""

@@ -1,51 +1,20 @@
-"""The block-Jacobian engine: top-K factors of every block Jacobian at the target position.
+"""The block-Jacobian engine: top-K factors of every block Jacobian at the target position n.
 
 ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` (residual branch only), every
 other position held fixed, n the last position, in float32 (float64 for a
-float64 model) whatever the model's dtype. Jacobian-vector products run
-through block l on the single token n with the prefix's keys and values
-frozen (causal attention: positions < n do not depend on x_n).
-
-Routes (per layer, recorded in ``JacobianFactors.method``):
-
-- ``dense``: J^l exactly from d products (VJPs), then a full SVD (the reference).
-- ``gram``: J^l exactly from d products, then the top K+1 eigenpairs of
-  ``J^T J`` formed and solved in float64 by a partial symmetric eigensolver
-  (``jacobian_linalg.gram_top``): as accurate as the full SVD (float64 carries
-  the squared condition number that float32 could not) and about 2.5x cheaper
-  on a CPU at d = 768 (``bench/jacobian.py`` prints both); the fastest exact
-  route on either device.
-- ``krylov``: never forms J^l: restarted block Krylov iteration on
-  ``J^T J`` with Rayleigh-Ritz, a residual-based convergence test and a warm
-  start from the previous layer's V (``jacobian.krylov``); converges
-  like ``exp(-2 t sqrt(gap))``, fast on flat spectra.
-- ``auto``: ``gram`` when ``d <= DENSE_MAX_D`` (1024; d products of one
-  token are cheap and exact there); otherwise ``krylov`` with at most as
-  many steps as cost as much as the exact route, and ``gram`` for a document
-  whose layer did not converge within that budget and is not ill-defined.
-
-The settings are one :class:`~lm_coupling.jacobian.config.JacobianConfig`.
-Each result carries the seconds its passes took per layer
-(``JacobianFactors.seconds``).
-
-Where two of the top K+1 singular values lie within ``ill_gap * s_1`` of each
-other the singular vectors are not determined (any route's coupling matrix
-depends on round-off); the layer is flagged in ``JacobianFactors.ill_defined``
-and the iteration stops there instead of running to its budget.
-
-The per-layer-pair products ``J^l V_m`` (and, with ``swapped``, ``J^l U_m``)
-are handed, a group at a time, to the pair reduction the requesting plugin
-gives (``pair_reduction``; the coupling plugin's ``A[l, m] = U_m^T J^l V_m``
-and ``B[l, m] = V_m^T J^l U_m``) and never held (``jacobian.routes``):
-extra memory grows linearly in L. Without a pair reduction ``A`` and ``B``
-are None.
-
-The function differentiated is the one the model computes: eager and SDPA
-attention are kept (SDPA through its math backend, which supports forward
-mode), other implementations are switched to SDPA, and before any Jacobian
-work every block's replayed call is checked against the block's output at
-n in a plain forward pass of the model (``check``); a document whose call
-does not reproduce it raises :class:`JacobianMismatchError`.
+float64 model) whatever the model's dtype. Products run through block l on
+the single token n with the prefix's keys and values frozen (causal
+attention: positions < n do not depend on x_n), or on the whole prompt with
+rows < n fixed (``jacobian.sequence``). The routes (``dense``, ``gram``,
+``krylov``, ``auto``; ``JacobianFactors.method`` per layer) are
+``jacobian.routes``'s; the settings one
+:class:`~lm_coupling.jacobian.config.JacobianConfig`; a layer whose top K+1
+singular values are closer than ``ill_gap * s_1`` is flagged ill-defined.
+The per-layer-pair products go to the requesting plugin's pair reduction and
+are never held. Before any Jacobian work every block's replayed call is
+checked against the block's output at n in a plain forward pass of the
+model; a document whose call does not reproduce it raises
+:class:`JacobianMismatchError`.
 
 Reference: Aubry et al., "Transformer Block Coupling and its Correlation with
 Generalization in LLMs", ICLR 2025 (block Jacobians at the last token);
@@ -65,7 +34,6 @@ from lm_coupling.jacobian.calls import (
     BlockCall,
     compute_dtype,
     engine_mode,
-    record_full_sequence,
     record_last_token,
     replay_errors,
     run_prompts,
@@ -327,22 +295,22 @@ class JacobianEngine:
         clock = Clock(device)
         with clock.span(FORWARD):
             run = self._run(prompts)
+        results: list = [None] * len(prompts)
         with engine_mode(self.model, self.config.attn_implementation):
             with clock.span(FORWARD):
                 calls = self._record_last(prompts, run.prefixes)
                 failures = self._mismatches(calls, run.outputs) if self.config.check else {}
-            if not failures:
-                return self._compute(calls, sum(p.shape[0] for p in prompts), clock)
-        good = [i for i in range(len(prompts)) if i not in failures]
-        results: list = [failures.get(i) for i in range(len(prompts))]
-        if good:
-            subset = [prompts[i] for i in good]
-            with engine_mode(self.model, self.config.attn_implementation):
-                with clock.span(FORWARD):
-                    calls = self._record_last(subset, [run.prefixes[i] for i in good])
-                computed = self._compute(calls, sum(p.shape[0] for p in subset), clock)
-            for i, factors in zip(good, computed, strict=True):
-                results[i] = factors
+                good = [i for i in range(len(prompts)) if i not in failures]
+                if failures and good:  # record again without the failing documents
+                    calls = self._record_last(
+                        [prompts[i] for i in good], [run.prefixes[i] for i in good]
+                    )
+            if good:
+                context = sum(prompts[i].shape[0] for i in good)
+                for i, factors in zip(good, self._compute(calls, context, clock), strict=True):
+                    results[i] = factors
+        for i, error in failures.items():
+            results[i] = error
         return results
 
     def _mismatches(
@@ -423,16 +391,10 @@ class JacobianEngine:
         """The Jacobian between positions, ``J^l_{t_in t_out} = d block_l(X)_{t_out} / d x_{t_in}``.
 
         Minus the identity when ``t_in == t_out`` (residual branch only), so
-        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. Only the rows
-        a tangent at ``t_in`` changes are run: causal attention makes the keys
-        and values of positions < t_in independent of ``x_{t_in}`` (they are
-        frozen from a forward pass of the prompt up to t_in, as for the last
-        token in ``factors``), positions > t_out cannot reach t_out, so each of
-        the d products runs block l on rows ``t_in..t_out`` alone (with the
-        frozen prefix), not on the whole prompt. For ``t_in == t_out`` under
-        SDPA attention the prefix also reaches the attention uncopied
-        (``jacobian.frozen_attention``); with more rows, or eager attention, it
-        is concatenated per tangent, which then dominates the cost.
+        that ``position_jacobian(ids, l, n, n)`` equals J^l at n. By causality
+        each product runs block l on rows ``t_in..t_out`` alone, the keys and
+        values of positions < t_in frozen as for the last token in ``factors``
+        (the cache replay; the sequence replay runs the whole prompt).
 
         Args:
             input_ids: ``[T]`` token ids of one prompt.
@@ -503,8 +465,8 @@ def naive_block_jacobians(
     ids = _check_ids(input_ids)
     dtype = compute_dtype(parts)
     with engine_mode(model):
-        calls = record_full_sequence(model, parts, ids.to(parts.input_device), dtype)
-        return torch.stack([_naive_rows(call) for call in calls])
+        calls = record_sequences(model, parts, [ids.to(parts.input_device)], dtype)
+        return torch.stack([_naive_rows(call.docs[0]) for call in calls])
 
 
 def _naive_rows(call: BlockCall) -> torch.Tensor:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from lm_coupling.jacobian.frozen_attention import STASH, register_split_attention
+from lm_coupling.jacobian.frozen_attention import SPLIT_ATTENTION, STASH, split_sdpa
 from lm_coupling.model import transformers_adapter as tfa
 from lm_coupling.model.block_calls import eval_mode
 from lm_coupling.model.differentiable import differentiable_substitutes
@@ -51,8 +51,9 @@ def _engine_attention(current, forced: str | None, split: bool):
         return forced
     if target not in FORWARD_AD_ATTENTION:
         target = "sdpa"
-    if target == "sdpa" and split:
-        return register_split_attention()
+    if target == "sdpa" and split:  # a name of its own: no global entry changes
+        tfa.register_attention(SPLIT_ATTENTION, split_sdpa)
+        return SPLIT_ATTENTION
     return None if target == current else target
 
 
@@ -60,21 +61,11 @@ def _engine_attention(current, forced: str | None, split: bool):
 def engine_mode(model: nn.Module, attn_implementation: str | None = None) -> Iterator[None]:
     """The model's own attention with forward-mode AD, eval mode, no parameter graphs.
 
-    The engine must differentiate the function the benchmark ran. Eager and
-    SDPA attention are kept as they are; SDPA runs through its math backend
-    (``torch.nn.attention.sdpa_kernel``), the one SDPA backend that supports
-    forward-mode AD and ``vmap``, and computes the same function as the fused
-    kernels. Any other implementation (flash, flex, paged) is switched to
-    SDPA for the duration; the engine's run-time check (see
-    ``JacobianEngine``) then tells whether that changed the function. Where
-    the model looks its attention up by name, this model's SDPA runs as
-    ``jacobian.frozen_attention.SPLIT_ATTENTION`` (transformers' SDPA, taking a
-    frozen prefix without copying it); transformers' global entries and other
-    models are not touched. Modules whose forward ``torch.func`` cannot
-    transform get an exact differentiable stand-in on this model's instances
-    (``model.differentiable``: Bloom's GELU). Mixture-of-experts layers run
-    their experts one by one (``"eager"``; the fused ``grouped_mm`` kernels
-    have no forward-mode AD). Dropout is switched off (eval mode);
+    SDPA runs through its math backend (``sdpa_kernel``), the one SDPA backend
+    with forward-mode AD and ``vmap``, the same function as the fused kernels;
+    other implementations (flash, flex, paged) are switched to SDPA, and the
+    engine's run-time check tells whether that changed the function.
+    Mixture-of-experts layers run their experts one by one (``"eager"``).
     ``torch.no_grad`` stops graphs through the parameters (``torch.func``
     transforms still differentiate with respect to their inputs). Everything
     is restored in ``finally``.

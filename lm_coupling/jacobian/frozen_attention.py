@@ -47,7 +47,6 @@ __all__ = [
     "STASH",
     "PrefixStash",
     "StashMismatch",
-    "register_split_attention",
     "split_attention",
     "split_sdpa",
 ]
@@ -78,11 +77,8 @@ STASH = PrefixStash()
 def _prefix_matmul(a: torch.Tensor, b: torch.Tensor, per_head: bool | None = None) -> torch.Tensor:
     """``a @ b`` for ``a [B, H_kv, g, k]`` and a prefix operand ``b [B' in (1, B), H_kv, k, n]``.
 
-    ``per_head`` (default: on a CPU) makes one 2-D matmul per (document,
-    head): under ``vmap`` a matmul with an unbatched 2-D right operand folds
-    the tangents into its rows, whereas a batched matmul first copies ``b``
-    once per tangent (27x slower at GPT-2-small shape on a CPU). On a GPU
-    that copy is cheap and one batched matmul saves B x H_kv kernel launches.
+    ``per_head`` (default: on a CPU) makes one 2-D matmul per (document, head):
+    a batched matmul under ``vmap`` copies ``b`` per tangent (27x slower on a CPU).
     """
     if per_head is None:
         per_head = a.device.type == "cpu"
@@ -202,19 +198,3 @@ def split_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         return sdpa(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     out = split_attention(query, key, value, prefix_keys, prefix_values, attention_mask, scaling)
     return out.contiguous(), None
-
-
-def register_split_attention() -> str:
-    """Register ``split_sdpa`` and SDPA's mask builder as ``SPLIT_ATTENTION`` (idempotent).
-
-    Adds one key to transformers' ``AttentionInterface`` and
-    ``AttentionMaskInterface``; existing entries (``"sdpa"`` among them) are
-    not changed, so no model that does not select the name is affected.
-
-    Returns:
-        ``SPLIT_ATTENTION``.
-    """
-    from lm_coupling.model.transformers_adapter import register_attention
-
-    register_attention(SPLIT_ATTENTION, split_sdpa)
-    return SPLIT_ATTENTION

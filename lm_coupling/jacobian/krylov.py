@@ -7,7 +7,7 @@ Krylov methods for stronger and faster approximate singular value
 decomposition", NeurIPS 2015). This module keeps the whole Krylov basis W,
 ``JW = J W`` and ``Z = J^T J W`` (one JVP and one VJP batch of p vectors per
 step), so the Rayleigh-Ritz step and the residuals cost no further products;
-when the basis reaches ``max_basis`` columns it restarts from the top p Ritz
+when the basis reaches ``MAX_BASIS`` columns it restarts from the top p Ritz
 vectors (again without products: ``W C``, ``JW C``, ``Z C``).
 """
 
@@ -28,6 +28,9 @@ from lm_coupling.jacobian.linalg import (
 )
 
 __all__ = ["block_krylov_svd"]
+
+MAX_BASIS = 512
+"""Basis columns before a restart (capped at d / 2, where the Krylov space stays orthonormal)."""
 
 
 def _products(f: Map, x, X, chunk: int, clock: Clock):
@@ -71,9 +74,8 @@ def block_krylov_svd(
     ill_gap: float,
     chunk: int,
     generator: torch.Generator,
-    warm_start: torch.Tensor | None = None,
-    max_basis: int = 512,
-    clock: Clock | None = None,
+    warm_start: torch.Tensor | None,
+    clock: Clock,
 ) -> TopK:
     """Top K+1 singular triplets by restarted block Krylov iteration on ``J^T J``.
 
@@ -98,8 +100,6 @@ def block_krylov_svd(
         chunk: tangents per vectorized batch.
         generator: random generator (on x's device).
         warm_start: ``[B, d, r]`` start columns (the previous layer's V), or None.
-        max_basis: basis columns before a restart (capped at d / 2, where the
-            Krylov space is far from exhausted and stays orthonormal).
         clock: adds the products' seconds under ``PRODUCTS``.
 
     Returns:
@@ -107,8 +107,7 @@ def block_krylov_svd(
     """
     B, d = x.shape
     p, r = min(d, max(block, k + 1)), k + 1
-    limit = max(p, min(max_basis, d // 2))
-    clock = clock or Clock(x.device)
+    limit = max(p, min(MAX_BASIS, d // 2))
     W = _orthonormal(start_block(x, p, generator, warm_start))
     JW, Z = _products(f, x, W, chunk, clock)
     last = Z

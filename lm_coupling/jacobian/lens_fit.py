@@ -42,7 +42,9 @@ import torch
 from torch import nn
 
 from lm_coupling.errors import LmCouplingError
-from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
+from lm_coupling.jacobian.calls import _StopForward, compute_dtype
+from lm_coupling.model.architecture import ModelParts, block_output_hidden
+from lm_coupling.model.block_calls import map_hidden
 
 __all__ = [
     "ESTIMATORS",
@@ -69,25 +71,9 @@ DEFAULT_DIM_BATCH = 8
 """Cotangent directions per backward pass (TransformerLens 4.3 ``dim_batch``)."""
 
 
-class _Stop(Exception):
-    """Raised after the last block's output is captured: the head is not needed."""
-
-
 def valid_positions(n_tokens: int, skip_first_positions: int) -> range:
     """The positions V the estimator averages over: ``s .. T-2`` (empty: the prompt is skipped)."""
     return range(skip_first_positions, n_tokens - 1)
-
-
-def _hidden_input(args: tuple, kwargs: dict) -> tuple[torch.Tensor, bool]:
-    if args and isinstance(args[0], torch.Tensor):
-        return args[0], True
-    hidden = kwargs.get("hidden_states")
-    if not isinstance(hidden, torch.Tensor):
-        raise LmCouplingError(
-            "the Jacobian lens fit expected the first decoder block to receive the hidden "
-            "states as its first argument or as hidden_states=; it found neither"
-        )
-    return hidden, False
 
 
 @contextlib.contextmanager
@@ -125,20 +111,25 @@ def _states_with_graph(
         calls[0] += 1
         if call != first_state:
             return None
-        hidden, positional = _hidden_input(args, kwargs)
-        xs = hidden.detach().to(dtype).requires_grad_(True)
-        states.append(xs)
-        xs_in = xs.to(hidden.dtype)
-        if positional:
-            return (xs_in, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": xs_in}
+
+        def leaf(hidden: torch.Tensor) -> torch.Tensor:
+            states.append(hidden.detach().to(dtype).requires_grad_(True))
+            return states[-1].to(hidden.dtype)
+
+        args, kwargs = map_hidden(args, kwargs, leaf)
+        if not states:
+            raise LmCouplingError(
+                "the Jacobian lens fit expected the first decoder block to receive the hidden "
+                "states as its first argument or as hidden_states=; it found neither"
+            )
+        return args, kwargs
 
     def out(module, args, kwargs, output):
         if calls[0] - 1 < first_state:
             return
         states.append(block_output_hidden(output))
         if len(states) == len(blocks) - first_state + 1:
-            raise _Stop
+            raise _StopForward  # the head is not needed
 
     unique = list(dict.fromkeys(blocks))
     handles = [b.register_forward_pre_hook(root, with_kwargs=True) for b in unique]
@@ -146,7 +137,7 @@ def _states_with_graph(
     try:
         with torch.enable_grad():
             model(input_ids=ids[None].expand(copies, -1), use_cache=False)
-    except _Stop:
+    except _StopForward:
         pass
     finally:
         for handle in handles:
@@ -218,8 +209,7 @@ def reference_lens_rows(
     positions = valid_positions(int(ids.shape[0]), skip_first_positions)
     if len(positions) == 0:
         return None
-    param = next((p for p in parts.blocks[0].parameters() if p.is_floating_point()), None)
-    dtype = torch.float32 if param is None else work_dtype(param)
+    dtype = compute_dtype(parts)
     d, n_layers = parts.d_model, parts.n_layers
     if first_state > n_layers:
         raise ValueError(f"first_state must be at most L = {n_layers}, found {first_state}")

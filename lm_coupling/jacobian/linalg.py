@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -230,15 +229,11 @@ def ill_defined(S: torch.Tensor, k: int, ill_gap: float) -> torch.Tensor:
     return diffs.min(dim=1).values < ill_gap * top[:, 0]
 
 
-def _residuals(JV: torch.Tensor, U: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
-    """``[B, r]`` ``||J v_i - s_i u_i||`` from ``JV = J V``."""
-    return torch.linalg.vector_norm(JV - U * S[:, None, :], dim=1)
-
-
 def _direct(J, U, S, V, k: int, ill_gap: float) -> TopK:
+    """``TopK`` of a direct route, with the residual ``max_{i<K} ||J v_i - s_i u_i|| / s_1``."""
     B = J.shape[0]
-    JV = J @ V[:, :, :k]
-    residual = _residuals(JV, U[:, :, :k], S[:, :k]).amax(dim=1) / S[:, 0].clamp_min(1e-300)
+    res = torch.linalg.vector_norm(J @ V[:, :, :k] - U[:, :, :k] * S[:, None, :k], dim=1)
+    residual = res.amax(dim=1) / S[:, 0].clamp_min(1e-300)
     zeros = torch.zeros(B, dtype=torch.long, device=J.device)
     ones = torch.ones(B, dtype=torch.bool, device=J.device)
     return TopK(U, S, V, zeros, residual, ones, ill_defined(S, k, ill_gap))
@@ -255,13 +250,15 @@ def top_eigh(G: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The r largest eigenpairs of symmetric ``G [B, n, n]``, descending.
 
     On a CPU, LAPACK's MRRR driver restricted to the top r indices
-    (``scipy.linalg.eigh(subset_by_index=..., driver="evr")``, its BLAS held
-    to one thread, see :func:`_one_blas_thread`): the tridiagonal reduction,
-    then r eigenpairs instead of n, and r back-transformed vectors; on one
-    thread about 2.4x cheaper than a full float64 ``torch.linalg.eigh`` at
-    n = 768, and cheaper than that on two (``bench/jacobian.py`` prints both).
-    Elsewhere ``torch.linalg.eigh`` (one batched call on the device). Each
-    document is solved alone, so its result does not depend on the batch.
+    (``scipy.linalg.eigh(subset_by_index=..., driver="evr")``): the
+    tridiagonal reduction, then r eigenpairs instead of n, and r
+    back-transformed vectors; about 2.4x cheaper than a full float64
+    ``torch.linalg.eigh`` at n = 768 (``bench/jacobian.py`` prints both).
+    Its BLAS is held to one thread: scipy's OpenBLAS threads keep spinning
+    after a call returns and took the cores from torch's (the next layer's
+    products ran at half speed at GPT-2-small shape on 2 cores). Elsewhere
+    ``torch.linalg.eigh`` (one batched call on the device). Each document is
+    solved alone, so its result does not depend on the batch.
 
     Reference: Dhillon, Parlett and Voemel, "The design and implementation
     of the MRRR algorithm", ACM TOMS 32 (2006); LAPACK ``dsyevr``.
@@ -274,14 +271,14 @@ def top_eigh(G: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
         ``(evals [B, r], evecs [B, n, r])``, eigenvalues descending.
     """
     n = G.shape[-1]
-    limits = _one_blas_thread() if G.device.type == "cpu" else None
-    if limits is None:
+    if G.device.type != "cpu":
         evals, evecs = torch.linalg.eigh(G)
         return evals[..., n - r :].flip(-1), evecs[..., n - r :].flip(-1)
     import scipy.linalg
+    from threadpoolctl import threadpool_limits
 
     values, vectors = [], []
-    with limits:
+    with threadpool_limits(limits=1, user_api="blas"):
         for g in G.numpy():
             w, v = scipy.linalg.eigh(
                 g, subset_by_index=[n - r, n - 1], driver="evr", check_finite=False
@@ -289,28 +286,6 @@ def top_eigh(G: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
             values.append(torch.from_numpy(w[::-1].copy()))
             vectors.append(torch.from_numpy(v[:, ::-1].copy()))
     return torch.stack(values).to(G.dtype), torch.stack(vectors).to(G.dtype)
-
-
-def _one_blas_thread():
-    """A context holding scipy's BLAS to one thread; None (and a warning) without threadpoolctl.
-
-    scipy's OpenBLAS threads keep spinning after a call returns and take the
-    cores from torch's own threads: the next layer's products then ran at
-    half speed (measured: 0.121 s instead of 0.067 s per layer at GPT-2-small
-    shape on 2 cores). On one thread the partial solver still costs less than
-    a full ``torch.linalg.eigh`` on two.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError as error:
-        warnings.warn(
-            f"the gram route's partial eigensolver needs threadpoolctl to keep scipy's BLAS "
-            f"threads from competing with torch's ({error}); using the full torch.linalg.eigh "
-            "instead (same values, slower); pip install threadpoolctl",
-            stacklevel=3,
-        )
-        return None
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def gram_top(J: torch.Tensor, k: int, ill_gap: float) -> TopK:

@@ -1,7 +1,18 @@
 """The two passes of the Jacobian engine over the blocks, for a batch of B documents.
 
 Pass one (:func:`top_factors`) finds the top K+1 singular triplets of every
-block Jacobian, layer by layer, with the route of each layer. Pass two
+block Jacobian, layer by layer, by one of the routes:
+
+- ``dense``: J^l exactly from d products (VJPs), then a full SVD (the reference).
+- ``gram``: J^l from d products, then the top K+1 eigenpairs of ``J^T J`` in
+  float64 (``jacobian.linalg.gram_top``): as accurate as the full SVD, cheaper.
+- ``krylov``: never forms J^l: restarted block Krylov iteration on ``J^T J``
+  warm-started from the previous layer's V (``jacobian.krylov``).
+- ``auto``: ``gram`` when ``d <= dense_max_d``; otherwise ``krylov`` within
+  the cost of the exact route, and ``gram`` for a document whose layer did
+  not converge and is not ill-defined.
+
+Pass two
 (:func:`reduce_products`) forms, per layer l, ``J^l V_m`` (and ``J^l U_m``)
 for all m, a layer-group at a time, and hands each group at once to the
 requesting plugin's pair reduction (``JacobianRequest.pair_reduction``; the

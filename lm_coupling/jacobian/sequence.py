@@ -1,24 +1,14 @@
 """The sequence replay: block Jacobians with the prefix held fixed, for any architecture.
 
 ``J^l = d(block_l(X)_n - x^{l-1}_n) / d x^{l-1}_n`` with every other row of
-``X = x^{l-1}`` held fixed (docs/design.md) is the diagonal block at the last
-position of the whole-sequence Jacobian. The cache replay
-(``jacobian.calls.record_last_token``) gets it by running block l on
-the one token n against a frozen copy of the prefix's keys and values; that
-needs a cache of keys and values only. This module gets it from no cache at
-all: each block's inputs are recorded on the whole prompt (the model's own
-forward pass, ``use_cache=False``), and block l is called on the whole
-sequence with rows ``0..n-1`` of its input fixed to the recorded ones and
-only row n variable. Exact for every mixer that reads the prefix: attention
-(sparse and indexer attention included), Mamba/Mamba-2 scans, short
-convolutions, gated delta-rule and other linear attention, RG-LRU, and
-models that return no cache.
-
-A product then costs the block on the whole prompt (T rows) instead of one
-row: the engine uses this replay only where the cache replay cannot serve
-(:func:`choose_replay`) and records which one ran (``JacobianFactors.replay``).
-Every document of a batch is its own call on its own prompt (no padding
-inside a forward pass), so a batch of B documents gives B independent maps.
+``X = x^{l-1}`` held fixed (docs/design.md): each block's inputs are recorded
+on the whole prompt (``use_cache=False``), and block l is called on the whole
+sequence with rows ``0..n-1`` fixed and only row n variable. Exact for every
+mixer that reads the prefix (attention, scans, convolutions, linear
+attention, RG-LRU) and models that return no cache, but a product costs the
+block on T rows instead of one: the engine uses it only where the cache
+replay (``jacobian.calls``) cannot serve (:func:`choose_replay`, docs/engine.md,
+"Replays"). Each document is its own call on its own prompt (no padding).
 
 Reference: Aubry et al., "Transformer Block Coupling and its Correlation with
 Generalization in LLMs", ICLR 2025 (block Jacobians at the last token);
@@ -97,7 +87,7 @@ def cache_replay_problem(model: nn.Module) -> str:
         cache_keeps_state,
         cache_layers,
         layer_keys_values,
-        make_model_cache,
+        new_cache,
         output_cache,
     )
 
@@ -109,7 +99,7 @@ def cache_replay_problem(model: nn.Module) -> str:
     if not accepts_argument(model, "use_cache"):
         return f"{type(model).__name__}.forward takes no use_cache argument (no cache)"
     try:
-        cache = make_model_cache(model)
+        cache = new_cache(model.config)
     except Exception as error:  # noqa: BLE001 - any failure means: no cache of the model's own
         return f"no cache can be built from its config ({type(error).__name__}: {error})"
     layers = getattr(cache, "layers", None) or []
@@ -155,12 +145,7 @@ RESOURCE_FAILURES = ("out of memory", "can't allocate memory", "resource tempora
 
 
 def _is_resource_failure(error: BaseException) -> bool:
-    """Whether ``error`` says the machine ran out of something (its route would depend on load).
-
-    The route is a property of the model: a probe that fails for want of memory
-    or threads must not pick the sequence replay on a loaded machine and the
-    cache replay on an idle one, so such a failure is raised, not read as a route.
-    """
+    """Whether ``error`` says the machine ran out of memory or threads (raised, not a route)."""
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
         return True
     text = str(error).lower()
@@ -168,14 +153,10 @@ def _is_resource_failure(error: BaseException) -> bool:
 
 
 def _cache_replay_mismatch(model: nn.Module) -> str:
-    """Replay every block at n of a probe prompt by the cache replay; "" when it matches.
+    """Replay every block at n of two probe prompts by the cache replay; "" when it matches.
 
-    A model that computes something from the whole input which a call on one
-    token with a cache does not see (RoBERTa's position ids counted from the
-    padding, which a left-padded batch of last tokens shifts) gives a cache
-    replay that differs from its own forward pass; the sequence replay has no
-    such assumption. A probe of two prompts of different lengths in one
-    batch. Tolerance: ``sqrt(eps)`` of the engine's dtype, relative.
+    Catches models that compute something from the whole input that a cached
+    call does not see (RoBERTa's position ids). Tolerance: ``sqrt(eps)``, relative.
     """
     from lm_coupling.jacobian.calls import (
         compute_dtype,
@@ -230,13 +211,11 @@ class SequenceCall:
         block: the model's own block.
         docs: one whole-sequence ``BlockCall`` per document (``hidden [1, T_b, d]``).
         hidden: ``[B, 1, d]`` x^{l-1}_n of each document.
-        dtype: the compute dtype.
     """
 
     block: nn.Module
     docs: list[BlockCall]
     hidden: torch.Tensor
-    dtype: torch.dtype
     split_prefix: bool = False
 
     def last_token_map(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor]:
@@ -276,5 +255,5 @@ def record_sequences(
     for index, block in enumerate(parts.blocks):
         docs = [doc[index] for doc in per_doc]
         hidden = torch.cat([call.hidden[:, -1:] for call in docs])
-        calls.append(SequenceCall(block=block, docs=docs, hidden=hidden, dtype=dtype))
+        calls.append(SequenceCall(block=block, docs=docs, hidden=hidden))
     return calls

@@ -39,8 +39,7 @@ _PAIRS = ("offdiag", "all", "adjacent")
 
 def _check_factor(name: str, x: torch.Tensor, dims: int) -> None:
     if not isinstance(x, torch.Tensor) or x.dim() != dims:
-        found = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{name} must be a {dims}-d tensor, found {found}")
+        raise ValueError(f"{name} must be a {dims}-d tensor, found {_shape(x)}")
 
 
 def coupling_matrices(U: torch.Tensor, JV: torch.Tensor) -> torch.Tensor:
@@ -314,7 +313,7 @@ def largest_gap_k(S: torch.Tensor, k_min: int, k_max: int) -> int:
         k_max: largest K considered.
 
     Returns:
-        K*; ``k_max`` when no gap is finite.
+        K*; a NaN gap (``s_K = s_{K+1} = 0``) counts as the smallest.
     """
     if not 1 <= k_min <= k_max or S.shape[-1] < k_max + 1:
         raise ValueError(
@@ -323,6 +322,4 @@ def largest_gap_k(S: torch.Tensor, k_min: int, k_max: int) -> int:
         )
     gaps = torch.stack([spectral_gap(S, k).amin() for k in range(k_min, k_max + 1)])
     gaps = torch.where(torch.isnan(gaps), torch.full_like(gaps, -math.inf), gaps)
-    if not bool(torch.isfinite(gaps).any()) and not bool(torch.isinf(gaps).any()):
-        return k_max
     return k_min + int(torch.argmax(gaps))

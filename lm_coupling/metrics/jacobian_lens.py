@@ -34,14 +34,6 @@ from lm_coupling.metrics import work_dtype
 __all__ = ["jacobian_products", "transport"]
 
 
-def _check_blocks(block_jacobians: torch.Tensor) -> None:
-    if not isinstance(block_jacobians, torch.Tensor) or not block_jacobians.is_floating_point():
-        raise TypeError("block_jacobians must be a floating-point torch.Tensor [..., L, d, d]")
-    shape = tuple(block_jacobians.shape)
-    if block_jacobians.dim() < 3 or shape[-1] != shape[-2] or shape[-3] < 1:
-        raise ValueError(f"block_jacobians must have shape [..., L, d, d], L >= 1, found {shape}")
-
-
 def jacobian_products(block_jacobians: torch.Tensor) -> torch.Tensor:
     """Total Jacobians from every state to the last one, from the blocks' residual-branch Jacobians.
 
@@ -62,7 +54,11 @@ def jacobian_products(block_jacobians: torch.Tensor) -> torch.Tensor:
         float64 input); a non-finite block Jacobian makes the products of
         every earlier state non-finite.
     """
-    _check_blocks(block_jacobians)
+    if not isinstance(block_jacobians, torch.Tensor) or not block_jacobians.is_floating_point():
+        raise TypeError("block_jacobians must be a floating-point torch.Tensor [..., L, d, d]")
+    shape = tuple(block_jacobians.shape)
+    if block_jacobians.dim() < 3 or shape[-1] != shape[-2] or shape[-3] < 1:
+        raise ValueError(f"block_jacobians must have shape [..., L, d, d], L >= 1, found {shape}")
     dtype = work_dtype(block_jacobians)
     blocks = block_jacobians.to(dtype)
     n_layers, d = blocks.shape[-3], blocks.shape[-1]

@@ -380,10 +380,8 @@ def pool_tokens(
     dtype = work_dtype(states)
     z = states.to(dtype)
     if pooling == "mean":
-        m = mask[..., None].to(dtype)
-        return (torch.where(mask[..., None], z, torch.zeros((), dtype=dtype)) * m).sum(
-            dim=1
-        ) / m.sum(dim=1)
+        m = mask[..., None]
+        return torch.where(m, z, torch.zeros((), dtype=dtype)).sum(dim=1) / m.sum(dim=1)
     if pooling == "last":
         T = mask.shape[1]
         position = torch.arange(T, device=mask.device).expand_as(mask)

@@ -46,15 +46,6 @@ def _summary_rows(
     return entropy, torch.where(target >= 0, picked, math.nan), arg
 
 
-def _check_vocab(logits: torch.Tensor) -> None:
-    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
-        raise TypeError("logits must be a floating-point torch.Tensor of shape [..., V]")
-    if logits.dim() < 1 or logits.shape[-1] < 2:
-        raise ValueError(
-            f"logits need a vocabulary axis of size V >= 2, found shape {tuple(logits.shape)}"
-        )
-
-
 def lens_summary(
     logits: torch.Tensor, target: torch.Tensor, *, check_target: bool = True, top1: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -80,9 +71,10 @@ def lens_summary(
         entropy and target_prob in float32 (float64 if given float64).
         target_prob is NaN where target is -1; NaN logits give NaN values.
     """
-    _check_vocab(logits)
-    if logits.dim() != 3:
-        raise ValueError(f"logits must have shape [B, L+1, V], found {tuple(logits.shape)}")
+    if not isinstance(logits, torch.Tensor) or not logits.is_floating_point():
+        raise TypeError("logits must be a floating-point torch.Tensor of shape [B, L+1, V]")
+    if logits.dim() != 3 or logits.shape[-1] < 2:
+        raise ValueError(f"logits must have shape [B, L+1, V], V >= 2, found {tuple(logits.shape)}")
     batch, depth, vocab = logits.shape
     if target.shape != (batch,) or target.is_floating_point():
         raise ValueError(

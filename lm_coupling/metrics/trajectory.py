@@ -337,11 +337,9 @@ class TrajectoryAccumulator:
     Reference: Gai and Zhang, 2021 (LSS); docs/design.md, "Conventions" and
     "Metric definitions".
 
-    When ``n_layers`` is known and the batch's whole stack of states
-    ``[B, L+1, T, d]`` is at most ``stack_bytes``, the states are held instead
-    and summarised at once by :func:`trajectory_summaries` in ``finalize``:
-    on small batches (a benchmark's short prompts) the per-operation cost of
-    streaming, not the arithmetic, is what a batch costs.
+    When ``n_layers`` is known and the batch's stack ``[B, L+1, T, d]`` is at
+    most ``stack_bytes`` (`STACK_BYTES`), the states are held instead and
+    summarised at once by :func:`trajectory_summaries` in ``finalize``.
 
     Args:
         windowed: also compute the windowed LSS profile.

@@ -232,9 +232,6 @@ class ModelParts:
     def final_norm_fp32(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the model's own final norm N in float32 (float64 input stays float64).
 
-        A float32 copy of the norm module is made once (lazily, cached) when the
-        model is in half precision; the model itself is never modified.
-
         Args:
             x: ``[..., d]`` states x^l, any float dtype and device.
 
@@ -256,11 +253,7 @@ class ModelParts:
         Any logit scaling and soft-capping the model applies after its
         unembedding is applied too, so that ``unembed_fp32(final_norm_fp32(x^L))``
         equals the model's own logits. A weight in another dtype (bfloat16) is
-        converted in row chunks of `_UNEMBED_CHUNK`, never cached; one already
-        in the work dtype is used whole, in one product: chunking it would
-        only add a copy of every logit (joining the chunks' columns), which
-        costs 15% of the product at GPT-2's vocabulary on one CPU thread
-        (``[104, 768] x [768, 50257]``: 97 ms chunked, 82 ms whole).
+        converted in row chunks of `_UNEMBED_CHUNK`, never cached.
 
         Args:
             x: ``[..., d]`` normed states.
@@ -310,17 +303,10 @@ def _text_config(model: nn.Module):
     return config
 
 
-def _has_module_list(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.ModuleList) and len(m) > 0 for m in module.modules())
-
-
 def _decoder(model: nn.Module) -> nn.Module:
-    """The decoder stack: ``get_decoder()``, ``base_model``, a ``model`` child, or the model itself.
+    """The first of ``get_decoder()``, ``base_model``, ``model``, ``transformer`` with a ModuleList.
 
-    The first of these that holds a non-empty ``nn.ModuleList``: Llama-4's text
-    model returns itself from both ``get_decoder()`` and ``base_model`` (its
-    decoder is its ``model`` child); ModernBERT-decoder's ``get_decoder()``
-    returns its output projection (a ``Linear`` named ``decoder``).
+    Else the model itself (Llama-4's text model returns itself from the first two).
     """
     candidates: list[nn.Module] = []
     if hasattr(model, "get_decoder"):
@@ -332,7 +318,7 @@ def _decoder(model: nn.Module) -> nn.Module:
     candidates += [getattr(model, name, None) for name in ("model", "transformer")]
     for candidate in candidates:
         if isinstance(candidate, nn.Module) and candidate is not model:
-            if _has_module_list(candidate):
+            if _module_lists(candidate):
                 return candidate
     return model
 
@@ -362,13 +348,10 @@ def _describe_lists(lists: list[tuple[str, nn.ModuleList]], limit: int = 6) -> s
 
 
 def _find_blocks(decoder: nn.Module, n_layers: int | None) -> tuple[str, nn.ModuleList] | None:
-    """The ModuleList of decoder blocks: ``n_layers`` long if known, else the largest.
+    """The ModuleList of decoder blocks: the shallowest of ``n_layers``, else the longest.
 
-    The blocks may be of several classes (hybrid stacks interleave attention,
-    Mamba, linear-attention and mixture-of-experts blocks: Jamba, Zamba,
-    OLMo-hybrid). Among lists of the right length the shallowest wins (a
-    block's experts sit deeper); without one, the longest list of one class
-    (then of several), shallowest first.
+    Without a list of ``n_layers`` (hybrid stacks mix block classes), the
+    longest list of one class (then of several), shallowest first.
     """
     candidates = _module_lists(decoder)
     if not candidates:
@@ -488,12 +471,9 @@ unembedding, is a head transform (Electra's ``generator_predictions``, ModernBER
 class HeadTransform(nn.Module):
     """The part of a prediction head before its unembedding: the head's own forward.
 
-    ``container`` is the module holding the unembedding as its child ``name``
-    (BERT's ``cls.predictions``: ``transform`` then ``decoder``; RoBERTa's
-    ``lm_head``: dense, GELU, norm, then ``decoder``; RemBERT's projection to
-    the embedding width). Its forward runs on a shallow copy whose child
-    ``name`` is the identity, so activations written as functions inside the
-    forward are kept; the model's own modules are not modified.
+    ``container`` holds the unembedding as its child ``name`` (BERT's
+    ``cls.predictions``, RoBERTa's ``lm_head``); its forward runs on a shallow
+    copy whose child ``name`` is the identity (the model is not modified).
     """
 
     def __init__(self, container: nn.Module, name: str):
@@ -513,16 +493,11 @@ def _head_transforms(
 ) -> list[nn.Module]:
     """Modules the model applies to the final state before the unembedding ``head``.
 
-    A head nested in a prediction module (BERT-style ``cls.predictions``,
-    RoBERTa's ``lm_head``, RemBERT) reads out through that module's forward
-    without its unembedding (:class:`HeadTransform`). A top-level module
-    registered before the head (Electra's ``generator_predictions``,
-    ModernBERT-decoder's ``lm_head`` before its ``decoder``) is applied
-    first when the unembedding width differs from the state width or the
-    module is named as a head or prediction, except modules holding
-    ``excluded`` (the decoder, the embedding). The first-batch check
-    (``model.checks.readout_problems``) verifies that the read-out
-    through them is the model's; otherwise the run is refused with the reason.
+    The forward of a prediction module holding the head, without the head
+    (:class:`HeadTransform`), after any top-level module registered before the
+    head that is named as a head or prediction (or any such module when the
+    widths differ), except modules holding ``excluded``. The first-batch check
+    (``model.checks.readout_problems``) verifies the read-out.
     """
     path = next((name for name, m in model.named_modules() if m is head), None)
     if not path:
@@ -585,14 +560,7 @@ def _logit_transform(config, override) -> tuple[float, float | None]:
 
 
 def _unwrapped(model: nn.Module) -> nn.Module:
-    """The transformers model inside a PEFT wrapper, else ``model`` itself.
-
-    ``PeftModel.get_base_model()`` (peft's public API) returns the causal LM with
-    its adapter layers in place, so the parts located in it are the ones the
-    wrapper runs. Without unwrapping, the search depends on how the installed
-    peft forwards attribute look-ups (peft 0.10 on transformers 4.56 hides the
-    final norm from it).
-    """
+    """The transformers model inside a PEFT wrapper (``get_base_model()``), else ``model``."""
     getter = getattr(model, "get_base_model", None)
     inner = getter() if callable(getter) else None
     return inner if isinstance(inner, nn.Module) and inner is not model else model

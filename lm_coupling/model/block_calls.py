@@ -1,21 +1,11 @@
 """Blocks called more than once per forward pass: one call site per call, in call order.
 
-Some causal LMs run a block module several times in one forward pass: looped
-depth (HRM's low- and high-level stacks, ``hrm_text``: each stack's layers run
-``L_cycles`` resp. once per high-level cycle) or weights shared between
-depths. Their ``num_hidden_layers`` counts calls, not modules. The convention
-of lm-coupling (docs/design.md, "Blocks called more than once"): the
-trajectory follows the calls in order, x^0 the input of the first call and
-x^l the output of call l, and the block Jacobian of call l is
-``J^l = d out_l / d in_l`` at the last token with the prefix held fixed, taken
-at that call's own recorded input (the sequence replay,
-``jacobian.sequence``); coupling couples calls.
-
-The same holds for a located layer list whose layers run more than once
-(Dory loops its recurrent section over layers of its one list,
-:func:`calls_of`). A located block the forward pass never calls on text
-(Mllama's cross-attention layers, skipped without an image) has no state and
-is left out.
+Looped depth (HRM's stacks, ``hrm_text``), weights shared between depths, or
+a located layer list whose layers run more than once (Dory, :func:`calls_of`):
+``num_hidden_layers`` counts calls, and the trajectory and the block Jacobians
+follow the calls in order (docs/design.md, "Blocks called more than once").
+A located block the forward pass never calls on text (Mllama's
+cross-attention layers) is left out.
 
 A :class:`CallSite` stands for one call: ``ModelParts.blocks`` lists one per
 call, so every consumer (the collector's hooks, the engine's recording and
@@ -52,6 +42,7 @@ __all__ = [
     "calls_of",
     "eval_mode",
     "is_unrolled",
+    "map_hidden",
     "residual_streams",
     "stream_sites",
 ]
@@ -92,7 +83,7 @@ class CallSite(nn.Module):
         """The block's forward on these arguments (one call); flattened streams in and out."""
         streams = self._dispatch.streams
         if streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, streams.unflatten)
+            args, kwargs = map_hidden(args, kwargs, streams.unflatten)
         with self._dispatch.direct():
             out = self.block(*args, **kwargs)
         return out if streams is None else _map_output(out, streams.flatten)
@@ -127,7 +118,7 @@ class Streams:
         return hidden.movedim(-2, 0) if self.leading else hidden
 
 
-def _map_hidden(args: tuple, kwargs: dict, fn) -> tuple[tuple, dict]:
+def map_hidden(args: tuple, kwargs: dict, fn) -> tuple[tuple, dict]:
     """Apply ``fn`` to a block call's hidden states (first argument or ``hidden_states``)."""
     if args and isinstance(args[0], torch.Tensor):
         return (fn(args[0]), *args[1:]), kwargs
@@ -183,7 +174,7 @@ class _Dispatch:
         if site is None:
             return None
         if self.streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
+            args, kwargs = map_hidden(args, kwargs, self.streams.flatten)
         for hook, with_kwargs in forward_hooks(site, pre=True):
             if with_kwargs:
                 result = hook(site, args, kwargs)
@@ -194,7 +185,7 @@ class _Dispatch:
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
         if self.streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, self.streams.unflatten)
+            args, kwargs = map_hidden(args, kwargs, self.streams.unflatten)
         return args, kwargs
 
     def _post(self, module, args, kwargs, output):
@@ -205,7 +196,7 @@ class _Dispatch:
             return None
         changed = False
         if self.streams is not None:
-            args, kwargs = _map_hidden(args, kwargs, self.streams.flatten)
+            args, kwargs = map_hidden(args, kwargs, self.streams.flatten)
             output = _map_output(output, self.streams.flatten)
         for hook, with_kwargs in forward_hooks(site, pre=False):
             if with_kwargs:
@@ -304,14 +295,10 @@ def call_sites(model: nn.Module, decoder: nn.Module, n_layers: int | None) -> li
 def calls_of(model: nn.Module, decoder: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     """The located ``blocks`` as the forward pass calls them: one entry per call, in call order.
 
-    The probe's call order (``_call_order``) restricted to ``blocks``. Every
-    block called once: ``blocks`` in call order (their list order in every
-    model the census knows). A block the forward pass never calls
-    on text (Mllama's cross-attention layers, skipped without an image) has
-    no state and is left out; a block called more than once (Dory's
-    recurrent section, looped ``n_recurrent_loops`` times) gives one
-    :class:`CallSite` per call (docs/design.md, "Blocks called more than
-    once"). ``blocks`` unchanged when the probe cannot run the model.
+    The probe's call order (``_call_order``) restricted to ``blocks``: a
+    block never called on text is left out, a block called more than once
+    (Dory) gives one :class:`CallSite` per call; ``blocks`` unchanged when
+    the probe cannot run the model.
     """
     members = {id(b) for b in blocks}
     order = [m for m in _call_order(model, decoder) if id(m) in members]

@@ -7,9 +7,6 @@
 - `readout_problems`: the lens read-out of the last block's output,
   ``unembed(final_norm(x^L))``, must reproduce the model's own logits, and the
   located blocks must compose (block l+1 consumes what block l returned).
-
-The run's preflight (`lm_coupling.harness.preflight`) calls them at model load
-and on the first captured batch, and adds the Jacobian engine's checks.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from torch import nn
 from lm_coupling.errors import UnsupportedModelError
 from lm_coupling.model.architecture import ModelParts, block_output_hidden
 from lm_coupling.model.block_calls import accepts_argument, is_unrolled
-from lm_coupling.model.transformers_adapter import cache_layers, layer_keeps_state, output_cache
+from lm_coupling.model.transformers_adapter import cache_layers, output_cache
 
 PROBE_TOKENS = 8
 """Length of the synthetic probe sequence of `check_model`."""
@@ -40,25 +37,18 @@ class ModelProbe:
             (``"None"`` when the output has none).
         cache_has_layers: the cache is a transformers ``Cache`` with ``.layers``.
         max_change: largest change of an earlier position's logits.
-        state_layers: cache layers that hold a recurrent or convolution state
-            (state-space and linear-attention layers of hybrid models).
         hidden_shape: the shape of the first block's input hidden states
             (``[1, T, d]`` for one residual stream).
-        cache_layers: the number of layers of the cache (0 without one).
-        replay: how the Jacobian engine replays this model's blocks
-            (``"cache"`` or ``"sequence"``), and why not from the cache (set
-            by `check_model` once the model passed its checks); None when no
-            selected metric reads Jacobians (the choice, a few forward passes
-            of the model, is then not made).
+        replay: ``(replay, why not from the cache)`` of the Jacobian engine
+            (``jacobian.sequence.choose_replay``); None when no selected
+            metric reads Jacobians.
     """
 
     causal: bool
     cache: str
     cache_has_layers: bool
     max_change: float
-    state_layers: tuple[int, ...] = ()
     hidden_shape: tuple[int, ...] = ()
-    cache_layers: int = 0
     replay: tuple[str, str] | None = None
 
 
@@ -72,12 +62,6 @@ def _causal_tolerance(dtype: torch.dtype, scale: float) -> float:
     """How much earlier logits may move when only the last token changes (kernel noise)."""
     relative = 1e-5 if dtype in (torch.float32, torch.float64) else 1e-2
     return relative * scale + 1e-7
-
-
-def _state_layers(cache) -> tuple[int, ...]:
-    """Indices of the cache layers holding a recurrent or convolution state."""
-    layers = cache_layers(cache) or []
-    return tuple(i for i, layer in enumerate(layers) if layer_keeps_state(layer))
 
 
 def probe_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
@@ -112,9 +96,7 @@ def probe_model(model: nn.Module, parts: ModelParts) -> ModelProbe:
         cache=type(cache).__name__,
         cache_has_layers=cache_layers(inner) is not None,
         max_change=max_change,
-        state_layers=_state_layers(inner),
         hidden_shape=shapes[0] if shapes else (),
-        cache_layers=len(cache_layers(inner) or []),
     )
 
 
@@ -229,22 +211,20 @@ def readout_problems(
     finally:
         for handle in handles:
             handle.remove()
-    problems = []
     calls = [len(outputs[i]) for i in range(parts.n_layers)]
     if any(c != 1 for c in calls):
-        problems.append(f"the located blocks were called {calls} times in one forward pass")
-        return problems
+        return [f"the located blocks were called {calls} times in one forward pass"]
     own = logits[0, -1].float()
     state = outputs[parts.n_layers - 1][0][0, -1]
     try:
         lens = parts.unembed_fp32(parts.final_norm_fp32(state))
     except RuntimeError as error:  # a projection the locator missed: widths do not fit
-        problems.append(
+        return [
             f"unembed(final_norm(x^L)) cannot be computed ({error}): the state has width "
             f"{state.shape[-1]}, the unembedding takes {parts.unembed_weight.shape[1]}, and "
             "the located final norm does not map one to the other"
-        )
-        return problems
+        ]
+    problems = []
     difference = float((lens.to(own.device) - own).abs().max())
     if difference > _tolerance(logits.dtype, float(own.abs().max())):
         problems.append(

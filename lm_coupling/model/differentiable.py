@@ -8,14 +8,10 @@ transforms ...")``. Bloom's MLP runs its GELU through one (``BloomGelu`` ->
 ``GeLUFunction``), with a hand-written backward for training; RecurrentGemma's
 RG-LRU its square root (``SqrtBoundDerivative``, a clipped gradient).
 
-The engine differentiates the function a block computes, so a module whose
-forward is such a Function can be replaced, inside ``engine_mode`` only and on
-this model's instances only, by a plain differentiable function that computes
-the same forward (``SUBSTITUTES``). The engine's run-time check (the replay
-of every block against the model's own forward pass) verifies that the
-substitute computes the same output. Where no substitute exists,
-:func:`untransformable_modules` names the modules, so that a run can stop
-with that name instead of failing on every document.
+Inside ``engine_mode`` only, on this model's instances only, such a module's
+forward is replaced by a plain function computing the same forward
+(``SUBSTITUTES``; the engine's run-time check verifies it). Where no
+substitute exists, :func:`untransformable_modules` names the modules.
 """
 
 from __future__ import annotations
@@ -44,13 +40,7 @@ class _PlainSqrt:
 
 
 def _recurrent_gemma_rglru(module: nn.Module) -> Callable:
-    """RecurrentGemma's RG-LRU with its square root as plain ``torch.sqrt``.
-
-    ``SqrtBoundDerivative`` computes ``sqrt(1 - a^2)`` and only clips its
-    gradient (at 1000, i.e. where ``1 - a^2 < 2.5e-7``) for training; the
-    engine differentiates the function itself. The module's own forward runs
-    with the name rebound for the duration of the call.
-    """
+    """RecurrentGemma's RG-LRU, ``SqrtBoundDerivative`` (a clipped gradient) rebound to ``sqrt``."""
     from transformers.models.recurrent_gemma import modeling_recurrent_gemma as modeling
 
     forward = type(module).forward
@@ -133,37 +123,26 @@ def differentiable_substitutes(model: nn.Module) -> Iterator[list[str]]:
 
 
 def _innermost_failing(block: nn.Module, run: Callable[[], object]) -> tuple[str, str] | None:
-    """Run ``run`` with hooks on ``block``'s modules.
-
-    Returns:
-        ``(the innermost module running when torch.func failed, what failed)``,
-        or None when ``run`` went through.
-    """
+    """``(innermost module running when torch.func failed, what failed)``, None if ``run`` ran."""
     stack: list[str] = []
-    failed: list[tuple[str, str]] = []
-    names = {id(m): name for name, m in block.named_modules()}
+    names = {m: name for name, m in block.named_modules()}
 
-    def pre(module, args):
-        stack.append(names.get(id(module), type(module).__name__))
-
-    def post(module, args, output):
+    def post(module, args, output) -> None:
         stack.pop()
 
-    handles = []
-    for module in block.modules():
-        handles.append(module.register_forward_pre_hook(pre))
-        handles.append(module.register_forward_hook(post))
+    handles = [m.register_forward_pre_hook(lambda m, a: stack.append(names[m])) for m in names]
+    handles += [m.register_forward_hook(post) for m in names]
     try:
         run()
     except RuntimeError as error:
         what = _transform_failure(error)
         if what is None:
             raise
-        failed.append((stack[-1] if stack else "", what))
+        return stack[-1] if stack else "", what
     finally:
         for handle in handles:
             handle.remove()
-    return failed[0] if failed else None
+    return None
 
 
 def untransformable_modules(calls) -> list[str]:

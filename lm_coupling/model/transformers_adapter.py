@@ -84,14 +84,7 @@ def new_cache(config: Any = None) -> Any:
     """
     from transformers import DynamicCache
 
-    if config is None:
-        return DynamicCache()
-    if "config" not in inspect.signature(DynamicCache.__init__).parameters:
-        raise TypeError(
-            "this transformers' DynamicCache cannot be laid out from a model config "
-            "(DynamicCache(config=...) needs transformers >= 4.56)"
-        )
-    return DynamicCache(config=config)
+    return DynamicCache() if config is None else DynamicCache(config=config)
 
 
 def is_cache(obj: Any) -> bool:
@@ -289,18 +282,6 @@ def bloom_gelu_forward() -> Callable:
     from transformers.models.bloom.modeling_bloom import bloom_gelu_forward as forward
 
     return forward
-
-
-def make_model_cache(model: nn.Module) -> Any:
-    """A ``DynamicCache`` built from the model's own config (`new_cache`).
-
-    With its config, transformers gives each layer the kind of cache layer the
-    model needs (sliding-window, recurrent-state, convolution or sparse-attention
-    indexer layers); a bare ``DynamicCache()`` gives plain key/value layers,
-    which indexer attention (DeepSeek-V3.2's ``update_indexer``) rejects with a
-    ValueError.
-    """
-    return new_cache(model.config)
 
 
 def module_with_child_replaced(module: nn.Module, name: str, child: nn.Module) -> nn.Module:

@@ -20,9 +20,10 @@ import torch
 import transformers
 from fixtures.tiny import build_tiny_model, tiny_config
 
-from lm_coupling.jacobian.calls import engine_mode, record_full_sequence
+from lm_coupling.jacobian.calls import engine_mode
 from lm_coupling.jacobian.engine import JacobianEngine, naive_block_jacobians
 from lm_coupling.jacobian.linalg import dense_jacobian
+from lm_coupling.jacobian.sequence import record_sequences
 from lm_coupling.metrics.coupling import (
     coupling_matrices_dense,
     coupling_score,
@@ -255,7 +256,7 @@ def test_position_jacobian_diagonal_and_off_diagonal(tiny_model):
 def _whole_sequence_position_jacobian(model, parts, ids, layer, t_in, t_out):
     """Reference: block l rerun on the whole recorded sequence per tangent (no frozen prefix)."""
     with engine_mode(model):
-        call = record_full_sequence(model, parts, ids, F64)[layer]
+        call = record_sequences(model, parts, [ids], F64)[layer].docs[0]
         f, x = call.position_map(t_in, t_out)
         return dense_jacobian(f, x, 64)[0]
 
