@@ -49,7 +49,7 @@ from lm_coupling.report.tasksets import (
 
 LONG_COLUMNS = [*IDENTITY, "task", "metric", "layer", "value", "stderr", "n"]
 SOURCE_COLUMNS = [*IDENTITY, "benchmark", "task", "metric", "filter", "setting", "value", "source"]
-# Counts: nullable integers in the CSV (``4``, not ``4.0``).
+# Counts (and every ``<metric>__n``): nullable integers in the CSV (``4``, not ``4.0``).
 INTEGER_COLUMNS = ("step", "n_params", "n_layers", "d_model", "n_benchmarks")
 
 
@@ -234,7 +234,9 @@ def build_leaderboard(
         head = head.merge(wide.reset_index(), on=IDENTITY, how="left")
         board = head.join(board[ROW_SETTING_COLUMNS])
     board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
-    return integer_columns(board), sets
+    for column in [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]:
+        board[column] = as_counts(board[column])
+    return board, sets
 
 
 def row_columns(
@@ -274,13 +276,6 @@ def as_counts(values: pd.Series) -> pd.Series:
     finite = numbers.dropna().astype(float)
     whole = bool(np.isfinite(finite).all() and (finite % 1 == 0).all())
     return numbers.round().astype("Int64") if whole else values
-
-
-def integer_columns(board: pd.DataFrame) -> pd.DataFrame:
-    """Counts as nullable integers (`INTEGER_COLUMNS` and every ``<metric>__n``)."""
-    for column in [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]:
-        board[column] = as_counts(board[column])
-    return board
 
 
 def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
@@ -356,16 +351,13 @@ def primary_target(board: pd.DataFrame, targets: list[str]) -> str | None:
 def settings_messages(
     board: pd.DataFrame, provenance: pd.DataFrame, selected: pd.DataFrame
 ) -> list[str]:
-    """Everything the leaderboard combines across settings, one message each.
+    """Everything the leaderboard combines across settings, each also a `SettingsWarning`.
 
     `setting_conflicts` (values left out), `mixed_messages` (rows combining
     metric options) and `cross_row_messages` (a task in several settings).
     """
     table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
-    return setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)
-
-
-def warn_settings(messages: list[str]) -> None:
-    """One `SettingsWarning` per message (the command lines print them)."""
+    messages = setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)
     for message in messages:
         warnings.warn(message, SettingsWarning, stacklevel=3)
+    return messages
