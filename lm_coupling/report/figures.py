@@ -388,22 +388,13 @@ def profiles_figure(
 
 
 def coupling_figure(matrix: Sequence[Sequence[float]], k: int | None, title: str) -> Figure:
-    """One model's coupling heatmap, with ``title`` (model and task) above."""
-    ax = new_grid(1, 1, (5.5, 4.4))[0, 0]
-    coupling_heatmap(matrix, ax=ax, title=f"coupling c_K(l, l'), K = {k} (directed)")
-    ax.figure.suptitle(title, fontsize=9)
-    return ax.figure
+    """One model's L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
 
-
-def coupling_heatmap(
-    matrix: Sequence[Sequence[float]], ax: Axes | None = None, title: str = "coupling c_K(l, l')"
-) -> Axes:
-    """The L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
-
-    The diagonal (not part of the coupling score) is grey; the colours span
-    the off-diagonal values, and the colour bar says how far that zooms.
+    ``title`` (model and task) goes above. The diagonal (not part of the
+    coupling score) is grey; the colours span the off-diagonal values, and
+    the colour bar says how far that zooms.
     """
-    ax = ax if ax is not None else new_grid(1, 1)[0, 0]
+    ax = new_grid(1, 1, (5.5, 4.4))[0, 0]
     data = np.asarray(matrix, dtype=float)
     n = len(data)
     off = np.where(np.eye(n, dtype=bool), np.nan, data)
@@ -421,8 +412,9 @@ def coupling_heatmap(
     integer_layer_axis(ax, 1, n, "y")
     ax.set_xlabel("block l'")
     ax.set_ylabel("block l")
-    ax.set_title(title, fontsize=9)
-    return ax
+    ax.set_title(f"coupling c_K(l, l'), K = {k} (directed)", fontsize=9)
+    ax.figure.suptitle(title, fontsize=9)
+    return ax.figure
 
 
 def training_dynamics(
