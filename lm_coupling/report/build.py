@@ -28,7 +28,6 @@ from lm_coupling.report.leaderboard import (
     read_scores_csv,
     settings_messages,
     target_columns,
-    warn_settings,
 )
 from lm_coupling.report.loading import IDENTITY, ReportInputError, load_results
 from lm_coupling.report.newest import newest_values
@@ -212,13 +211,8 @@ def _figures(
     result: ReportResult, models: pd.DataFrame, sets: TaskSets, loaded, formats, per_model: bool
 ) -> list[Path]:
     """Every figure; ``models`` (one row per independent model) feeds the fig1a panels."""
-    board, corr, target, out = (
-        result.leaderboard,
-        result.correlations,
-        result.primary_target,
-        result.out_dir,
-    )
-    catalogue = loaded.catalogue
+    board, corr, target = result.leaderboard, result.correlations, result.primary_target
+    out, catalogue = result.out_dir, loaded.catalogue
     (out / "figures").mkdir(parents=True, exist_ok=True)
     paths = []
     for row in corr[corr["target"] == target].to_dict("records") if corr is not None else []:
@@ -322,7 +316,6 @@ def build_report(
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
     board, sets = build_leaderboard(selected, sources, loaded)
     warned = settings_messages(board, provenance, selected)
-    warn_settings(warned)
     metrics, targets = geometry_columns(board), target_columns(board)
     notes = task_set_notes(board, sets, targets) + [f"WARNING: {m}" for m in warned]
     notes += [f"skipped {s}" for s in loaded.skipped] + loaded.notes
@@ -338,7 +331,6 @@ def build_report(
     independence = independent_rows(board, checkpoint)
     models = board.loc[independence.used].reset_index(drop=True)  # one row per model
     n_models = result.n_independent = independence.n_models
-    primary = primary if primary is not None else Catalogue.installed().primary_metric()
     result.primary_metric = resolve_primary(metrics, primary)
     result.primary_target = primary_target(models, targets)
     if n_models < MIN_MODELS:
