@@ -53,11 +53,9 @@ def canonical_task(task: str) -> str:
     """Strip lm-coupling's offline naming (``lmc_..._offline``) from a task name."""
     name = task
     for prefix in _PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
+        name = name.removeprefix(prefix)
     for suffix in _SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     return name
 
 
