@@ -301,25 +301,17 @@ def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame
 
 def _profile_rows(geometry: list[dict[str, Any]], catalogue: Catalogue) -> pd.DataFrame:
     """Every per-layer profile entry of ``geometry`` as rows of ``LONG_COLUMNS``."""
-    columns: dict[str, list] = {c: [] for c in LONG_COLUMNS}
+    rows = []
     for item in geometry:
-        identity, task = item["identity"], item.get("task", "")
         for name, profile in (item.get("profiles") or {}).items():
             mean = profile.get("mean") or []
-            if any(isinstance(v, list) for v in mean):
+            if not mean or any(isinstance(v, list) for v in mean):
                 continue  # per-layer vectors (singular values): in the geometry file only
-            size = len(mean)
-            err = profile.get("stderr") or [math.nan] * size
-            count = profile.get("n") or [math.nan] * size
-            first = catalogue.first_layer(name)
-            for key, value in zip(IDENTITY, identity, strict=True):
-                columns[key] += [value] * size
-            columns["task"] += [task] * size
-            columns["metric"] += [name] * size
-            columns["layer"] += range(first, first + size)
-            for key, values in (("value", mean), ("stderr", err), ("n", count)):
-                columns[key] += [math.nan if v is None else v for v in values]
-    frame = pd.DataFrame(columns, columns=LONG_COLUMNS)
+            first, blank = catalogue.first_layer(name), [math.nan] * len(mean)
+            layers = list(range(first, first + len(mean)))
+            err, count = profile.get("stderr") or blank, profile.get("n") or blank
+            rows.append((*item["identity"], item.get("task", ""), name, layers, mean, err, count))
+    frame = pd.DataFrame(rows, columns=LONG_COLUMNS).explode(LONG_COLUMNS[-4:])
     return frame.astype({"value": float, "stderr": float, "n": float})
 
 
