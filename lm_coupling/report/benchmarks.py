@@ -68,11 +68,9 @@ def benchmark_of(task: str) -> Benchmark | None:
     return None
 
 
-def is_geometry_metric(
-    name: str, declared: set[str] | frozenset[str] = frozenset(), catalogue: Catalogue | None = None
-) -> bool:
+def is_geometry_metric(name: str, declared: set[str], catalogue: Catalogue) -> bool:
     """Whether a results metric is geometry: ``declared`` by its run, or in its ``catalogue``."""
-    return name in declared or (catalogue is not None and catalogue.is_metric(name))
+    return name in declared or catalogue.is_metric(name)
 
 
 def parse_step(revision: str) -> int | None:

@@ -203,7 +203,6 @@ def metric_vs_score(
     metric: str,
     target: str,
     fit: Mapping | None = None,
-    ax: Axes | None = None,
     tasks: str = "",
     catalogue: Catalogue | None = None,
 ) -> Axes:
@@ -215,7 +214,7 @@ def metric_vs_score(
     log axis; checkpoints are labelled by step and coloured by model. ``tasks``
     (the tasks the metric averages) goes in the title.
     """
-    ax = ax if ax is not None else new_grid(1, 1)[0, 0]
+    ax = new_grid(1, 1)[0, 0]
     cols = [c for c in ("model", "revision", metric, target) if c in board.columns]
     data = board[cols].dropna(subset=[metric, target])
     labels, groups = _point_labels(data)
