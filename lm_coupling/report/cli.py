@@ -53,6 +53,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument(
         "--per-model-figures",
         default="auto",
+        metavar="WHICH",
         help="each model's profiles and coupling figures: auto (default: drawn when the "
         "report has at most 12 model rows), all, none",
     )
