@@ -111,8 +111,6 @@ def declared_label(column: str, catalogue: Catalogue | None = None) -> str:
 
 def zoom_note(low: float, high: float) -> str:
     """``zoomed: 0.41-0.46, 5% of [0, 1]`` for an axis of a [0, 1] quantity shown zoomed in."""
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return ""
     share = 100 * (high - low)
     return f"zoomed: {low:.3g}-{high:.3g}, {share:.2g}% of [0, 1]"
 

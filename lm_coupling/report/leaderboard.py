@@ -79,8 +79,7 @@ def benchmark_scores(selected: pd.DataFrame) -> pd.DataFrame:
         rows = rows[pd.Series(keep, index=rows.index, dtype=bool)]
         rows = _first_filter(rows, bench.filters).drop_duplicates(IDENTITY, keep="first")
         parts.append(rows.assign(benchmark=bench.column, source=rows["file"]))
-    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    return out.reindex(columns=SOURCE_COLUMNS)
+    return pd.concat(parts, ignore_index=True).reindex(columns=SOURCE_COLUMNS)
 
 
 def read_scores_csv(path: str | Path) -> pd.DataFrame:
@@ -259,10 +258,8 @@ def row_columns(
             index=IDENTITY, columns="benchmark", values="value", aggfunc="first"
         )
         board = board.merge(wide[bench_cols].reset_index(), on=IDENTITY, how="left")
-    board["n_benchmarks"] = board[bench_cols].notna().sum(axis=1) if bench_cols else 0
-    complete = board["n_benchmarks"] == len(BENCHMARKS)
-    average = board[bench_cols].mean(axis=1) if bench_cols else pd.Series(np.nan, board.index)
-    board[AVERAGE] = average.where(complete)
+    board["n_benchmarks"] = board[bench_cols].notna().sum(axis=1)
+    board[AVERAGE] = board[bench_cols].mean(axis=1).where(board["n_benchmarks"] == len(BENCHMARKS))
     extra = task_scores(selected)
     if len(extra.columns):
         board = board.merge(extra.reset_index(), on=IDENTITY, how="left")
