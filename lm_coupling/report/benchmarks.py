@@ -53,11 +53,9 @@ def canonical_task(task: str) -> str:
     """Strip lm-coupling's offline naming (``lmc_..._offline``) from a task name."""
     name = task
     for prefix in _PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix) :]
+        name = name.removeprefix(prefix)
     for suffix in _SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     return name
 
 
@@ -70,11 +68,9 @@ def benchmark_of(task: str) -> Benchmark | None:
     return None
 
 
-def is_geometry_metric(
-    name: str, declared: set[str] | frozenset[str] = frozenset(), catalogue: Catalogue | None = None
-) -> bool:
+def is_geometry_metric(name: str, declared: set[str], catalogue: Catalogue) -> bool:
     """Whether a results metric is geometry: ``declared`` by its run, or in its ``catalogue``."""
-    return name in declared or (catalogue is not None and catalogue.is_metric(name))
+    return name in declared or catalogue.is_metric(name)
 
 
 def parse_step(revision: str) -> int | None:

@@ -28,7 +28,6 @@ from lm_coupling.report.leaderboard import (
     read_scores_csv,
     settings_messages,
     target_columns,
-    warn_settings,
 )
 from lm_coupling.report.loading import IDENTITY, ReportInputError, load_results
 from lm_coupling.report.newest import newest_values
@@ -71,14 +70,13 @@ FIGURE_FORMATS = ("png", "svg", "pdf")
 """Formats a figure can be saved in (``--figure-formats``); PNG alone by default."""
 
 
-def check_figure_formats(formats: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    """``"png,svg"`` (or a sequence) as a tuple of known formats.
+def check_figure_formats(formats: str) -> tuple[str, ...]:
+    """``"png,svg"`` as a tuple of known formats.
 
     Raises:
         ReportInputError: an unknown or empty format list.
     """
-    words = formats.split(",") if isinstance(formats, str) else list(formats)
-    chosen = tuple(dict.fromkeys(w.strip().lower() for w in words if w.strip()))
+    chosen = tuple(dict.fromkeys(w.strip().lower() for w in formats.split(",") if w.strip()))
     unknown = [w for w in chosen if w not in FIGURE_FORMATS]
     if unknown or not chosen:
         raise ReportInputError(
@@ -88,9 +86,8 @@ def check_figure_formats(formats: str | tuple[str, ...] | list[str]) -> tuple[st
     return chosen
 
 
-def _save(owner, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[Path]:
-    """Save a figure (or the figure of an axes) in ``formats`` under ``out_dir/figures``."""
-    figure = owner if isinstance(owner, Figure) else owner.figure
+def _save(figure: Figure, out_dir: Path, name: str, formats: tuple[str, ...]) -> list[Path]:
+    """Save ``figure`` in ``formats`` under ``out_dir/figures``."""
     if any(ax.get_aspect() != "auto" for ax in figure.axes):
         figure.canvas.draw()  # constrained layout settles equal-aspect axes on a second pass
     paths = [out_dir / "figures" / f"{name}.{ext}" for ext in formats]
@@ -212,13 +209,8 @@ def _figures(
     result: ReportResult, models: pd.DataFrame, sets: TaskSets, loaded, formats, per_model: bool
 ) -> list[Path]:
     """Every figure; ``models`` (one row per independent model) feeds the fig1a panels."""
-    board, corr, target, out = (
-        result.leaderboard,
-        result.correlations,
-        result.primary_target,
-        result.out_dir,
-    )
-    catalogue = loaded.catalogue
+    board, corr, target = result.leaderboard, result.correlations, result.primary_target
+    out, catalogue = result.out_dir, loaded.catalogue
     (out / "figures").mkdir(parents=True, exist_ok=True)
     paths = []
     for row in corr[corr["target"] == target].to_dict("records") if corr is not None else []:
@@ -229,14 +221,14 @@ def _figures(
         ax = fig.metric_vs_score(
             models, row["metric"], target, row, tasks=tasks, catalogue=catalogue
         )
-        paths += _save(ax, out, f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}", formats)
+        paths += _save(ax.figure, out, f"fig1a_{_slug(row['metric'])}_vs_{_slug(target)}", formats)
     if per_model:
         paths += _per_model_figures(loaded.geometry, out, catalogue, formats)
     steps = board.dropna(subset=["step"]).groupby("model")["step"].nunique()
     if len(steps) and steps.max() >= 2 and target is not None:
         shown = emergence_columns(board, result.primary_metric, catalogue)
         axes = fig.training_dynamics(board, shown, target, catalogue)
-        paths += _save(axes[0][0], out, "emergence", formats)
+        paths += _save(axes[0][0].figure, out, "emergence", formats)
     return paths
 
 
@@ -281,7 +273,7 @@ def build_report(
     scores_csv: str | Path | None = None,
     primary: str | None = None,
     seed: int = 0,
-    figure_formats: str | tuple[str, ...] = ("png",),
+    figure_formats: str = "png",
     checkpoint: str = "last",
     per_model_figures: str = "auto",
 ) -> ReportResult:
@@ -295,7 +287,7 @@ def build_report(
             the score present on most models when no model has all six);
             default: the one its plugin declares primary (`Catalogue.primary_metric`).
         seed: bootstrap seed.
-        figure_formats: formats of every figure (`FIGURE_FORMATS`).
+        figure_formats: comma list of the formats of every figure (`FIGURE_FORMATS`).
         checkpoint: a series' row in the across-model statistics: ``"last"``,
             ``"first"`` or a revision name.
         per_model_figures: ``"auto"`` (up to `PER_MODEL_AUTO` rows), ``"all"``, ``"none"``.
@@ -322,7 +314,6 @@ def build_report(
         sources = join_external(sources, ids, read_scores_csv(scores_csv), str(scores_csv))
     board, sets = build_leaderboard(selected, sources, loaded)
     warned = settings_messages(board, provenance, selected)
-    warn_settings(warned)
     metrics, targets = geometry_columns(board), target_columns(board)
     notes = task_set_notes(board, sets, targets) + [f"WARNING: {m}" for m in warned]
     notes += [f"skipped {s}" for s in loaded.skipped] + loaded.notes
@@ -338,7 +329,6 @@ def build_report(
     independence = independent_rows(board, checkpoint)
     models = board.loc[independence.used].reset_index(drop=True)  # one row per model
     n_models = result.n_independent = independence.n_models
-    primary = primary if primary is not None else Catalogue.installed().primary_metric()
     result.primary_metric = resolve_primary(metrics, primary)
     result.primary_target = primary_target(models, targets)
     if n_models < MIN_MODELS:
@@ -362,12 +352,8 @@ def build_report(
         result.checkpoints = series_table(board, independence, [*targets, *metrics])
     timed = timings_table(loaded.geometry)
     result.timings = timed if len(timed) else None
-    tables = dict(leaderboard=board, geometry_long=long, provenance=provenance)
-    tables.update(score_sources=sources, correlations=result.correlations)
-    tables.update(controls=result.controls, timings=result.timings)
-    tables.update(checkpoints=result.checkpoints)
-    for name, table in tables.items():
-        if table is not None:
+    for name, table in vars(result).items():  # every table, as <field>.csv
+        if isinstance(table, pd.DataFrame):
             table.to_csv(out / f"{name}.csv", index=False)
     result.figures = _figures(result, models, sets, loaded, formats, not per_model)
     add_distributions(loaded.runs, result, formats)

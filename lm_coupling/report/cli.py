@@ -53,7 +53,7 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument(
         "--per-model-figures",
         default="auto",
-        choices=("auto", "all", "none"),
+        metavar="WHICH",
         help="each model's profiles and coupling figures: auto (default: drawn when the "
         "report has at most 12 model rows), all, none",
     )
@@ -97,10 +97,10 @@ def run_report(args: argparse.Namespace) -> int:
             out_dir=args.out,
             scores_csv=args.scores,
             primary=args.primary,
-            seed=getattr(args, "seed", 0),
-            figure_formats=getattr(args, "figure_formats", "png"),
-            checkpoint=getattr(args, "checkpoint", "last"),
-            per_model_figures=getattr(args, "per_model_figures", "auto"),
+            seed=args.seed,
+            figure_formats=args.figure_formats,
+            checkpoint=args.checkpoint,
+            per_model_figures=args.per_model_figures,
         )
     for item in caught:
         if any(str(item.message) in note for note in result.notes):

@@ -70,15 +70,10 @@ def _design(board: pd.DataFrame, metric: str, target: str):
     """Rows with metric, target and every usable control finite; the controls kept."""
     ctrl = control_frame(board)
     usable = [c for c in CONTROL_VARIABLES if ctrl[c].notna().any()]
-    data = pd.concat(
-        [
-            ctrl[usable],
-            pd.to_numeric(board[metric], errors="coerce"),
-            pd.to_numeric(board[target], errors="coerce"),
-        ],
-        axis=1,
+    data = ctrl[usable].assign(
+        _x=pd.to_numeric(board[metric], errors="coerce"),
+        _y=pd.to_numeric(board[target], errors="coerce"),
     )
-    data.columns = [*usable, "_x", "_y"]
     data = data.dropna()
     kept = [c for c in usable if data[c].nunique() > 1]
     return data, kept

@@ -111,8 +111,6 @@ def declared_label(column: str, catalogue: Catalogue | None = None) -> str:
 
 def zoom_note(low: float, high: float) -> str:
     """``zoomed: 0.41-0.46, 5% of [0, 1]`` for an axis of a [0, 1] quantity shown zoomed in."""
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return ""
     share = 100 * (high - low)
     return f"zoomed: {low:.3g}-{high:.3g}, {share:.2g}% of [0, 1]"
 
@@ -203,7 +201,6 @@ def metric_vs_score(
     metric: str,
     target: str,
     fit: Mapping | None = None,
-    ax: Axes | None = None,
     tasks: str = "",
     catalogue: Catalogue | None = None,
 ) -> Axes:
@@ -215,7 +212,7 @@ def metric_vs_score(
     log axis; checkpoints are labelled by step and coloured by model. ``tasks``
     (the tasks the metric averages) goes in the title.
     """
-    ax = ax if ax is not None else new_grid(1, 1)[0, 0]
+    ax = new_grid(1, 1)[0, 0]
     cols = [c for c in ("model", "revision", metric, target) if c in board.columns]
     data = board[cols].dropna(subset=[metric, target])
     labels, groups = _point_labels(data)
@@ -388,22 +385,13 @@ def profiles_figure(
 
 
 def coupling_figure(matrix: Sequence[Sequence[float]], k: int | None, title: str) -> Figure:
-    """One model's coupling heatmap, with ``title`` (model and task) above."""
-    ax = new_grid(1, 1, (5.5, 4.4))[0, 0]
-    coupling_heatmap(matrix, ax=ax, title=f"coupling c_K(l, l'), K = {k} (directed)")
-    ax.figure.suptitle(title, fontsize=9)
-    return ax.figure
+    """One model's L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
 
-
-def coupling_heatmap(
-    matrix: Sequence[Sequence[float]], ax: Axes | None = None, title: str = "coupling c_K(l, l')"
-) -> Axes:
-    """The L x L coupling matrix as a heatmap (rows l, columns l', both 1..L).
-
-    The diagonal (not part of the coupling score) is grey; the colours span
-    the off-diagonal values, and the colour bar says how far that zooms.
+    ``title`` (model and task) goes above. The diagonal (not part of the
+    coupling score) is grey; the colours span the off-diagonal values, and
+    the colour bar says how far that zooms.
     """
-    ax = ax if ax is not None else new_grid(1, 1)[0, 0]
+    ax = new_grid(1, 1, (5.5, 4.4))[0, 0]
     data = np.asarray(matrix, dtype=float)
     n = len(data)
     off = np.where(np.eye(n, dtype=bool), np.nan, data)
@@ -421,8 +409,9 @@ def coupling_heatmap(
     integer_layer_axis(ax, 1, n, "y")
     ax.set_xlabel("block l'")
     ax.set_ylabel("block l")
-    ax.set_title(title, fontsize=9)
-    return ax
+    ax.set_title(f"coupling c_K(l, l'), K = {k} (directed)", fontsize=9)
+    ax.figure.suptitle(title, fontsize=9)
+    return ax.figure
 
 
 def training_dynamics(

@@ -49,7 +49,7 @@ from lm_coupling.report.tasksets import (
 
 LONG_COLUMNS = [*IDENTITY, "task", "metric", "layer", "value", "stderr", "n"]
 SOURCE_COLUMNS = [*IDENTITY, "benchmark", "task", "metric", "filter", "setting", "value", "source"]
-# Counts: nullable integers in the CSV (``4``, not ``4.0``).
+# Counts (and every ``<metric>__n``): nullable integers in the CSV (``4``, not ``4.0``).
 INTEGER_COLUMNS = ("step", "n_params", "n_layers", "d_model", "n_benchmarks")
 
 
@@ -79,8 +79,7 @@ def benchmark_scores(selected: pd.DataFrame) -> pd.DataFrame:
         rows = rows[pd.Series(keep, index=rows.index, dtype=bool)]
         rows = _first_filter(rows, bench.filters).drop_duplicates(IDENTITY, keep="first")
         parts.append(rows.assign(benchmark=bench.column, source=rows["file"]))
-    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    return out.reindex(columns=SOURCE_COLUMNS)
+    return pd.concat(parts, ignore_index=True).reindex(columns=SOURCE_COLUMNS)
 
 
 def read_scores_csv(path: str | Path) -> pd.DataFrame:
@@ -234,7 +233,9 @@ def build_leaderboard(
         head = head.merge(wide.reset_index(), on=IDENTITY, how="left")
         board = head.join(board[ROW_SETTING_COLUMNS])
     board = board.sort_values(IDENTITY, kind="stable").reset_index(drop=True)
-    return integer_columns(board), sets
+    for column in [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]:
+        board[column] = as_counts(board[column])
+    return board, sets
 
 
 def row_columns(
@@ -257,10 +258,8 @@ def row_columns(
             index=IDENTITY, columns="benchmark", values="value", aggfunc="first"
         )
         board = board.merge(wide[bench_cols].reset_index(), on=IDENTITY, how="left")
-    board["n_benchmarks"] = board[bench_cols].notna().sum(axis=1) if bench_cols else 0
-    complete = board["n_benchmarks"] == len(BENCHMARKS)
-    average = board[bench_cols].mean(axis=1) if bench_cols else pd.Series(np.nan, board.index)
-    board[AVERAGE] = average.where(complete)
+    board["n_benchmarks"] = board[bench_cols].notna().sum(axis=1)
+    board[AVERAGE] = board[bench_cols].mean(axis=1).where(board["n_benchmarks"] == len(BENCHMARKS))
     extra = task_scores(selected)
     if len(extra.columns):
         board = board.merge(extra.reset_index(), on=IDENTITY, how="left")
@@ -274,13 +273,6 @@ def as_counts(values: pd.Series) -> pd.Series:
     finite = numbers.dropna().astype(float)
     whole = bool(np.isfinite(finite).all() and (finite % 1 == 0).all())
     return numbers.round().astype("Int64") if whole else values
-
-
-def integer_columns(board: pd.DataFrame) -> pd.DataFrame:
-    """Counts as nullable integers (`INTEGER_COLUMNS` and every ``<metric>__n``)."""
-    for column in [c for c in board.columns if c in INTEGER_COLUMNS or c.endswith("__n")]:
-        board[column] = as_counts(board[column])
-    return board
 
 
 def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame:
@@ -306,25 +298,17 @@ def geometry_long(selected: pd.DataFrame, loaded: LoadedResults) -> pd.DataFrame
 
 def _profile_rows(geometry: list[dict[str, Any]], catalogue: Catalogue) -> pd.DataFrame:
     """Every per-layer profile entry of ``geometry`` as rows of ``LONG_COLUMNS``."""
-    columns: dict[str, list] = {c: [] for c in LONG_COLUMNS}
+    rows = []
     for item in geometry:
-        identity, task = item["identity"], item.get("task", "")
         for name, profile in (item.get("profiles") or {}).items():
             mean = profile.get("mean") or []
-            if any(isinstance(v, list) for v in mean):
+            if not mean or any(isinstance(v, list) for v in mean):
                 continue  # per-layer vectors (singular values): in the geometry file only
-            size = len(mean)
-            err = profile.get("stderr") or [math.nan] * size
-            count = profile.get("n") or [math.nan] * size
-            first = catalogue.first_layer(name)
-            for key, value in zip(IDENTITY, identity, strict=True):
-                columns[key] += [value] * size
-            columns["task"] += [task] * size
-            columns["metric"] += [name] * size
-            columns["layer"] += range(first, first + size)
-            for key, values in (("value", mean), ("stderr", err), ("n", count)):
-                columns[key] += [math.nan if v is None else v for v in values]
-    frame = pd.DataFrame(columns, columns=LONG_COLUMNS)
+            first, blank = catalogue.first_layer(name), [math.nan] * len(mean)
+            layers = list(range(first, first + len(mean)))
+            err, count = profile.get("stderr") or blank, profile.get("n") or blank
+            rows.append((*item["identity"], item.get("task", ""), name, layers, mean, err, count))
+    frame = pd.DataFrame(rows, columns=LONG_COLUMNS).explode(LONG_COLUMNS[-4:])
     return frame.astype({"value": float, "stderr": float, "n": float})
 
 
@@ -356,16 +340,13 @@ def primary_target(board: pd.DataFrame, targets: list[str]) -> str | None:
 def settings_messages(
     board: pd.DataFrame, provenance: pd.DataFrame, selected: pd.DataFrame
 ) -> list[str]:
-    """Everything the leaderboard combines across settings, one message each.
+    """Everything the leaderboard combines across settings, each also a `SettingsWarning`.
 
     `setting_conflicts` (values left out), `mixed_messages` (rows combining
     metric options) and `cross_row_messages` (a task in several settings).
     """
     table = board.set_index(IDENTITY)[["mixed_settings"]].fillna("")
-    return setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)
-
-
-def warn_settings(messages: list[str]) -> None:
-    """One `SettingsWarning` per message (the command lines print them)."""
+    messages = setting_conflicts(provenance) + mixed_messages(table) + cross_row_messages(selected)
     for message in messages:
         warnings.warn(message, SettingsWarning, stacklevel=3)
+    return messages

@@ -11,7 +11,6 @@ from lm_coupling.report.leaderboard import (
     benchmark_scores,
     build_leaderboard,
     settings_messages,
-    warn_settings,
 )
 from lm_coupling.report.loading import load_results
 from lm_coupling.report.newest import newest_values
@@ -29,7 +28,7 @@ def write_leaderboard(results_dir: str | Path) -> Path:
     loaded = load_results(root)
     selected, provenance = newest_values(loaded.values, loaded.paths)
     board, _ = build_leaderboard(selected, benchmark_scores(selected), loaded)
-    warn_settings(settings_messages(board, provenance, selected))
+    settings_messages(board, provenance, selected)
     path = root / "leaderboard.csv"
     board.to_csv(path, index=False)
     return path

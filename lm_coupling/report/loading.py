@@ -32,6 +32,7 @@ from lm_coupling.report.notices import (  # also the loader's public names
     ReportWarning,
     SettingsWarning,  # noqa: F401 (re-exported)
 )
+from lm_coupling.report.row_identity import separate_models
 from lm_coupling.report.settings import TaskSetting, metric_options, task_settings
 
 IDENTITY = ["model", "revision", "dtype"]
@@ -420,8 +421,6 @@ def load_results(results_dir: str | Path) -> LoadedResults:
             path = run.path.with_name(f"samples_{task}_{match.group(1)}.jsonl")
             if path.exists():
                 run.samples[task] = path
-    from lm_coupling.report.row_identity import separate_models
-
     separate_models(runs)  # different models under one name never share a row
     names = display_names([run.identity[0] for run in runs])
     for run in runs:

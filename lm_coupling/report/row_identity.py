@@ -20,12 +20,9 @@ SIGNATURE_FIELDS = ("weights", "n_params", "n_layers")
 
 def model_signature(run: Any) -> dict[str, Any]:
     """What a run recorded of its model: weights fingerprint, parameter and layer counts."""
-    shape = run.shape or {}
-    out: dict[str, Any] = {}
-    if getattr(run, "weights", ""):
-        out["weights"] = run.weights
+    out: dict[str, Any] = {"weights": run.weights} if run.weights else {}
     for key in ("n_params", "n_layers"):
-        value = shape.get(key)
+        value = run.shape.get(key)
         if value is not None and math.isfinite(float(value)):
             out[key] = int(value)
     return out
@@ -46,17 +43,16 @@ def _label(signature: dict[str, Any], differing: set[str]) -> str:
     return ", ".join(parts) or "unrecorded model"
 
 
-def separate_models(runs: list[Any]) -> list[str]:
+def separate_models(runs: list[Any]) -> None:
     """Give runs of different models filed under one identity identities of their own.
 
     Within an identity, a run joins the first model (in time order) whose
     signature it does not contradict; with several models, every run is
-    renamed ``<model> [<what differs>]``. Returns one message per split (also warned).
+    renamed ``<model> [<what differs>]``, with a `ReportWarning` per split.
     """
     groups: dict[tuple, list[Any]] = {}
     for run in sorted(runs, key=lambda r: r.timestamp):
         groups.setdefault(tuple(run.identity), []).append(run)
-    messages = []
     for identity, members in groups.items():
         models: list[tuple[dict[str, Any], list[Any]]] = []
         for run in members:
@@ -92,5 +88,3 @@ def separate_models(runs: list[Any]) -> list[str]:
             "memory, or its own pretrained= path"
         )
         warnings.warn(message, ReportWarning, stacklevel=3)
-        messages.append(message)
-    return messages

@@ -19,19 +19,15 @@ ROW_SETTING_COLUMNS = ["settings", "limited", "metric_options", "mixed_settings"
 
 
 def _settings_text(rows: pd.DataFrame, groups: set[str]) -> tuple[str, str]:
-    units: dict[str, list[str]] = {}
-    limited = []
-    seen = set()
+    units: dict[str, set[str]] = {}
+    limited = set()
     for task, group, label, limit in rows[["task", "group", "setting", "limit"]].itertuples(
         index=False
     ):
         unit = task_unit(task, group, groups)
-        if (unit, label) in seen:
-            continue
-        seen.add((unit, label))
-        units.setdefault(label, []).append(unit)
-        if pd.notna(limit) and unit not in limited:
-            limited.append(unit)
+        units.setdefault(label, set()).add(unit)
+        if pd.notna(limit):
+            limited.add(unit)
     text = "; ".join(f"{label}: {', '.join(sorted(u))}" for label, u in sorted(units.items()))
     return text, ";".join(sorted(limited))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lm_coupling.report.benchmarks import AVERAGE, SCHEMA_VERSION
+from lm_coupling.report.benchmarks import SCHEMA_VERSION
 from lm_coupling.report.row_settings import ROW_SETTING_COLUMNS
 from lm_coupling.report.stats import MIN_MODELS
 
@@ -78,25 +78,24 @@ def write_summary(
     primary_metric: str | None,
     figures: list[Path],
     notes: list[str],
-    primary_target: str | None = AVERAGE,
-    timings: str = "",
-    independent: int | None = None,
-    checkpoints: list[str] | None = None,
+    primary_target: str | None,
+    timings: str,
+    independent: int,
+    checkpoints: list[str],
 ) -> Path:
     """Write ``out_dir/summary.md`` from the CSVs in ``out_dir``; return its path.
 
     Sections: warnings (notes starting ``WARNING``), the headline table, each
     row's settings, the primary test, the checkpoint series (``checkpoints``),
     the ``timings`` section, the other notes and links to every table and figure.
-    ``independent``: the number of independent models (default: one per row).
+    ``independent``: the number of independent models.
     """
     board = pd.read_csv(out_dir / "leaderboard.csv")
     wanted = ("model", "revision", "dtype", primary_target, primary_metric)
     cols = [c for c in dict.fromkeys(wanted) if c and c in board.columns]
-    n_models = len(board) if independent is None else independent
     parts = [
         f"# lm-coupling report\n\nSchema: `{SCHEMA_VERSION}`; {len(board)} model rows, "
-        f"n = {n_models} independent model{'' if n_models == 1 else 's'} (a checkpoint "
+        f"n = {independent} independent model{'' if independent == 1 else 's'} (a checkpoint "
         "series counts once). "
         f"A fit, p-value or Holm adjustment is reported only for pairs measured on at "
         f"least {MIN_MODELS} independent models; rows below that say why in `reason`."

@@ -132,34 +132,21 @@ def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
     kept = [not shared[m] or u in shared[m] for *_, m, u in keys]
     units = units[np.asarray(kept, dtype=bool)]
     per_model = group_sums(units, [*IDENTITY, "metric"], ["value", "n"])
-    tasks: dict[tuple, list[str]] = {}
-    for *identity, metric, unit in units[[*IDENTITY, "metric", "unit"]].itertuples(
-        index=False, name=None
-    ):
-        tasks.setdefault((*identity, metric), []).append(unit)
-    cells: dict[str, dict[str, dict[tuple, Any]]] = {}
-    for *identity, metric, total, n, size in per_model.itertuples(index=False, name=None):
-        found = cells.setdefault(metric, {"": {}, "__tasks": {}, "__n": {}})
-        identity = tuple(identity)
-        found[""][identity] = total / size
-        found["__tasks"][identity] = ";".join(sorted(tasks[(*identity, metric)]))
-        found["__n"][identity] = n
+    by_model = units.groupby([*IDENTITY, "metric"], sort=False)
+    per_model["tasks"] = by_model["unit"].agg(_joined).to_numpy()
     has_k = set(long.loc[long["k_used"].notna(), "metric"])
-    k_used: dict[str, dict[tuple, set[int]]] = {}
-    for *identity, metric, unit, k in long[[*IDENTITY, "metric", "unit", "k_used"]].itertuples(
-        index=False, name=None
-    ):
-        if metric in has_k and (not shared[metric] or unit in shared[metric]):
-            ks = k_used.setdefault(metric, {}).setdefault(tuple(identity), set())
-            if k == k:  # not NaN
-                ks.add(int(k))
+    pairs = zip(long["metric"], long["unit"], strict=True)
+    with_k = [m in has_k and (not shared[m] or u in shared[m]) for m, u in pairs]
+    with_k = long[np.asarray(with_k, dtype=bool)].groupby([*IDENTITY, "metric"], sort=False)
+    k_used = with_k["k_used"].agg(lambda k: _joined(k.dropna().astype(int)))
     columns: dict[str, pd.Series] = {}
     for metric in of_model:  # in order of each metric's first finite value
-        for suffix, values in cells[metric].items():
-            columns[f"{metric}{suffix}"] = _by_model(values, float if suffix != "__tasks" else None)
+        rows = per_model[per_model["metric"] == metric].set_index(IDENTITY)
+        columns[metric] = rows["value"] / rows["_size"]
+        columns[f"{metric}__tasks"] = rows["tasks"]
+        columns[f"{metric}__n"] = rows["n"]
         if metric in has_k:
-            found = {i: ";".join(str(k) for k in sorted(ks)) for i, ks in k_used[metric].items()}
-            columns[f"{metric}__k_used"] = _by_model(found, None)
+            columns[f"{metric}__k_used"] = k_used.xs(metric, level="metric")
     for metric in every_metric:  # measured, but NaN on every model: keep the column
         if metric not in columns:
             columns[metric] = pd.Series(np.nan, index=every_id, dtype=float)
@@ -168,7 +155,6 @@ def geometry_table(long: pd.DataFrame) -> tuple[pd.DataFrame, TaskSets]:
     return wide, sets
 
 
-def _by_model(values: dict[tuple, Any], dtype: type | None) -> pd.Series:
-    """A column indexed by identity."""
-    index = pd.MultiIndex.from_tuples(list(values), names=IDENTITY)
-    return pd.Series(list(values.values()), index=index, dtype=dtype)
+def _joined(values) -> str:
+    """The distinct values, sorted, joined by ``;``."""
+    return ";".join(str(v) for v in sorted(set(values)))
