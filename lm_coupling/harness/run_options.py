@@ -93,7 +93,8 @@ def _refusal(options: Mapping[str, Any], model_args: Mapping[str, Any]) -> tuple
         return (
             f"--model {model}",
             "geometry needs the hidden states of a Hugging Face causal LM in this process.",
-            "run the model with `--model hf` (a vLLM, API or GGUF server model cannot be hooked)",
+            "run the model with `--model hf` (or hf-auto, huggingface; a vLLM, API or GGUF "
+            "server model cannot be hooked)",
         )
     if "predict_only" in options:
         return (
@@ -199,19 +200,6 @@ def _jsonable(value: Any) -> Any:
     except TypeError:
         return str(value)
     return value
-
-
-def check_model_type(model_type: str) -> None:
-    """Geometry needs lm-eval's Hugging Face model.
-
-    Raises:
-        ConfigurationError: any other ``--model``.
-    """
-    if model_type not in HF_MODEL_NAMES:
-        raise ConfigurationError(
-            f"--metrics needs a Hugging Face model: --model {model_type!r} is not supported. "
-            f"Use one of: {', '.join(n for n in HF_MODEL_NAMES if n != 'hf-coupling')}"
-        )
 
 
 def check_model_path(pretrained: Any) -> None:
