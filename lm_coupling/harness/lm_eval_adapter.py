@@ -109,10 +109,7 @@ def encode_pair(lm: HFLM, context: str, continuation: str) -> tuple[list[int], l
 
 
 def loglikelihood_input(
-    lm: HFLM,
-    context_enc: list[int],
-    continuation_enc: list[int],
-    max_length: int | None = None,
+    lm: HFLM, context_enc: list[int], continuation_enc: list[int]
 ) -> tuple[list[int], int]:
     """The model input HFLM builds for a request, and the position of its last context token.
 
@@ -121,14 +118,8 @@ def loglikelihood_input(
     from the left; HFLM exposes no function for this, so the rule is written
     here once and the contract test compares it with the input HFLM feeds
     the model. The position is negative when the truncation cut into the continuation.
-
-    ``max_length`` is ``lm.max_length`` unless given: HFLM resolves that
-    property from the model's config on every read, so a caller indexing
-    many requests reads it once and passes it.
     """
-    if max_length is None:
-        max_length = lm.max_length
-    inp = (context_enc + continuation_enc)[-(max_length + 1) :][:-1]
+    inp = (context_enc + continuation_enc)[-(lm.max_length + 1) :][:-1]
     return inp, len(inp) - len(continuation_enc)
 
 
