@@ -43,9 +43,6 @@ from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
 from lm_coupling.states import ENGINE_NEEDS
 
-JACOBIAN_NEEDS = ENGINE_NEEDS
-"""Needs served by the Jacobian engine (which replays blocks with the prefix held fixed)."""
-
 FIRST_BATCH_TOKENS = 64
 """At most this many trailing tokens of the first document are used by `check_first_batch`."""
 
@@ -64,7 +61,7 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
             names the model and what was found.
     """
     probe = check_causal_decoder(model, parts)
-    if selection.needs & JACOBIAN_NEEDS:  # how the Jacobian engine will replay the blocks
+    if selection.needs & ENGINE_NEEDS:  # how the Jacobian engine will replay the blocks
         probe = dataclasses.replace(probe, replay=choose_replay(model))
     return probe
 
@@ -82,7 +79,7 @@ def check_readout(
             located, and the ``register_override`` call to add.
     """
     needs = selection.needs
-    composition = bool(needs & JACOBIAN_NEEDS)
+    composition = bool(needs & ENGINE_NEEDS)
     if not composition and "lens" not in needs:
         return
     problems = readout_problems(model, parts, input_ids, composition)
@@ -90,7 +87,7 @@ def check_readout(
         problems = [p for p in problems if not p.startswith("unembed(")]
     if not problems:
         return
-    others = _runnable(JACOBIAN_NEEDS | {"lens"})
+    others = _runnable(ENGINE_NEEDS | {"lens"})
     raise UnsupportedModelError(
         f"lm-coupling's view of {type(model).__name__} (model_type={parts.model_type!r}) is "
         f"not the model's own function: {'; '.join(problems)}. Located: final norm "
@@ -116,7 +113,7 @@ def check_differentiable(
     Raises:
         UnsupportedModelError: names the modules, and the metrics that can still run.
     """
-    if not selection.needs & JACOBIAN_NEEDS or input_ids.shape[0] < 1:
+    if not selection.needs & ENGINE_NEEDS or input_ids.shape[0] < 1:
         return
     ids = input_ids.to(parts.input_device)
     dtype = compute_dtype(parts)
@@ -130,7 +127,7 @@ def check_differentiable(
             calls = record_last_token(model, parts, [ids], dtype, prefixes)
             failing = untransformable_modules(calls)
     if failing:
-        others = _runnable(JACOBIAN_NEEDS)
+        others = _runnable(ENGINE_NEEDS)
         raise UnsupportedModelError(
             f"{type(model).__name__} (model_type={parts.model_type!r}) runs an operation "
             "that torch.func (the Jacobian engine's jvp/vjp/vmap) cannot transform (a custom "
