@@ -58,18 +58,13 @@ class GgufCheckpoint:
         }
 
 
-def is_gguf_file(path: Path) -> bool:
-    """Whether ``path`` is a file starting with the GGUF magic bytes."""
+def _first_bytes(path: Path) -> bytes:
+    """The file's first 8 bytes (empty when it cannot be read)."""
     try:
         with path.open("rb") as fh:
-            return fh.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+            return fh.read(8)
     except OSError:
-        return False
-
-
-def _first_bytes(path: Path) -> bytes:
-    with path.open("rb") as fh:
-        return fh.read(8)
+        return b""
 
 
 def _local_folder(pretrained: Any) -> Path | None:
@@ -89,7 +84,7 @@ def check_pretrained_file(pretrained: Any) -> None:
     path = _local_folder(pretrained)
     if path is None or not path.is_file():
         return
-    if is_gguf_file(path):
+    if _first_bytes(path).startswith(GGUF_MAGIC):
         raise ConfigurationError(
             f"pretrained={pretrained} names a GGUF file; lm-eval's hf model loads one as "
             f"pretrained=<folder>,gguf_file=<file>: use pretrained={path.parent},"
@@ -148,16 +143,16 @@ def _readable(gguf: Any, type_name: str) -> bool:
     return True
 
 
-def read_header(path: Path) -> GgufCheckpoint:
-    """Read a GGUF file's architecture and tensor types (memory-mapped, no weights loaded).
+def read_header(gguf: Any, path: Path) -> GgufCheckpoint:
+    """Read a GGUF file's architecture and tensor types with the ``gguf`` module (memory-mapped).
 
     Raises:
-        ConfigurationError: no gguf package, not a GGUF file, or an unreadable header.
+        ConfigurationError: not a GGUF file, or an unreadable header.
     """
-    gguf = _require_reader()
-    if not is_gguf_file(path):
+    first = _first_bytes(path)
+    if not first.startswith(GGUF_MAGIC):
         raise ConfigurationError(
-            f"{path} is not a GGUF file (it starts with {_first_bytes(path)!r}, not "
+            f"{path} is not a GGUF file (it starts with {first!r}, not "
             f"{GGUF_MAGIC!r}): gguf_file= takes a llama.cpp GGUF file; for a safetensors or "
             "PyTorch checkpoint drop gguf_file= and give pretrained=<the folder with config.json>"
         )
@@ -241,9 +236,9 @@ def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
     check_pretrained_file(model_args.get("pretrained"))
     if not model_args.get("gguf_file"):
         return None
+    gguf = _require_reader()
     path = gguf_path(model_args)
     if path is None:
-        _require_reader()
         return None
     if not path.is_file():
         found = sorted(p.name for p in path.parent.glob("*.gguf")) if path.parent.is_dir() else []
@@ -251,9 +246,8 @@ def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
             f"no GGUF file at {path}: gguf_file= is taken relative to pretrained= (or give its "
             f"absolute path); GGUF files in {path.parent}: {', '.join(found) or 'none'}"
         )
-    header = read_header(path)
+    header = read_header(gguf, path)
     check_architecture(header)
-    gguf = _require_reader()
     unreadable = sorted(name for name in header.tensor_types if not _readable(gguf, name))
     if unreadable:
         raise ConfigurationError(
