@@ -155,13 +155,11 @@ class RunRecords:
         """
         own = self._own_geometry(plan, geometry)
         values = {k: v for k, v in own.values.items() if math.isfinite(v)}
-        undefined: list[str] = []
-        if len(values) < len(own.values):
-            failed = {name for failure in own.failures for name in failure.get("metrics", ())}
-            undefined = [name for name in own.values if name not in values and name not in failed]
+        failed = {name for failure in own.failures for name in failure.get("metrics", ())}
         specs = self.plans.selection.specs
-        undefined = [n for n in undefined if not (n in specs and specs[n].nan_expected)]
-        targeted = [n for n in undefined if n in specs and specs[n].reads_target]
+        undefined = [n for n in own.values if n not in values and n not in failed]
+        undefined = [n for n in undefined if not specs[n].nan_expected]
+        targeted = [n for n in undefined if specs[n].reads_target]
         if targeted and plan.target_problem is not None:
             undefined = [name for name in undefined if name not in targeted]
             reported = self.plans.reported_id(plan.task_name, plan.doc_id)
@@ -173,7 +171,7 @@ class RunRecords:
         if undefined and source[0] != "failed":
             self.plans.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
         if record:
-            self._record(plan, own, source)
+            self._record(plan.task_name, plan.doc_id, own, source)
         return values
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
@@ -209,41 +207,39 @@ class RunRecords:
         It counts as ``failed`` with the error in the geometry file, and one
         warning names it: a bug here never passes as a quiet NaN.
         """
-        ident = (task_name, doc_id)
-        if ident in self.scored_ids:
+        if self.scored(task_name, doc_id):
             return
-        self.scored_ids.add(ident)
-        if doc_id is not None:
-            doc_id = self.plans.reported_id(task_name, doc_id)
-        records = self.tasks[task_name]
-        records.add(-1 if doc_id is None else doc_id, DocumentGeometry())
-        records.capture["failed"] += 1
-        records.failures.append({"doc_id": doc_id, "error": f"internal error: {error}"})
+        outcome = ("failed", f"internal error: {error}")
+        reported = self._record(task_name, doc_id, DocumentGeometry(), outcome)
         self.plans.warn_once(
-            ident,
-            f"task {task_name!r} document {doc_id}: geometry not attached because of an "
+            (task_name, doc_id),
+            f"task {task_name!r} document {reported}: geometry not attached because of an "
             f"lm-coupling error ({error}); the benchmark's own scores are kept. Please report it",
         )
 
     def _record(
-        self, plan: DocumentPlan, geometry: DocumentGeometry, outcome: tuple[str, str | None]
-    ) -> None:
-        """Record a scored document once (lm-eval scores it once per filter)."""
-        ident = (plan.task_name, plan.doc_id)
-        if ident in self.scored_ids:
-            return
-        self.scored_ids.add(ident)
-        records = self.tasks[plan.task_name]
+        self,
+        task_name: str,
+        doc_id: int | None,
+        geometry: DocumentGeometry,
+        outcome: tuple[str, str | None],
+    ) -> int | None:
+        """Record a scored document once (lm-eval scores it once per filter); its reported id."""
+        reported = None if doc_id is None else self.plans.reported_id(task_name, doc_id)
+        if self.scored(task_name, doc_id):
+            return reported
+        self.scored_ids.add((task_name, doc_id))
+        records = self.tasks[task_name]
         specs = self.plans.selection.specs
-        keep = any(specs[name].sampled for name in geometry.values if name in specs)
-        doc_id = self.plans.reported_id(*ident)
-        records.add(doc_id, geometry, keep)
+        keep = any(specs[name].sampled for name in geometry.values)
+        records.add(-1 if reported is None else reported, geometry, keep)
         source, error = outcome
         records.capture[source] += 1
         if error is not None:
-            records.failures.append({"doc_id": doc_id, "error": error})
+            records.failures.append({"doc_id": reported, "error": error})
         for failure in geometry.failures:  # a plugin's answer failed (its metrics NaN)
-            records.failures.append({"doc_id": doc_id, **failure})
+            records.failures.append({"doc_id": reported, **failure})
+        return reported
 
     def capture_report(self) -> dict[str, dict[str, Any]]:
         """Per task: ``capture`` counts and ``n_measured`` per metric.
