@@ -2,15 +2,10 @@
 
 transformers reads ``pretrained=<folder>,gguf_file=<file>`` (the file relative
 to the folder, or absolute) with the ``gguf`` package and dequantizes every
-tensor to float; the geometry is measured on that float model. Before the
-model loads, such a run is refused, with the fix: without the ``gguf`` package
-(``lm-coupling[gguf]``); a missing file, a file that is not GGUF, or
-``pretrained=`` naming a file; an architecture (``general.architecture``) the
-installed transformers cannot build from GGUF; a tensor type the installed
-``gguf`` cannot dequantize (Q8_1, Q8_K, the integer types, F64 in gguf 0.19).
-The quantisation (the type most of its matrices are stored in, e.g. ``Q4_1``)
-is recorded (``config.lm_coupling.model_source``), so that a GGUF model is
-filed under its file and quantisation (`lm_coupling.model_source`).
+tensor to float; the geometry is measured on that float model. `check_gguf`
+refuses, with the fix, what would fail only after loading; the quantisation is
+recorded (``config.lm_coupling.model_source``), so that a GGUF model is filed
+under its file and quantisation (`lm_coupling.model_source`).
 """
 
 from __future__ import annotations
@@ -228,9 +223,10 @@ def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
     ``gguf_file``) is left to lm-eval once the reader is known to be there.
 
     Raises:
-        ConfigurationError: no gguf package, a file that is not GGUF, an
-            architecture transformers cannot load from GGUF, or a tensor type
-            the installed gguf cannot dequantize (each named).
+        ConfigurationError: no gguf package, ``pretrained=`` naming a file, a
+            file that is not GGUF, an architecture transformers cannot load
+            from GGUF, or a tensor type the installed gguf cannot dequantize
+            (Q8_1, Q8_K, the integer types, F64 in gguf 0.19).
         ModelNotFoundError: the file is missing (the folder's GGUF files listed).
     """
     check_pretrained_file(model_args.get("pretrained"))

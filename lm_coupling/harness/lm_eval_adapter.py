@@ -128,14 +128,10 @@ def loglikelihood_input(
 def templates_compiled_once() -> Iterator[None]:
     """Inside the context, lm-eval compiles each Jinja template string once, not per call.
 
-    lm-coupling reads each document's gold answer from the task
-    (``task.doc_to_target``) when it plans the document: lm-eval renders the
-    task's template for it, and compiles that template anew on every call,
-    which costs far more than the rendering (about 0.5 ms per document on
-    the shared CPU, most of lm-coupling's own planning cost). A compiled
-    template renders exactly what a fresh compile of the same string would,
-    so the values are lm-eval's own; lm-eval's own calls outside the context
-    are untouched.
+    Planning reads each document's gold answer (``task.doc_to_target``), and
+    lm-eval compiles the task's template anew on every call (about 0.5 ms per
+    document, most of the planning cost). A compiled template renders what a
+    fresh compile of the same string would.
 
     Relies on: ``lm_eval.utils.apply_template`` renders through
     ``lm_eval.utils.env.from_string(template)`` (a module-level Jinja
@@ -213,9 +209,8 @@ def evaluated_documents(
 ) -> list[tuple[int, int, Any]]:
     """The documents lm-eval evaluates for ``task``: ``(request id, reported id, document)``.
 
-    The request id is the ``doc_id`` of the document's requests (what the
-    model, and the session, see); the reported id is the ``doc_id`` lm-eval
-    writes in its samples file (`reported_doc_id`). They differ under ``--samples``.
+    The request id is the ``doc_id`` of the document's requests; the reported
+    id is the one lm-eval's samples file gives (`reported_doc_id`).
 
     Relies on: lm-eval's evaluator builds a task's requests from
     ``Task.doc_iterator(limit=get_sample_size(task, limit), samples=...)``,

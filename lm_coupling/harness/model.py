@@ -232,8 +232,7 @@ class CouplingHFLM(HFLMWithHooks):
         target = [-1] * batch
         matches = []
         for b, text in enumerate(contexts):
-            # Keys of one prompt whose lens target is the first's share its row; a prompt
-            # with another gold first token is measured alone (counted as such).
+            # A key with another lens target than the row's first is measured alone later.
             for key in session.plans.generation_keys.get(text, ()):
                 if not session.measurements.wanted(key):
                     continue
@@ -255,8 +254,8 @@ class CouplingHFLM(HFLMWithHooks):
     def _lens_target(self, session: GeometrySession, key: GeometryKey) -> int:
         """The gold continuation's first token; -1 without one (a warning names the cause)."""
         context, gold = key
-        if not gold or not context:
-            return -1  # the plan's target_problem names the cause
+        if not gold or not context:  # the plan's target_problem names the cause
+            return -1
         continuation = encode_pair(self, context, gold)[1]
         if continuation:
             return continuation[0]
@@ -279,14 +278,11 @@ class CouplingHFLM(HFLMWithHooks):
         target: list[int],
         copies: dict[int, int] | None = None,
     ) -> Any:
-        """Run ``call`` under capture; a capture failure never loses the output.
+        """Run ``call`` under capture; a failed capture runs it again without (the output stands).
 
-        ``last``, ``first`` and ``target`` have one entry per row of the
-        forward; only the rows of ``matches`` are measured. ``copies``: rows
-        appended as copies of a row for another lens target, each with its
-        original row (`share_untargeted`). When the captured call itself fails
-        (out of memory in the hooks, say), the batch runs again without
-        capture, after the failed capture's tensors are freed.
+        ``last``, ``first``, ``target``: one entry per row of the forward; only
+        the rows of ``matches`` are measured. ``copies``: appended copy row ->
+        its original row (`share_untargeted`).
         """
         preflight.check_first_batch(self, session, [key for _, key in matches])
         runner = session.runner
@@ -298,21 +294,19 @@ class CouplingHFLM(HFLMWithHooks):
         output, error = None, None
         try:
             start = time.perf_counter()
-            # Only the matched rows are measured (a multiple-choice batch's other rows are
-            # the same documents' other answers); position i of the capture is row measured[i].
+            # Position i of the capture is row measured[i].
             measured = sorted({b for b, _ in matches})
             at = {b: i for i, b in enumerate(measured)}
             refs: list[tuple] = [()] * len(measured)
             for b, key in matches:  # a row shared by duplicate prompts measures all their documents
                 refs[at[b]] = refs[at[b]] + session.plans.documents_at(key)
-            indices = (
+            with runner.capture(
                 [last[b] for b in measured],
                 [first[b] for b in measured],
                 [target[b] for b in measured],
                 refs,
                 measured,
-            )
-            with runner.capture(*indices) as handle:
+            ) as handle:
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle)
@@ -321,7 +315,6 @@ class CouplingHFLM(HFLMWithHooks):
             for b, key in matches:
                 document = documents[at[b]]
                 document.timings["forward_capture"] = forward
-                # Keys sharing a row (duplicate prompts) each keep their own copy.
                 session.measurements.store(
                     key, document if b not in stored else document.copy(), "in_batch"
                 )
@@ -346,7 +339,6 @@ class CouplingHFLM(HFLMWithHooks):
         whole group makes its documents' sampled values NaN.
         """
         runner = session.runner
-        # Duplicate prompts (same tokens) share one Jacobian computation.
         by_tokens: dict[tuple[int, ...], list[GeometryKey]] = {}
         for key, tokens in documents:
             if session.plans.sampled(key):
@@ -363,7 +355,6 @@ class CouplingHFLM(HFLMWithHooks):
                     torch.tensor(tokens, dtype=torch.long, device=self.device)
                     for _, tokens in group
                 ]
-                # A prompt shared by duplicate keys measures all their documents.
                 refs = [
                     sum((session.plans.documents_at(key) for key in keys), ()) for keys, _ in group
                 ]
