@@ -1,10 +1,4 @@
-"""The run's measurement store: each planned request's geometry, from measured to scored.
-
-A measurement is kept at its `GeometryKey` (duplicate prompts share one),
-written to the geometry cache, looked up when lm-eval scores its documents (or
-measured alone then), and released once every document measured at it is
-scored.
-"""
+"""The run's measurement store: each planned request's geometry, from measured to scored."""
 
 from __future__ import annotations
 
@@ -21,7 +15,11 @@ __all__ = ["MeasurementStore"]
 
 
 class MeasurementStore:
-    """The measurements of one run, by request.
+    """The measurements of one run, by request (`GeometryKey`: duplicate prompts share one).
+
+    A measurement is written to the geometry cache, looked up when lm-eval
+    scores its documents (or measured alone then), and released once every
+    document measured at it is scored.
 
     Args:
         plans: the run's plans (who is measured at each key, and warnings).

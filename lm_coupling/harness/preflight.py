@@ -117,15 +117,14 @@ def check_differentiable(
         return
     ids = input_ids.to(parts.input_device)
     dtype = compute_dtype(parts)
-    if choose_replay(model)[0] == SEQUENCE:
-        with engine_mode(model):
+    sequence = choose_replay(model)[0] == SEQUENCE
+    prefixes = None if sequence else run_prompts(model, parts, [ids]).prefixes
+    with engine_mode(model):
+        if sequence:
             calls = record_sequences(model, parts, [ids], dtype)
-            failing = untransformable_modules(calls)
-    else:
-        prefixes = run_prompts(model, parts, [ids]).prefixes
-        with engine_mode(model):
+        else:
             calls = record_last_token(model, parts, [ids], dtype, prefixes)
-            failing = untransformable_modules(calls)
+        failing = untransformable_modules(calls)
     if failing:
         others = _runnable(ENGINE_NEEDS)
         raise UnsupportedModelError(

@@ -1,10 +1,4 @@
-"""State of one geometry run: its plans, its measurements and its task records.
-
-The model wrapper plans documents from the requests lm-eval hands it
-(`RunPlans`) and stores their measurements during the forward passes
-(`MeasurementStore`); the task glue reads them when lm-eval scores each
-document (`RunRecords`).
-"""
+"""State of one geometry run: its plans, its measurements and its task records."""
 
 from __future__ import annotations
 
