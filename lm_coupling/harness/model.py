@@ -185,17 +185,10 @@ class CouplingHFLM(HFLMWithHooks):
         batch = inps.shape[0]
         rows, copies = rows_per_target(matched, batch)
         full = torch.cat([inps, inps[copies]]) if copies else inps
-        size = batch + len(copies)
-        last, target = [0] * size, [-1] * size
-        for row, plans in rows:
-            last[row], target[row] = plans[0].last_index, plans[0].target_token
         logits = self._captured_call(
             (lambda: call(full)[:batch]) if copies else call,
             session,
-            [(row, plan.key) for row, plans in rows for plan in plans],
-            last,
-            [0] * size,
-            target,
+            [(row, p.key, (p.last_index, 0, p.target_token)) for row, plans in rows for p in plans],
             {batch + j: b for j, b in enumerate(copies)},
         )
         self._measure_sampled(
@@ -229,25 +222,23 @@ class CouplingHFLM(HFLMWithHooks):
         mask = generation_kwargs.get("attention_mask")
         batch, width = context.shape
         first = (mask == 0).sum(dim=1).tolist() if mask is not None else [0] * batch
-        target = [-1] * batch
         matches = []
         for b, text in enumerate(contexts):
-            # A key with another lens target than the row's first is measured alone later.
+            row_target = None
             for key in session.plans.generation_keys.get(text, ()):
                 if not session.measurements.wanted(key):
                     continue
-                key_target = self._lens_target(session, key)
-                if all(row != b for row, _ in matches):
-                    target[b] = key_target
-                elif key_target != target[b]:
+                target = self._lens_target(session, key)
+                if row_target is None:
+                    row_target = target
+                elif target != row_target:  # another lens target: measured alone later
                     continue
-                matches.append((b, key))
+                matches.append((b, key, (width - 1, first[b], target)))
         if not matches:
             return call()
-        last = [width - 1] * batch
-        output = self._captured_call(call, session, matches, last, first, target)
+        output = self._captured_call(call, session, matches)
         self._measure_sampled(
-            session, [(key, tuple(context[b, first[b] :].tolist())) for b, key in matches]
+            session, [(key, tuple(context[b, first[b] :].tolist())) for b, key, _ in matches]
         )
         return output
 
@@ -272,21 +263,18 @@ class CouplingHFLM(HFLMWithHooks):
         self,
         call: Callable[[], Any],
         session: GeometrySession,
-        matches: list[tuple[int, GeometryKey]],
-        last: list[int],
-        first: list[int],
-        target: list[int],
+        matches: list[tuple[int, GeometryKey, tuple[int, int, int]]],
         copies: dict[int, int] | None = None,
     ) -> Any:
         """Run ``call`` under capture; a failed capture runs it again without (the output stands).
 
-        ``last``, ``first``, ``target``: one entry per row of the forward; only
-        the rows of ``matches`` are measured. ``copies``: appended copy row ->
-        its original row (`share_untargeted`).
+        ``matches``: ``(row, key, (last, first, target))`` of each measured key
+        (a row is captured at its first key's positions). ``copies``: appended copy
+        row -> its original row (`share_untargeted`).
         """
-        preflight.check_first_batch(self, session, [key for _, key in matches])
+        keys = [key for _, key, _ in matches]
+        preflight.check_first_batch(self, session, keys)
         runner = session.runner
-        keys = [key for _, key in matches]
         if not runner.needs_forward_capture:
             for key in keys:
                 session.measurements.store(key, DocumentGeometry(), "in_batch")
@@ -294,25 +282,21 @@ class CouplingHFLM(HFLMWithHooks):
         output, error = None, None
         try:
             start = time.perf_counter()
-            # Position i of the capture is row measured[i].
-            measured = sorted({b for b, _ in matches})
+            positions = {b: where for b, _, where in reversed(matches)}  # a row's first key's
+            measured = sorted(positions)  # position i of the capture is row measured[i]
             at = {b: i for i, b in enumerate(measured)}
+            # A row shared by duplicate prompts measures all their documents.
             refs: list[tuple] = [()] * len(measured)
-            for b, key in matches:  # a row shared by duplicate prompts measures all their documents
+            for b, key, _ in matches:
                 refs[at[b]] = refs[at[b]] + session.plans.documents_at(key)
-            with runner.capture(
-                [last[b] for b in measured],
-                [first[b] for b in measured],
-                [target[b] for b in measured],
-                refs,
-                measured,
-            ) as handle:
+            last, first, target = ([positions[b][i] for b in measured] for i in range(3))
+            with runner.capture(last, first, target, refs, measured) as handle:
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle)
             share_untargeted(documents, at, copies or {}, session.selection.specs)
             stored: set[int] = set()
-            for b, key in matches:
+            for b, key, _ in matches:
                 document = documents[at[b]]
                 document.timings["forward_capture"] = forward
                 session.measurements.store(
