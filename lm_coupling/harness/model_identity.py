@@ -1,11 +1,7 @@
-"""The name and weights fingerprint an in-memory model is filed under.
+"""The name and weights fingerprint an in-memory model is filed under (``config.model_args``).
 
-A model handed to `lm_coupling.evaluate` in memory is named by ``model_name=``,
-else by the ``name_or_path`` it was loaded from, recorded where lm-eval records
-``pretrained`` (it names the output folder and the leaderboard row), with a
-fingerprint of its weights beside it (``config.model_args["weights"]``,
-`lm_coupling.harness.cache.weights_fingerprint`) so that the report keeps two
-models filed under one name apart.
+The name is recorded where lm-eval records ``pretrained``: it names the output
+folder and the leaderboard row.
 """
 
 from __future__ import annotations
@@ -21,7 +17,8 @@ FINGERPRINT_LENGTH = 16  # hex digits of the sha256 kept in the results
 def recorded_model_args(model: Any, model_name: str | None) -> dict[str, Any]:
     """``config.model_args`` of an in-memory model's results: its name and weights fingerprint.
 
-    The name is ``model_name``, else the model's ``name_or_path``.
+    The name is ``model_name``, else the model's ``name_or_path``; the
+    fingerprint (``weights``) keeps two models filed under one name apart.
 
     Raises:
         ConfigurationError: neither gives a name (a model built from a config), or

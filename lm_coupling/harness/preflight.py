@@ -1,16 +1,8 @@
 """Checks that stop a run early when the model cannot give the selected geometry.
 
-The model's own checks are `lm_coupling.model.checks`; this module applies
-them to the run's selection and adds the Jacobian engine's, at two moments:
-
-- `check_model`, at model load: the model must be causal and its blocks must
-  pass one state ``[B, T, d]``.
-- `check_first_batch`, on the first captured batch: the lens read-out
-  ``unembed(final_norm(x^L))`` must reproduce the model's own logits, and with
-  a Jacobian metric selected the located blocks must compose to the model's
-  output and ``torch.func`` must go through every block (one JVP each).
-  Otherwise the run stops naming the architecture and the override to add
-  (`lm_coupling.model.architecture.register_override`) or the module at fault.
+The model's own checks (`lm_coupling.model.checks`) applied to the run's
+selection, with the Jacobian engine's, at model load (`check_model`) and on
+the first captured batch (`check_first_batch`).
 """
 
 from __future__ import annotations
@@ -140,7 +132,12 @@ def check_differentiable(
 
 
 def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
-    """Run `check_readout` once per run, on the first captured document's context.
+    """Run `check_readout` and `check_differentiable` once per run, on the first document.
+
+    The lens read-out ``unembed(final_norm(x^L))`` must reproduce the model's
+    own logits; with a Jacobian metric selected the located blocks must
+    compose to the model's output and ``torch.func`` must go through every
+    block (one JVP each).
 
     Args:
         lm: the `CouplingHFLM` (``tok_encode``, ``model``).
