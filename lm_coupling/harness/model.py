@@ -375,40 +375,35 @@ class CouplingHFLM(HFLMWithHooks):
         if not runner.needs_forward_capture:
             return call()
         batch, width = inps.shape
-        last = torch.full((batch,), width - 1, dtype=torch.long)
-        first = torch.zeros(batch, dtype=torch.long)
-        with runner.capture(last, first, torch.zeros(batch, dtype=torch.long)) as handle:
+        with runner.capture([width - 1] * batch, [0] * batch, [0] * batch) as handle:
             logits = call()
         runner.compute(handle)
         return logits
 
     def measure_alone(self, plan: DocumentPlan) -> DocumentGeometry:
         """Measure a document's prompt alone (documents lm-eval answered from its cache)."""
-        context, gold = self._prompt_tokens(plan)
         session = self._lmc_session
-        target = self._lens_target(session, plan.key) if plan.kind == "generate_until" else gold
-        ids = torch.tensor(context, dtype=torch.long, device=self.device)
-        return session.runner.measure_prompt(
-            ids,
-            target,
-            sampled=session.plans.sampled(plan.key),
-            documents=session.plans.documents_at(plan.key),
-        )
-
-    def _prompt_tokens(self, plan: DocumentPlan) -> tuple[list[int], int]:
         context, continuation = plan.key
         if plan.kind == "generate_until":
             # HFLM's own left truncation (as generate_until applies it), the request's budget.
             max_gen_toks = plan.max_gen_toks if plan.max_gen_toks is not None else self.max_gen_toks
-            return self.tok_encode(context, left_truncate_len=self.max_length - max_gen_toks), -1
-        context_enc, continuation_enc = encode_pair(self, context, continuation)
-        inp, last = loglikelihood_input(self, context_enc, continuation_enc)
-        if last < 0:
-            raise ValueError(
-                f"the answer alone ({len(continuation_enc)} tokens) fills the model's "
-                f"max_length ({self.max_length}): no context position is left to measure"
-            )
-        return inp[: last + 1], continuation_enc[0]
+            ids = self.tok_encode(context, left_truncate_len=self.max_length - max_gen_toks)
+            target = self._lens_target(session, plan.key)
+        else:
+            context_enc, continuation_enc = encode_pair(self, context, continuation)
+            inp, last = loglikelihood_input(self, context_enc, continuation_enc)
+            if last < 0:
+                raise ValueError(
+                    f"the answer alone ({len(continuation_enc)} tokens) fills the model's "
+                    f"max_length ({self.max_length}): no context position is left to measure"
+                )
+            ids, target = inp[: last + 1], continuation_enc[0]
+        return session.runner.measure_prompt(
+            torch.tensor(ids, dtype=torch.long, device=self.device),
+            target,
+            sampled=session.plans.sampled(plan.key),
+            documents=session.plans.documents_at(plan.key),
+        )
 
     # -- data parallel ------------------------------------------------------------
     # Override: lm-eval's first gather of a run carries the geometry records along.

@@ -43,10 +43,8 @@ def effective_options(args: Any) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if isinstance(args, argparse.Namespace):
         values = dict(vars(args))
-    elif dataclasses.is_dataclass(args):
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
     else:
-        values = dict(args)
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
     config_path = values.get("config")
     if config_path:
         from lm_eval.config.evaluate_config import EvaluatorConfig
