@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,34 +22,6 @@ GGUF_MAGIC = b"GGUF"
 
 INSTALL_EXTRA = "pip install 'lm-coupling[gguf]'"
 """The install line that brings the GGUF reader (the ``gguf`` package)."""
-
-
-@dataclass(frozen=True)
-class GgufCheckpoint:
-    """What a GGUF file's header says, read before the model loads.
-
-    Attributes:
-        path: the file.
-        architecture: ``general.architecture`` (``llama``, ...).
-        quantization: the type most of its matrices (tensors of two or more
-            dimensions) are stored in, e.g. ``Q4_1``.
-        tensor_types: every tensor type in the file with its count.
-    """
-
-    path: Path
-    architecture: str
-    quantization: str
-    tensor_types: Mapping[str, int]
-
-    def record(self) -> dict[str, Any]:
-        """The results' ``config.lm_coupling.model_source`` entry (`lm_coupling.model_source`)."""
-        return {
-            "format": "gguf",
-            "file": str(self.path),
-            "quantization": self.quantization,
-            "architecture": self.architecture,
-            "tensor_types": dict(self.tensor_types),
-        }
 
 
 def _first_bytes(path: Path) -> bytes:
@@ -138,8 +109,15 @@ def _readable(gguf: Any, type_name: str) -> bool:
     return True
 
 
-def read_header(gguf: Any, path: Path) -> GgufCheckpoint:
-    """Read a GGUF file's architecture and tensor types with the ``gguf`` module (memory-mapped).
+def read_header(gguf: Any, path: Path) -> dict[str, Any]:
+    """Read a GGUF file's header with the ``gguf`` module (memory-mapped, no weights loaded).
+
+    Returns:
+        The results' ``config.lm_coupling.model_source`` entry
+        (`lm_coupling.model_source`): ``format`` (``"gguf"``), ``file``,
+        ``quantization`` (the type most of its matrices, tensors of two or more
+        dimensions, are stored in, e.g. ``Q4_1``), ``architecture``
+        (``general.architecture``) and ``tensor_types`` (each type's count).
 
     Raises:
         ConfigurationError: not a GGUF file, or an unreadable header.
@@ -163,7 +141,13 @@ def read_header(gguf: Any, path: Path) -> GgufCheckpoint:
     field = reader.fields.get("general.architecture")
     architecture = bytes(field.parts[field.data[0]]).decode() if field is not None else "unknown"
     quantization = (matrices or counts).most_common(1)[0][0] if counts else "none"
-    return GgufCheckpoint(path, architecture, quantization, dict(sorted(counts.items())))
+    return {
+        "format": "gguf",
+        "file": str(path),
+        "quantization": quantization,
+        "architecture": architecture,
+        "tensor_types": dict(sorted(counts.items())),
+    }
 
 
 # transformers' GGUF loader (``load_gguf_checkpoint`` in modeling_gguf_pytorch_utils,
@@ -189,14 +173,14 @@ def transformers_architectures() -> tuple[str, ...]:
     return tuple(sorted(name for name in GGUF_CONFIG_MAPPING if name != "general"))
 
 
-def check_architecture(header: GgufCheckpoint) -> None:
+def check_architecture(header: Mapping[str, Any]) -> None:
     """Refuse a GGUF file whose architecture transformers cannot load (after its renames).
 
     Raises:
         ConfigurationError: the architecture is missing or not supported, named.
     """
     supported = transformers_architectures()
-    name = header.architecture
+    name = header["architecture"]
     renamed = next((new for old, new in _TRANSFORMERS_RENAMES if old in name), name)
     if name in supported or renamed in supported:
         return
@@ -208,7 +192,7 @@ def check_architecture(header: GgufCheckpoint) -> None:
         else f"is a GGUF file of architecture {name!r} (its general.architecture)"
     )
     raise ConfigurationError(
-        f"{header.path} {what}, "
+        f"{header['file']} {what}, "
         f"so transformers {transformers.__version__} cannot load it from GGUF; it reads "
         f"{', '.join(supported)}. Use the model's safetensors checkpoint instead "
         "(pretrained=<folder or hub id>, no gguf_file=), or a transformers release that "
@@ -216,8 +200,10 @@ def check_architecture(header: GgufCheckpoint) -> None:
     )
 
 
-def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
-    """Check a ``gguf_file=`` checkpoint before the model loads; None without one.
+def check_gguf(model_args: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Check a ``gguf_file=`` checkpoint before the model loads: its header (`read_header`).
+
+    None without ``gguf_file=``.
 
     A hub repository's GGUF (``pretrained=org/name`` and a relative
     ``gguf_file``) is left to lm-eval once the reader is known to be there.
@@ -244,7 +230,7 @@ def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
         )
     header = read_header(gguf, path)
     check_architecture(header)
-    unreadable = sorted(name for name in header.tensor_types if not _readable(gguf, name))
+    unreadable = sorted(name for name in header["tensor_types"] if not _readable(gguf, name))
     if unreadable:
         raise ConfigurationError(
             f"{path} stores tensors as {', '.join(unreadable)}, which the installed gguf "

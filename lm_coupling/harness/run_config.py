@@ -94,8 +94,7 @@ class RunConfig:
         if model is None:
             check_model_named(evaluator.model_args)
             model_args = evaluator.model_args or {}
-            gguf = check_gguf(model_args)  # before the path check: a GGUF folder has no config
-            source = gguf.record() if gguf is not None else None
+            source = check_gguf(model_args)  # before the path check: a GGUF folder has no config
             if not model_args.get("gguf_file"):
                 check_model_path(model_args.get("pretrained"))
         return cls(
