@@ -39,7 +39,6 @@ class TaskRecords:
     the others only a plugin's per-document ``summaries``, if any.
 
     Attributes:
-        doc_ids: scored documents, in scoring order.
         profiled_ids: documents whose profiles were folded in, in that order
             (the positions of `ProfileByShape`).
         documents: the kept documents: whole, those with a sampled metric's
@@ -54,7 +53,6 @@ class TaskRecords:
         timings: running sums of the documents' timings.
     """
 
-    doc_ids: list[int] = field(default_factory=list)
     profiled_ids: list[int] = field(default_factory=list)
     documents: list[DocumentGeometry] = field(default_factory=list)
     kept_ids: list[int] = field(default_factory=list)
@@ -67,7 +65,6 @@ class TaskRecords:
 
     def add(self, doc_id: int, geometry: DocumentGeometry, keep: bool = False) -> None:
         """Fold one scored document in; keep it whole when ``keep`` (a sampled document)."""
-        self.doc_ids.append(doc_id)
         self.n_documents += 1
         for name, value in geometry.values.items():
             if math.isfinite(value):
@@ -78,10 +75,7 @@ class TaskRecords:
         if keep:
             self.documents.append(geometry)
             self.kept_ids.append(doc_id)
-        elif geometry.summaries:
-            # A plugin's per-document summaries (a task-level measure such as
-            # dataset_entropy) reach lmc_aggregate_task for every document: the
-            # summaries alone are kept, not the values, profiles or timings.
+        elif geometry.summaries:  # a task-level measure's input (the class docstring)
             self.documents.append(
                 DocumentGeometry(summaries=geometry.summaries, failures=geometry.failures)
             )
@@ -101,7 +95,6 @@ class TaskRecords:
     def extend(self, other: TaskRecords) -> None:
         """Add another rank's records of the same task."""
         offset = len(self.profiled_ids)
-        self.doc_ids.extend(other.doc_ids)
         self.profiled_ids.extend(other.profiled_ids)
         self.documents.extend(other.documents)
         self.kept_ids.extend(other.kept_ids)

@@ -67,7 +67,7 @@ def test_records_of_two_ranks_merge_with_their_counts():
     session = _session()
     session.records.merge([{"task": first}, {"task": second}])
     merged = session.records.tasks["task"]
-    assert merged.doc_ids == [0, 2, 1] and merged.failures == second.failures
+    assert merged.profiled_ids == [0, 2, 1] and merged.failures == second.failures
     assert merged.capture == {"in_batch": 2, "alone": 0, "cached": 0, "failed": 1}
     assert merged.n_measured(["lss"]) == {"lss": 2} and merged.n_documents == 3
     # The running summaries merge to what all three profiles give at once.
@@ -147,4 +147,4 @@ def test_profiles_of_one_shape_keep_one_run_of_positions():
     for doc_id in range(300):
         records.add(doc_id, DocumentGeometry({}, {"norm": np.zeros(3)}))
     assert records.profiles["norm"].runs == {(3,): [[0, 300]]}
-    assert records.profiles["norm"].odd(records.doc_ids) == []
+    assert records.profiles["norm"].odd(records.profiled_ids) == []
