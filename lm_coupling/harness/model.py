@@ -24,7 +24,7 @@ from lm_coupling.harness import preflight
 from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
-from lm_coupling.harness.progress import GeometryProgress, sampled_in_requests
+from lm_coupling.harness.progress import geometry_progress, sampled_in_requests
 from lm_coupling.harness.rows import RowIndex, rows_per_target, share_untargeted
 from lm_coupling.harness.session import GeometrySession, plugin_versions
 
@@ -50,7 +50,7 @@ class CouplingHFLM(HFLMWithHooks):
     _lmc_gen_contexts: list[str] | None = None
     _lmc_gathered = False
     _lmc_probing = False
-    _lmc_progress: GeometryProgress | None = None
+    _lmc_progress: Any = None  # the sampled documents' tqdm line, while scoring
     _lmc_model_source: Mapping[str, Any] | None = None  # a GGUF file and its quantisation
 
     def open_session(self, run: RunConfig) -> GeometrySession:
@@ -144,7 +144,7 @@ class CouplingHFLM(HFLMWithHooks):
         session.plans.plan_requests(requests)
         sampled = session.runner.sampled_metrics
         total = sampled_in_requests(session, requests)
-        self._lmc_progress = GeometryProgress(",".join(sampled), total, disable=disable)
+        self._lmc_progress = geometry_progress(",".join(sampled), total, disable=disable)
         try:
             with counting_requests(self, requests):  # Ctrl-C says how far it got
                 yield
@@ -357,7 +357,7 @@ class CouplingHFLM(HFLMWithHooks):
                 for i, key in enumerate(keys):
                     session.measurements.store(key, result if i == 0 else result.copy())
             if self._lmc_progress is not None:
-                self._lmc_progress.advance(sum(len(keys) for keys, _ in group))
+                self._lmc_progress.update(sum(len(keys) for keys, _ in group))
 
     # -- batch size detection ------------------------------------------------------
     @contextlib.contextmanager
