@@ -91,12 +91,7 @@ def run_command(argv: Sequence[str]) -> int:
 
 
 def patch_run_command() -> None:
-    """Teach lm-eval's ``run`` sub-command the geometry flags (the literal ``lm_eval``).
-
-    Stands in for a command-line plugin mechanism lm-eval 0.4.13 does not
-    have (`lm_eval_adapter.patch_run_command`): the flags are added to the
-    command's parser and its execution goes through `execute`.
-    """
+    """Teach lm-eval's ``run`` sub-command the geometry flags, its execution through `execute`."""
     from lm_coupling.harness.lm_eval_adapter import patch_run_command as patch
 
     patch(add_geometry_arguments, _execute_or_exit)

@@ -75,17 +75,6 @@ def gguf_path(model_args: Mapping[str, Any]) -> Path | None:
     return None if folder is None else folder / file
 
 
-def _require_reader() -> Any:
-    try:
-        import gguf
-    except ImportError as exc:
-        raise ConfigurationError(
-            "gguf_file= needs the GGUF reader, the gguf package, which is not installed: "
-            f"{INSTALL_EXTRA} (transformers reads GGUF files through it)"
-        ) from exc
-    return gguf
-
-
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -218,7 +207,13 @@ def check_gguf(model_args: Mapping[str, Any]) -> dict[str, Any] | None:
     check_pretrained_file(model_args.get("pretrained"))
     if not model_args.get("gguf_file"):
         return None
-    gguf = _require_reader()
+    try:
+        import gguf
+    except ImportError as exc:
+        raise ConfigurationError(
+            "gguf_file= needs the GGUF reader, the gguf package, which is not installed: "
+            f"{INSTALL_EXTRA} (transformers reads GGUF files through it)"
+        ) from exc
     path = gguf_path(model_args)
     if path is None:
         return None

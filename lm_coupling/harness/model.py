@@ -349,7 +349,6 @@ class CouplingHFLM(HFLMWithHooks):
                 session.measurements.fail(
                     [key for keys, _ in group for key in keys], error, metrics=metrics
                 )
-                results = []
             for (keys, _), result in zip(group, results, strict=False):
                 if isinstance(result, Exception):
                     session.measurements.fail(keys, repr(result), metrics=metrics)
