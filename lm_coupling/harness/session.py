@@ -106,21 +106,17 @@ class GeometrySession:
         deferred = [n for n in self.selection.metrics if specs[n].deferred]
         if not deferred or self.runner is None:
             return
-        docs: list[DocumentGeometry] = []
-        refs: list[DocumentRef] = []
-        seen: set[int] = set()
+        found: dict[int, tuple[DocumentGeometry, DocumentRef]] = {}
         store = self.measurements
         for doc_id in sorted(self.plans.instances_of(task_name)):
             plan = self.plans.plan_for(task_name, doc_id)
             if plan is None or plan.problem is not None or plan.key in store.failed_keys:
                 continue
             geometry = store.geometry_for(plan, measure_alone)
-            if id(geometry) in seen:  # duplicate prompts share one measurement
-                continue
-            seen.add(id(geometry))
-            docs.append(geometry)
-            refs.append(DocumentRef(task_name, doc_id))
-        if docs:
+            # Duplicate prompts share one measurement: its first document stands for it.
+            found.setdefault(id(geometry), (geometry, DocumentRef(task_name, doc_id)))
+        if found:
+            docs, refs = (list(column) for column in zip(*found.values(), strict=True))
             self.runner.plugins.complete_task(
                 deferred, docs, refs, self.options_used(), self.runner.parts
             )
