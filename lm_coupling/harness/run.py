@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterable
@@ -228,7 +227,7 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         _print_tables(config, results, run.model_type)
     record.results = results if samples is None else {**results, "samples": samples}
     _print_account(record, selection, stream)
-    if config.output_path and int(os.environ.get("RANK", "0")) == 0:
+    if config.output_path:
         from lm_coupling.harness.outputs import refresh_leaderboard
 
         refresh_leaderboard(output_root(config.output_path), stream)
@@ -302,8 +301,6 @@ def _print_account(record: RunRecord, selection: Selection, stream: TextIO | Non
     """One line per task: the documents each selected metric was computed on."""
     from lm_coupling.harness.run_summary import leaf_tasks, summary_lines
 
-    if int(os.environ.get("RANK", "0")) != 0 or record.results is None:
-        return
     stream = stream if stream is not None else sys.stderr
     sampled = [m for m in selection.metrics if selection.specs[m].sampled]
     files = {

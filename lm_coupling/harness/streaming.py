@@ -49,13 +49,9 @@ class RunningProfile:
         ``n = n_a + n_b``, ``delta = mean_b - mean_a``;
         ``m2 = m2_a + m2_b + delta^2 n_a n_b / n``, ``mean = mean_a + delta n_b / n``.
         """
-        if self.n is None:
-            self.n, self.mean, self.m2 = (
-                n_b.copy(),
-                mean_b.astype(np.float64),
-                m2_b.astype(np.float64),
-            )
-            return
+        if self.n is None:  # the update from zeros gives the part itself, exactly
+            self.n = np.zeros_like(n_b)
+            self.mean, self.m2 = np.zeros(n_b.shape), np.zeros(n_b.shape)
         n = self.n + n_b
         delta = mean_b - self.mean
         with np.errstate(invalid="ignore", divide="ignore"):
