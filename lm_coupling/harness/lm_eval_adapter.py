@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -142,15 +143,12 @@ def templates_compiled_once() -> Iterator[None]:
     env = utils.env
     compile_ = env.from_string
     before = env.__dict__.get("from_string", _ABSENT)
-    compiled: dict[str, Any] = {}
+    compile_once = functools.cache(compile_)
 
     def from_string(source: Any, globals: Any = None, template_class: Any = None) -> Any:
         if globals is not None or template_class is not None or not isinstance(source, str):
             return compile_(source, globals, template_class)
-        template = compiled.get(source)
-        if template is None:
-            template = compiled[source] = compile_(source)
-        return template
+        return compile_once(source)
 
     env.from_string = from_string
     try:
