@@ -77,7 +77,6 @@ class CouplingHFLM(HFLMWithHooks):
                 "vocab_size": runner.parts.vocab_size,
                 "n_params": sum(p.numel() for p in self.model.parameters()),
             },
-            cache_path_prefix=prefix,
             cache=self._geometry_cache(prefix, selection) if prefix else None,
             lm_eval_options=dict(run.lm_eval_options),
         )

@@ -29,7 +29,6 @@ class GeometrySession:
         selection: the run's metrics and options.
         runner: the geometry runner on the run's model.
         model_shape: layers, width, parameters and vocabulary of the model.
-        cache_path_prefix: lm-eval's ``--use_cache`` path, if any.
         cache: the geometry cache beside lm-eval's ``--use_cache`` database, else None.
         lm_eval_options: the lm-eval options the run uses, as the results
             record them (`lm_coupling.harness.run_options.check_run_options`).
@@ -46,7 +45,6 @@ class GeometrySession:
         *,
         runner: GeometryRunner | None = None,
         model_shape: dict[str, Any] | None = None,
-        cache_path_prefix: str | None = None,
         cache: Any = None,
         lm_eval_options: dict[str, Any] | None = None,
     ):
@@ -55,7 +53,7 @@ class GeometrySession:
         self.model_shape: dict[str, Any] = dict(model_shape or {})
         self.lm_eval_options: dict[str, Any] = dict(lm_eval_options or {})
         self.plans = RunPlans(selection, self.lm_eval_options)
-        self.records = RunRecords(self.plans, cache_path_prefix)
+        self.records = RunRecords(self.plans, cached=cache is not None)
         streamed = runner.streamed_metrics if runner else ()
         self.measurements = MeasurementStore(
             self.plans, self.records, selection.metrics, streamed, cache

@@ -114,7 +114,7 @@ class RunRecords:
 
     Args:
         plans: the run's plans (their selection, reported ids and warnings).
-        cache_path_prefix: lm-eval's ``--use_cache`` path, if any (documents
+        cached: the run has a geometry cache (``--use_cache``: documents
             measured alone are then expected).
 
     Attributes:
@@ -123,9 +123,9 @@ class RunRecords:
             lm-eval scores a document once per filter).
     """
 
-    def __init__(self, plans: RunPlans, cache_path_prefix: str | None = None):
+    def __init__(self, plans: RunPlans, cached: bool = False):
         self.plans = plans
-        self.cache_path_prefix = cache_path_prefix
+        self.cached = cached
         self.tasks: dict[str, TaskRecords] = defaultdict(TaskRecords)
         self.scored_ids: set[DocumentId] = set()
 
@@ -243,7 +243,7 @@ class RunRecords:
         report = {}
         for task_name, records in sorted(self.tasks.items()):
             alone = records.capture.get("alone", 0)
-            if alone and self.cache_path_prefix is None:
+            if alone and not self.cached:
                 self.plans.warn_once(
                     ("alone", task_name),
                     f"task {task_name!r}: {alone} of {records.n_documents} documents were "

@@ -48,8 +48,10 @@ def test_documents_measured_alone_without_use_cache_warn_once_per_task():
     assert "measured alone" in str(warning.message)
 
 
-def test_with_use_cache_alone_is_expected_and_silent():
-    session = _session(cache_path_prefix="cache/lm")
+def test_with_use_cache_alone_is_expected_and_silent(tmp_path):
+    from lm_coupling.harness.cache import GeometryCache
+
+    session = _session(cache=GeometryCache(tmp_path / "cache_geometry_rank0.db", {}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _record(session, 0, "alone", lss=1.5, coupling=0.5, alignment_ratio=1.0)
