@@ -24,7 +24,6 @@ class MeasurementStore:
     Args:
         plans: the run's plans (who is measured at each key, and warnings).
         records: the run's task records, where measured profiles are folded.
-        metrics: the selected metrics (a failure makes them all NaN).
         streamed_metrics: the metrics every document needs.
         cache: the geometry cache (a ``GeometryCache``), else None.
 
@@ -38,13 +37,11 @@ class MeasurementStore:
         self,
         plans: RunPlans,
         records: RunRecords,
-        metrics: tuple[str, ...],
         streamed_metrics: Collection[str],
         cache: Any = None,
     ):
         self.plans = plans
         self.records = records
-        self.metrics = metrics
         self.streamed_metrics = streamed_metrics
         self.cache = cache
         self.measured: dict[GeometryKey, DocumentGeometry] = {}
@@ -118,9 +115,9 @@ class MeasurementStore:
         Args:
             keys: the requests whose measurement failed.
             error: the error's text (the exception's traceback would keep tensors alive).
-            metrics: the metrics that failed (default: all).
+            metrics: the metrics that failed (default: all the selected ones).
         """
-        metrics = metrics if metrics is not None else self.metrics
+        metrics = metrics if metrics is not None else self.plans.selection.metrics
         for key in keys:
             self.failed_keys.add(key)
             self.plans.warn_key(key, f"its geometry failed ({error}); values are NaN")
@@ -138,7 +135,7 @@ class MeasurementStore:
         """
         if plan.problem is not None:
             self.plans.warn(plan, f"{plan.problem}; its geometry is NaN")
-            return DocumentGeometry(values=dict.fromkeys(self.metrics, math.nan))
+            return DocumentGeometry(values=dict.fromkeys(self.plans.selection.metrics, math.nan))
         found = self.lookup(plan.key)
         if found is not None:
             return found

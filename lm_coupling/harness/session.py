@@ -55,9 +55,7 @@ class GeometrySession:
         self.plans = RunPlans(selection, self.lm_eval_options)
         self.records = RunRecords(self.plans, cached=cache is not None)
         streamed = runner.streamed_metrics if runner else ()
-        self.measurements = MeasurementStore(
-            self.plans, self.records, selection.metrics, streamed, cache
-        )
+        self.measurements = MeasurementStore(self.plans, self.records, streamed, cache)
         self.first_batch_checked = False  # preflight's read-out check, once per run
         self._completed: set[str] = set()  # tasks whose deferred metrics are computed
 
@@ -119,18 +117,15 @@ class GeometrySession:
                 deferred, docs, refs, self.options_used(), self.runner.parts
             )
 
-    def document_values(
-        self, plan: DocumentPlan, geometry: DocumentGeometry, record: bool
-    ) -> dict[str, float]:
+    def document_values(self, plan: DocumentPlan, geometry: DocumentGeometry) -> dict[str, float]:
         """The per-document values lm-eval aggregates (`RunRecords.document_values`).
 
-        With ``record``, the document is recorded once, and its measurement
-        released once every document measured at its key is scored.
+        The document is recorded once, and its measurement released once
+        every document measured at its key is scored.
         """
         source = self.measurements.source_of(plan)
-        values = self.records.document_values(plan, geometry, source, record)
-        if record:
-            self.measurements.release(plan.key, self.records.scored_ids)
+        values = self.records.document_values(plan, geometry, source)
+        self.measurements.release(plan.key, self.records.scored_ids)
         return values
 
 

@@ -130,13 +130,9 @@ class RunRecords:
         self.scored_ids: set[DocumentId] = set()
 
     def document_values(
-        self,
-        plan: DocumentPlan,
-        geometry: DocumentGeometry,
-        source: tuple[str, str | None],
-        record: bool,
+        self, plan: DocumentPlan, geometry: DocumentGeometry, source: tuple[str, str | None]
     ) -> dict[str, float]:
-        """The per-document values lm-eval aggregates (undefined ones left out).
+        """The per-document values lm-eval aggregates (undefined ones left out); records it once.
 
         lm-eval then averages each metric over the documents that define it.
 
@@ -144,7 +140,6 @@ class RunRecords:
             plan: the scored document's plan.
             geometry: the measurement at its key.
             source: ``(source, error)`` of the measurement (`MeasurementStore.source_of`).
-            record: record the document (once) in its task's records.
         """
         own = self._own_geometry(plan, geometry)
         values = {k: v for k, v in own.values.items() if math.isfinite(v)}
@@ -163,8 +158,7 @@ class RunRecords:
             )
         if undefined and source[0] != "failed":
             self.plans.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
-        if record:
-            self._record(plan.task_name, plan.doc_id, own, source)
+        self._record(plan.task_name, plan.doc_id, own, source)
         return values
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:

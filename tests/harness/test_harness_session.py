@@ -28,8 +28,8 @@ def _record(session: GeometrySession, doc_id: int, source: str, **values: float)
     session.plans.plans_by_key[key].append(plan)
     session.measurements.store(key, DocumentGeometry(values=dict(values)), source)
     geometry = session.measurements.measured[key]
-    session.document_values(plan, geometry, record=True)
-    session.document_values(plan, geometry, record=True)  # a second filter
+    session.document_values(plan, geometry)
+    session.document_values(plan, geometry)  # a second filter
 
 
 def test_documents_measured_alone_without_use_cache_warn_once_per_task():
