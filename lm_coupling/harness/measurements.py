@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from lm_coupling.harness.plan import DocumentId, DocumentPlan, GeometryKey
+from lm_coupling.harness.plan import DocumentPlan, GeometryKey
 from lm_coupling.harness.run_plans import RunPlans
 from lm_coupling.harness.task_records import RunRecords
 from lm_coupling.states import DocumentGeometry
@@ -155,8 +155,8 @@ class MeasurementStore:
             return "failed", "its geometry failed (see the warning)"
         return self.sources.get(plan.key, "alone"), None
 
-    def release(self, key: GeometryKey, scored: Collection[DocumentId]) -> None:
+    def release(self, key: GeometryKey) -> None:
         """Drop a measurement once every document planned at ``key`` is scored."""
         plans = self.plans.plans_by_key.get(key, ())
-        if all((plan.task_name, plan.doc_id) in scored for plan in plans):
+        if all(self.records.scored(plan.task_name, plan.doc_id) for plan in plans):
             self.measured.pop(key, None)

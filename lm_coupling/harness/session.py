@@ -125,7 +125,7 @@ class GeometrySession:
         """
         source = self.measurements.source_of(plan)
         values = self.records.document_values(plan, geometry, source)
-        self.measurements.release(plan.key, self.records.scored_ids)
+        self.measurements.release(plan.key)
         return values
 
 
