@@ -58,10 +58,7 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
         The exit code: 0; 2 after printing an lm-coupling error; 130 after Ctrl-C
         (`lm_coupling.harness.interrupt`).
     """
-    metrics, metric_args = (getattr(args, name, None) for name in GEOMETRY_FLAGS)
-    for name in GEOMETRY_FLAGS:
-        if hasattr(args, name):
-            delattr(args, name)
+    metrics, metric_args = (vars(args).pop(name, None) for name in GEOMETRY_FLAGS)
     try:
         if metrics is None:
             if metric_args:  # options for metrics nobody selected: make_selection says so

@@ -131,8 +131,6 @@ class CouplingHFLM(HFLMWithHooks):
         self, requests: list[Instance], disable_tqdm: bool = False
     ) -> list[tuple[float, bool]]:
         """Plan the requests' documents, then run lm-eval's loglikelihood."""
-        if self._lmc_session is None:
-            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         with self._geometry_progress(requests, disable_tqdm):
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
@@ -140,6 +138,9 @@ class CouplingHFLM(HFLMWithHooks):
     def _geometry_progress(self, requests: list[Instance], disable: bool) -> Iterator[None]:
         """Plan the requests' documents; show the sampled documents' progress meanwhile."""
         session = self._lmc_session
+        if session is None:  # exactly lm-eval's hf model
+            yield
+            return
         session.plans.plan_requests(requests)
         sampled = session.runner.sampled_metrics
         total = sampled_in_requests(session, requests)
@@ -199,8 +200,6 @@ class CouplingHFLM(HFLMWithHooks):
     # Override: as loglikelihood, for generation requests.
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Plan the requests' documents, then run lm-eval's generate_until."""
-        if self._lmc_session is None:
-            return super().generate_until(requests, disable_tqdm=disable_tqdm)
         with self._geometry_progress(requests, disable_tqdm):
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
