@@ -91,13 +91,8 @@ class ProfileByShape:
     def add(self, position: int, array: Any) -> None:
         """Take the profile of the document at ``position`` in the task's scoring order."""
         array = np.asarray(array, dtype=np.float64)
-        shape = array.shape
-        profile = self.shapes.get(shape)
-        if profile is None:  # a new shape (never a new summary per call)
-            profile = self.shapes[shape] = RunningProfile()
-            self.runs[shape] = []
-        profile.add(array)
-        _extend_runs(self.runs[shape], position, position + 1)
+        self.shapes.setdefault(array.shape, RunningProfile()).add(array)
+        _extend_runs(self.runs.setdefault(array.shape, []), position, position + 1)
 
     def merge(self, other: ProfileByShape, offset: int) -> None:
         """Fold another rank's profile in; its positions come ``offset`` after this one's."""
