@@ -140,11 +140,9 @@ class MeasurementStore:
         if found is not None:
             return found
         try:
-            geometry = measure_alone(plan)
+            self.store(plan.key, measure_alone(plan), "alone")
         except Exception as exc:  # a broken document must not stop the scoring
             self.fail([plan.key], repr(exc))
-            return self.measured[plan.key]
-        self.store(plan.key, geometry, "alone")
         return self.measured[plan.key]
 
     def source_of(self, plan: DocumentPlan) -> tuple[str, str | None]:
