@@ -1,13 +1,4 @@
-"""Per-task records of one run: each document's geometry summarised as lm-eval scores it.
-
-`RunRecords` gives lm-eval each document's own values (undefined ones left
-out, with one warning naming the cause), records each scored document once in
-its task's `TaskRecords`, reports the capture counts and gathers the records
-across data-parallel ranks. Every document's trajectory/lens geometry has one
-source (`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
-measured alone afterwards (``alone``), read from the geometry cache
-(``cached``), or ``failed`` (NaN, with a warning naming the document).
-"""
+"""Per-task records of one run: each document's geometry summarised as lm-eval scores it."""
 
 from __future__ import annotations
 
@@ -25,6 +16,8 @@ from lm_coupling.states import DocumentGeometry
 __all__ = ["CAPTURE_SOURCES", "RunRecords", "TaskRecords"]
 
 CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
+"""Where a document's trajectory/lens geometry came from: captured inside lm-eval's own batch,
+measured alone afterwards, read from the geometry cache, or failed (NaN, with a warning)."""
 
 
 @dataclass
