@@ -8,10 +8,8 @@ commented with the lm-eval behaviour it relies on;
 lm-eval and names the use that broke. No other module of the package reads or
 writes a private name of lm-eval (a test greps for it).
 
-Built and tested against lm-eval 0.4.13, which discovers no plugins through
-entry points: `has_entry_point_plugins` tells whether the installed lm-eval
-does (its main branch: ``lm_eval.models``, ``lm_eval.metrics``), and
-docs/compatibility.md says which route a run takes.
+Built and tested against lm-eval 0.4.13 (docs/compatibility.md: the versions,
+and the route a run takes where lm-eval has entry-point plugins).
 """
 
 from __future__ import annotations
