@@ -91,7 +91,6 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
         if tensor.is_meta or tensor.numel() == 0:
             continue
         flat = tensor.detach().reshape(-1)
-        ends = [flat[:_FINGERPRINT_ELEMENTS], flat[-_FINGERPRINT_ELEMENTS:]]
-        for part in ends:
+        for part in (flat[:_FINGERPRINT_ELEMENTS], flat[-_FINGERPRINT_ELEMENTS:]):
             digest.update(part.to("cpu", torch.float64).numpy().tobytes())
     return digest.hexdigest()

@@ -58,10 +58,7 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
         The exit code: 0; 2 after printing an lm-coupling error; 130 after Ctrl-C
         (`lm_coupling.harness.interrupt`).
     """
-    metrics, metric_args = (getattr(args, name, None) for name in GEOMETRY_FLAGS)
-    for name in GEOMETRY_FLAGS:
-        if hasattr(args, name):
-            delattr(args, name)
+    metrics, metric_args = (vars(args).pop(name, None) for name in GEOMETRY_FLAGS)
     try:
         if metrics is None:
             if metric_args:  # options for metrics nobody selected: make_selection says so
@@ -91,12 +88,7 @@ def run_command(argv: Sequence[str]) -> int:
 
 
 def patch_run_command() -> None:
-    """Teach lm-eval's ``run`` sub-command the geometry flags (the literal ``lm_eval``).
-
-    Stands in for a command-line plugin mechanism lm-eval 0.4.13 does not
-    have (`lm_eval_adapter.patch_run_command`): the flags are added to the
-    command's parser and its execution goes through `execute`.
-    """
+    """Teach lm-eval's ``run`` sub-command the geometry flags, its execution through `execute`."""
     from lm_coupling.harness.lm_eval_adapter import patch_run_command as patch
 
     patch(add_geometry_arguments, _execute_or_exit)

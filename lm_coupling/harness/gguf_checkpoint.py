@@ -2,22 +2,16 @@
 
 transformers reads ``pretrained=<folder>,gguf_file=<file>`` (the file relative
 to the folder, or absolute) with the ``gguf`` package and dequantizes every
-tensor to float; the geometry is measured on that float model. Before the
-model loads, such a run is refused, with the fix: without the ``gguf`` package
-(``lm-coupling[gguf]``); a missing file, a file that is not GGUF, or
-``pretrained=`` naming a file; an architecture (``general.architecture``) the
-installed transformers cannot build from GGUF; a tensor type the installed
-``gguf`` cannot dequantize (Q8_1, Q8_K, the integer types, F64 in gguf 0.19).
-The quantisation (the type most of its matrices are stored in, e.g. ``Q4_1``)
-is recorded (``config.lm_coupling.model_source``), so that a GGUF model is
-filed under its file and quantisation (`lm_coupling.model_source`).
+tensor to float; the geometry is measured on that float model. `check_gguf`
+refuses, with the fix, what would fail only after loading; the quantisation is
+recorded (``config.lm_coupling.model_source``), so that a GGUF model is filed
+under its file and quantisation (`lm_coupling.model_source`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,46 +24,13 @@ INSTALL_EXTRA = "pip install 'lm-coupling[gguf]'"
 """The install line that brings the GGUF reader (the ``gguf`` package)."""
 
 
-@dataclass(frozen=True)
-class GgufCheckpoint:
-    """What a GGUF file's header says, read before the model loads.
-
-    Attributes:
-        path: the file.
-        architecture: ``general.architecture`` (``llama``, ...).
-        quantization: the type most of its matrices (tensors of two or more
-            dimensions) are stored in, e.g. ``Q4_1``.
-        tensor_types: every tensor type in the file with its count.
-    """
-
-    path: Path
-    architecture: str
-    quantization: str
-    tensor_types: Mapping[str, int]
-
-    def record(self) -> dict[str, Any]:
-        """The results' ``config.lm_coupling.model_source`` entry (`lm_coupling.model_source`)."""
-        return {
-            "format": "gguf",
-            "file": str(self.path),
-            "quantization": self.quantization,
-            "architecture": self.architecture,
-            "tensor_types": dict(self.tensor_types),
-        }
-
-
-def is_gguf_file(path: Path) -> bool:
-    """Whether ``path`` is a file starting with the GGUF magic bytes."""
+def _first_bytes(path: Path) -> bytes:
+    """The file's first 8 bytes (empty when it cannot be read)."""
     try:
         with path.open("rb") as fh:
-            return fh.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+            return fh.read(8)
     except OSError:
-        return False
-
-
-def _first_bytes(path: Path) -> bytes:
-    with path.open("rb") as fh:
-        return fh.read(8)
+        return b""
 
 
 def _local_folder(pretrained: Any) -> Path | None:
@@ -89,7 +50,7 @@ def check_pretrained_file(pretrained: Any) -> None:
     path = _local_folder(pretrained)
     if path is None or not path.is_file():
         return
-    if is_gguf_file(path):
+    if _first_bytes(path).startswith(GGUF_MAGIC):
         raise ConfigurationError(
             f"pretrained={pretrained} names a GGUF file; lm-eval's hf model loads one as "
             f"pretrained=<folder>,gguf_file=<file>: use pretrained={path.parent},"
@@ -112,17 +73,6 @@ def gguf_path(model_args: Mapping[str, Any]) -> Path | None:
         return file
     folder = _local_folder(model_args.get("pretrained"))
     return None if folder is None else folder / file
-
-
-def _require_reader() -> Any:
-    try:
-        import gguf
-    except ImportError as exc:
-        raise ConfigurationError(
-            "gguf_file= needs the GGUF reader, the gguf package, which is not installed: "
-            f"{INSTALL_EXTRA} (transformers reads GGUF files through it)"
-        ) from exc
-    return gguf
 
 
 def _version() -> str:
@@ -148,16 +98,23 @@ def _readable(gguf: Any, type_name: str) -> bool:
     return True
 
 
-def read_header(path: Path) -> GgufCheckpoint:
-    """Read a GGUF file's architecture and tensor types (memory-mapped, no weights loaded).
+def read_header(gguf: Any, path: Path) -> dict[str, Any]:
+    """Read a GGUF file's header with the ``gguf`` module (memory-mapped, no weights loaded).
+
+    Returns:
+        The results' ``config.lm_coupling.model_source`` entry
+        (`lm_coupling.model_source`): ``format`` (``"gguf"``), ``file``,
+        ``quantization`` (the type most of its matrices, tensors of two or more
+        dimensions, are stored in, e.g. ``Q4_1``), ``architecture``
+        (``general.architecture``) and ``tensor_types`` (each type's count).
 
     Raises:
-        ConfigurationError: no gguf package, not a GGUF file, or an unreadable header.
+        ConfigurationError: not a GGUF file, or an unreadable header.
     """
-    gguf = _require_reader()
-    if not is_gguf_file(path):
+    first = _first_bytes(path)
+    if not first.startswith(GGUF_MAGIC):
         raise ConfigurationError(
-            f"{path} is not a GGUF file (it starts with {_first_bytes(path)!r}, not "
+            f"{path} is not a GGUF file (it starts with {first!r}, not "
             f"{GGUF_MAGIC!r}): gguf_file= takes a llama.cpp GGUF file; for a safetensors or "
             "PyTorch checkpoint drop gguf_file= and give pretrained=<the folder with config.json>"
         )
@@ -173,7 +130,13 @@ def read_header(path: Path) -> GgufCheckpoint:
     field = reader.fields.get("general.architecture")
     architecture = bytes(field.parts[field.data[0]]).decode() if field is not None else "unknown"
     quantization = (matrices or counts).most_common(1)[0][0] if counts else "none"
-    return GgufCheckpoint(path, architecture, quantization, dict(sorted(counts.items())))
+    return {
+        "format": "gguf",
+        "file": str(path),
+        "quantization": quantization,
+        "architecture": architecture,
+        "tensor_types": dict(sorted(counts.items())),
+    }
 
 
 # transformers' GGUF loader (``load_gguf_checkpoint`` in modeling_gguf_pytorch_utils,
@@ -199,14 +162,14 @@ def transformers_architectures() -> tuple[str, ...]:
     return tuple(sorted(name for name in GGUF_CONFIG_MAPPING if name != "general"))
 
 
-def check_architecture(header: GgufCheckpoint) -> None:
+def check_architecture(header: Mapping[str, Any]) -> None:
     """Refuse a GGUF file whose architecture transformers cannot load (after its renames).
 
     Raises:
         ConfigurationError: the architecture is missing or not supported, named.
     """
     supported = transformers_architectures()
-    name = header.architecture
+    name = header["architecture"]
     renamed = next((new for old, new in _TRANSFORMERS_RENAMES if old in name), name)
     if name in supported or renamed in supported:
         return
@@ -218,7 +181,7 @@ def check_architecture(header: GgufCheckpoint) -> None:
         else f"is a GGUF file of architecture {name!r} (its general.architecture)"
     )
     raise ConfigurationError(
-        f"{header.path} {what}, "
+        f"{header['file']} {what}, "
         f"so transformers {transformers.__version__} cannot load it from GGUF; it reads "
         f"{', '.join(supported)}. Use the model's safetensors checkpoint instead "
         "(pretrained=<folder or hub id>, no gguf_file=), or a transformers release that "
@@ -226,24 +189,33 @@ def check_architecture(header: GgufCheckpoint) -> None:
     )
 
 
-def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
-    """Check a ``gguf_file=`` checkpoint before the model loads; None without one.
+def check_gguf(model_args: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Check a ``gguf_file=`` checkpoint before the model loads: its header (`read_header`).
+
+    None without ``gguf_file=``.
 
     A hub repository's GGUF (``pretrained=org/name`` and a relative
     ``gguf_file``) is left to lm-eval once the reader is known to be there.
 
     Raises:
-        ConfigurationError: no gguf package, a file that is not GGUF, an
-            architecture transformers cannot load from GGUF, or a tensor type
-            the installed gguf cannot dequantize (each named).
+        ConfigurationError: no gguf package, ``pretrained=`` naming a file, a
+            file that is not GGUF, an architecture transformers cannot load
+            from GGUF, or a tensor type the installed gguf cannot dequantize
+            (Q8_1, Q8_K, the integer types, F64 in gguf 0.19).
         ModelNotFoundError: the file is missing (the folder's GGUF files listed).
     """
     check_pretrained_file(model_args.get("pretrained"))
     if not model_args.get("gguf_file"):
         return None
+    try:
+        import gguf
+    except ImportError as exc:
+        raise ConfigurationError(
+            "gguf_file= needs the GGUF reader, the gguf package, which is not installed: "
+            f"{INSTALL_EXTRA} (transformers reads GGUF files through it)"
+        ) from exc
     path = gguf_path(model_args)
     if path is None:
-        _require_reader()
         return None
     if not path.is_file():
         found = sorted(p.name for p in path.parent.glob("*.gguf")) if path.parent.is_dir() else []
@@ -251,10 +223,9 @@ def check_gguf(model_args: Mapping[str, Any]) -> GgufCheckpoint | None:
             f"no GGUF file at {path}: gguf_file= is taken relative to pretrained= (or give its "
             f"absolute path); GGUF files in {path.parent}: {', '.join(found) or 'none'}"
         )
-    header = read_header(path)
+    header = read_header(gguf, path)
     check_architecture(header)
-    gguf = _require_reader()
-    unreadable = sorted(name for name in header.tensor_types if not _readable(gguf, name))
+    unreadable = sorted(name for name in header["tensor_types"] if not _readable(gguf, name))
     if unreadable:
         raise ConfigurationError(
             f"{path} stores tensors as {', '.join(unreadable)}, which the installed gguf "

@@ -27,23 +27,21 @@ def counting_requests(lm: Any, requests: list[Any]) -> Iterator[None]:
     """
     count = vars(lm).setdefault("lmc_request_count", [0, 0])  # answered, handed over
     count[1] += len(requests)
-    hook = getattr(lm, "cache_hook", None)
-    stock = getattr(hook, "add_partial", None)
-    if stock is not None:
+    hook = lm.cache_hook
+    stock = hook.add_partial
 
-        def add_partial(attr: str, req: Any, res: Any) -> None:
-            count[0] += 1
-            stock(attr, req, res)
+    def add_partial(attr: str, req: Any, res: Any) -> None:
+        count[0] += 1
+        stock(attr, req, res)
 
-        hook.add_partial = add_partial
+    hook.add_partial = add_partial
     try:
         yield
     except KeyboardInterrupt as exc:
         setattr(exc, ATTRIBUTE, tuple(count))
         raise
     finally:
-        if stock is not None:
-            del hook.add_partial  # the class's method again
+        del hook.add_partial  # the class's method again
 
 
 def interrupted_message(exc: BaseException, use_cache: str | None) -> str:

@@ -8,16 +8,15 @@ commented with the lm-eval behaviour it relies on;
 lm-eval and names the use that broke. No other module of the package reads or
 writes a private name of lm-eval (a test greps for it).
 
-Built and tested against lm-eval 0.4.13, which discovers no plugins through
-entry points: `has_entry_point_plugins` tells whether the installed lm-eval
-does (its main branch: ``lm_eval.models``, ``lm_eval.metrics``), and
-docs/compatibility.md says which route a run takes.
+Built and tested against lm-eval 0.4.13 (docs/compatibility.md: the versions,
+and the route a run takes where lm-eval has entry-point plugins).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -109,10 +108,7 @@ def encode_pair(lm: HFLM, context: str, continuation: str) -> tuple[list[int], l
 
 
 def loglikelihood_input(
-    lm: HFLM,
-    context_enc: list[int],
-    continuation_enc: list[int],
-    max_length: int | None = None,
+    lm: HFLM, context_enc: list[int], continuation_enc: list[int]
 ) -> tuple[list[int], int]:
     """The model input HFLM builds for a request, and the position of its last context token.
 
@@ -121,14 +117,8 @@ def loglikelihood_input(
     from the left; HFLM exposes no function for this, so the rule is written
     here once and the contract test compares it with the input HFLM feeds
     the model. The position is negative when the truncation cut into the continuation.
-
-    ``max_length`` is ``lm.max_length`` unless given: HFLM resolves that
-    property from the model's config on every read, so a caller indexing
-    many requests reads it once and passes it.
     """
-    if max_length is None:
-        max_length = lm.max_length
-    inp = (context_enc + continuation_enc)[-(max_length + 1) :][:-1]
+    inp = (context_enc + continuation_enc)[-(lm.max_length + 1) :][:-1]
     return inp, len(inp) - len(continuation_enc)
 
 
@@ -137,14 +127,10 @@ def loglikelihood_input(
 def templates_compiled_once() -> Iterator[None]:
     """Inside the context, lm-eval compiles each Jinja template string once, not per call.
 
-    lm-coupling reads each document's gold answer from the task
-    (``task.doc_to_target``) when it plans the document: lm-eval renders the
-    task's template for it, and compiles that template anew on every call,
-    which costs far more than the rendering (about 0.5 ms per document on
-    the shared CPU, most of lm-coupling's own planning cost). A compiled
-    template renders exactly what a fresh compile of the same string would,
-    so the values are lm-eval's own; lm-eval's own calls outside the context
-    are untouched.
+    Planning reads each document's gold answer (``task.doc_to_target``), and
+    lm-eval compiles the task's template anew on every call (about 0.5 ms per
+    document, most of the planning cost). A compiled template renders what a
+    fresh compile of the same string would.
 
     Relies on: ``lm_eval.utils.apply_template`` renders through
     ``lm_eval.utils.env.from_string(template)`` (a module-level Jinja
@@ -155,15 +141,12 @@ def templates_compiled_once() -> Iterator[None]:
     env = utils.env
     compile_ = env.from_string
     before = env.__dict__.get("from_string", _ABSENT)
-    compiled: dict[str, Any] = {}
+    compile_once = functools.cache(compile_)
 
     def from_string(source: Any, globals: Any = None, template_class: Any = None) -> Any:
         if globals is not None or template_class is not None or not isinstance(source, str):
             return compile_(source, globals, template_class)
-        template = compiled.get(source)
-        if template is None:
-            template = compiled[source] = compile_(source)
-        return template
+        return compile_once(source)
 
     env.from_string = from_string
     try:
@@ -222,9 +205,8 @@ def evaluated_documents(
 ) -> list[tuple[int, int, Any]]:
     """The documents lm-eval evaluates for ``task``: ``(request id, reported id, document)``.
 
-    The request id is the ``doc_id`` of the document's requests (what the
-    model, and the session, see); the reported id is the ``doc_id`` lm-eval
-    writes in its samples file (`reported_doc_id`). They differ under ``--samples``.
+    The request id is the ``doc_id`` of the document's requests; the reported
+    id is the one lm-eval's samples file gives (`reported_doc_id`).
 
     Relies on: lm-eval's evaluator builds a task's requests from
     ``Task.doc_iterator(limit=get_sample_size(task, limit), samples=...)``,

@@ -1,13 +1,9 @@
 """Geometry metrics in lm-eval's metric registries, for the duration of a run.
 
 lm-eval 0.4.13 looks metrics up by name in process-wide registries
-(``lm_eval.api.registry``) and discovers no plugins: a metric that is not
-registered makes lm-eval warn and guess its direction. `registered_metrics`
-adds the selected geometry metrics for one run and removes them afterwards;
-where the installed lm-eval discovers metric plugins itself (its main branch,
-`lm_eval_adapter.has_entry_point_plugins`), its registries are left alone.
-The per-task declaration (`attach_to_task`) is what aggregation needs in
-either case.
+(``lm_eval.api.registry``): a metric that is not registered makes lm-eval warn
+and guess its direction. The per-task declaration (`attach_to_task`) is what
+aggregation needs.
 """
 
 from __future__ import annotations
@@ -28,7 +24,9 @@ def _passthrough(items):
 def registered_metrics(specs: Mapping[str, MetricSpec]) -> Iterator[None]:
     """Register each geometry metric with lm-eval for the run; unregister after.
 
-    Names lm-eval already knows are left as they are. A frozen registry
+    Names lm-eval already knows are left as they are, and so are the
+    registries of an lm-eval that discovers metric plugins itself (its main
+    branch, `lm_eval_adapter.has_entry_point_plugins`). A frozen registry
     (``lm_eval.api.registry.freeze_all``) is opened for the registration and
     the removal, and frozen again after each.
     """

@@ -1,10 +1,4 @@
-"""The run's measurement store: each planned request's geometry, from measured to scored.
-
-A measurement is kept at its `GeometryKey` (duplicate prompts share one),
-written to the geometry cache, looked up when lm-eval scores its documents (or
-measured alone then), and released once every document measured at it is
-scored.
-"""
+"""The run's measurement store: each planned request's geometry, from measured to scored."""
 
 from __future__ import annotations
 
@@ -12,7 +6,7 @@ import math
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from lm_coupling.harness.plan import DocumentId, DocumentPlan, GeometryKey
+from lm_coupling.harness.plan import DocumentPlan, GeometryKey
 from lm_coupling.harness.run_plans import RunPlans
 from lm_coupling.harness.task_records import RunRecords
 from lm_coupling.states import DocumentGeometry
@@ -21,12 +15,15 @@ __all__ = ["MeasurementStore"]
 
 
 class MeasurementStore:
-    """The measurements of one run, by request.
+    """The measurements of one run, by request (`GeometryKey`: duplicate prompts share one).
+
+    A measurement is written to the geometry cache, looked up when lm-eval
+    scores its documents (or measured alone then), and released once every
+    document measured at it is scored.
 
     Args:
         plans: the run's plans (who is measured at each key, and warnings).
         records: the run's task records, where measured profiles are folded.
-        metrics: the selected metrics (a failure makes them all NaN).
         streamed_metrics: the metrics every document needs.
         cache: the geometry cache (a ``GeometryCache``), else None.
 
@@ -40,13 +37,11 @@ class MeasurementStore:
         self,
         plans: RunPlans,
         records: RunRecords,
-        metrics: tuple[str, ...],
         streamed_metrics: Collection[str],
         cache: Any = None,
     ):
         self.plans = plans
         self.records = records
-        self.metrics = metrics
         self.streamed_metrics = streamed_metrics
         self.cache = cache
         self.measured: dict[GeometryKey, DocumentGeometry] = {}
@@ -120,9 +115,9 @@ class MeasurementStore:
         Args:
             keys: the requests whose measurement failed.
             error: the error's text (the exception's traceback would keep tensors alive).
-            metrics: the metrics that failed (default: all).
+            metrics: the metrics that failed (default: all the selected ones).
         """
-        metrics = metrics if metrics is not None else self.metrics
+        metrics = metrics if metrics is not None else self.plans.selection.metrics
         for key in keys:
             self.failed_keys.add(key)
             self.plans.warn_key(key, f"its geometry failed ({error}); values are NaN")
@@ -140,16 +135,14 @@ class MeasurementStore:
         """
         if plan.problem is not None:
             self.plans.warn(plan, f"{plan.problem}; its geometry is NaN")
-            return DocumentGeometry(values=dict.fromkeys(self.metrics, math.nan))
+            return DocumentGeometry(values=dict.fromkeys(self.plans.selection.metrics, math.nan))
         found = self.lookup(plan.key)
         if found is not None:
             return found
         try:
-            geometry = measure_alone(plan)
+            self.store(plan.key, measure_alone(plan), "alone")
         except Exception as exc:  # a broken document must not stop the scoring
             self.fail([plan.key], repr(exc))
-            return self.measured[plan.key]
-        self.store(plan.key, geometry, "alone")
         return self.measured[plan.key]
 
     def source_of(self, plan: DocumentPlan) -> tuple[str, str | None]:
@@ -160,8 +153,8 @@ class MeasurementStore:
             return "failed", "its geometry failed (see the warning)"
         return self.sources.get(plan.key, "alone"), None
 
-    def release(self, key: GeometryKey, scored: Collection[DocumentId]) -> None:
+    def release(self, key: GeometryKey) -> None:
         """Drop a measurement once every document planned at ``key`` is scored."""
         plans = self.plans.plans_by_key.get(key, ())
-        if all((plan.task_name, plan.doc_id) in scored for plan in plans):
+        if all(self.records.scored(plan.task_name, plan.doc_id) for plan in plans):
             self.measured.pop(key, None)

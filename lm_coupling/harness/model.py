@@ -24,7 +24,7 @@ from lm_coupling.harness import preflight
 from lm_coupling.harness.interrupt import counting_requests
 from lm_coupling.harness.lm_eval_adapter import HFLMWithHooks, encode_pair, loglikelihood_input
 from lm_coupling.harness.plan import DocumentPlan, GeometryKey
-from lm_coupling.harness.progress import GeometryProgress, sampled_in_requests
+from lm_coupling.harness.progress import geometry_progress, sampled_in_requests
 from lm_coupling.harness.rows import RowIndex, rows_per_target, share_untargeted
 from lm_coupling.harness.session import GeometrySession, plugin_versions
 
@@ -50,7 +50,7 @@ class CouplingHFLM(HFLMWithHooks):
     _lmc_gen_contexts: list[str] | None = None
     _lmc_gathered = False
     _lmc_probing = False
-    _lmc_progress: GeometryProgress | None = None
+    _lmc_progress: Any = None  # the sampled documents' tqdm line, while scoring
     _lmc_model_source: Mapping[str, Any] | None = None  # a GGUF file and its quantisation
 
     def open_session(self, run: RunConfig) -> GeometrySession:
@@ -77,7 +77,6 @@ class CouplingHFLM(HFLMWithHooks):
                 "vocab_size": runner.parts.vocab_size,
                 "n_params": sum(p.numel() for p in self.model.parameters()),
             },
-            cache_path_prefix=prefix,
             cache=self._geometry_cache(prefix, selection) if prefix else None,
             lm_eval_options=dict(run.lm_eval_options),
         )
@@ -132,8 +131,6 @@ class CouplingHFLM(HFLMWithHooks):
         self, requests: list[Instance], disable_tqdm: bool = False
     ) -> list[tuple[float, bool]]:
         """Plan the requests' documents, then run lm-eval's loglikelihood."""
-        if self._lmc_session is None:
-            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
         with self._geometry_progress(requests, disable_tqdm):
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
 
@@ -141,10 +138,13 @@ class CouplingHFLM(HFLMWithHooks):
     def _geometry_progress(self, requests: list[Instance], disable: bool) -> Iterator[None]:
         """Plan the requests' documents; show the sampled documents' progress meanwhile."""
         session = self._lmc_session
+        if session is None:  # exactly lm-eval's hf model
+            yield
+            return
         session.plans.plan_requests(requests)
         sampled = session.runner.sampled_metrics
         total = sampled_in_requests(session, requests)
-        self._lmc_progress = GeometryProgress(",".join(sampled), total, disable=disable)
+        self._lmc_progress = geometry_progress(",".join(sampled), total, disable=disable)
         try:
             with counting_requests(self, requests):  # Ctrl-C says how far it got
                 yield
@@ -185,17 +185,10 @@ class CouplingHFLM(HFLMWithHooks):
         batch = inps.shape[0]
         rows, copies = rows_per_target(matched, batch)
         full = torch.cat([inps, inps[copies]]) if copies else inps
-        size = batch + len(copies)
-        last, target = [0] * size, [-1] * size
-        for row, plans in rows:
-            last[row], target[row] = plans[0].last_index, plans[0].target_token
         logits = self._captured_call(
             (lambda: call(full)[:batch]) if copies else call,
             session,
-            [(row, plan.key) for row, plans in rows for plan in plans],
-            last,
-            [0] * size,
-            target,
+            [(row, p.key, (p.last_index, 0, p.target_token)) for row, plans in rows for p in plans],
             {batch + j: b for j, b in enumerate(copies)},
         )
         self._measure_sampled(
@@ -207,8 +200,6 @@ class CouplingHFLM(HFLMWithHooks):
     # Override: as loglikelihood, for generation requests.
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
         """Plan the requests' documents, then run lm-eval's generate_until."""
-        if self._lmc_session is None:
-            return super().generate_until(requests, disable_tqdm=disable_tqdm)
         with self._geometry_progress(requests, disable_tqdm):
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
@@ -229,34 +220,31 @@ class CouplingHFLM(HFLMWithHooks):
         mask = generation_kwargs.get("attention_mask")
         batch, width = context.shape
         first = (mask == 0).sum(dim=1).tolist() if mask is not None else [0] * batch
-        target = [-1] * batch
         matches = []
         for b, text in enumerate(contexts):
-            # Keys of one prompt whose lens target is the first's share its row; a prompt
-            # with another gold first token is measured alone (counted as such).
+            row_target = None
             for key in session.plans.generation_keys.get(text, ()):
                 if not session.measurements.wanted(key):
                     continue
-                key_target = self._lens_target(session, key)
-                if all(row != b for row, _ in matches):
-                    target[b] = key_target
-                elif key_target != target[b]:
+                target = self._lens_target(session, key)
+                if row_target is None:
+                    row_target = target
+                elif target != row_target:  # another lens target: measured alone later
                     continue
-                matches.append((b, key))
+                matches.append((b, key, (width - 1, first[b], target)))
         if not matches:
             return call()
-        last = [width - 1] * batch
-        output = self._captured_call(call, session, matches, last, first, target)
+        output = self._captured_call(call, session, matches)
         self._measure_sampled(
-            session, [(key, tuple(context[b, first[b] :].tolist())) for b, key in matches]
+            session, [(key, tuple(context[b, first[b] :].tolist())) for b, key, _ in matches]
         )
         return output
 
     def _lens_target(self, session: GeometrySession, key: GeometryKey) -> int:
         """The gold continuation's first token; -1 without one (a warning names the cause)."""
         context, gold = key
-        if not gold or not context:
-            return -1  # the plan's target_problem names the cause
+        if not gold or not context:  # the plan's target_problem names the cause
+            return -1
         continuation = encode_pair(self, context, gold)[1]
         if continuation:
             return continuation[0]
@@ -273,24 +261,18 @@ class CouplingHFLM(HFLMWithHooks):
         self,
         call: Callable[[], Any],
         session: GeometrySession,
-        matches: list[tuple[int, GeometryKey]],
-        last: list[int],
-        first: list[int],
-        target: list[int],
+        matches: list[tuple[int, GeometryKey, tuple[int, int, int]]],
         copies: dict[int, int] | None = None,
     ) -> Any:
-        """Run ``call`` under capture; a capture failure never loses the output.
+        """Run ``call`` under capture; a failed capture runs it again without (the output stands).
 
-        ``last``, ``first`` and ``target`` have one entry per row of the
-        forward; only the rows of ``matches`` are measured. ``copies``: rows
-        appended as copies of a row for another lens target, each with its
-        original row (`share_untargeted`). When the captured call itself fails
-        (out of memory in the hooks, say), the batch runs again without
-        capture, after the failed capture's tensors are freed.
+        ``matches``: ``(row, key, (last, first, target))`` of each measured key
+        (a row is captured at its first key's positions). ``copies``: appended copy
+        row -> its original row (`share_untargeted`).
         """
-        preflight.check_first_batch(self, session, [key for _, key in matches])
+        keys = [key for _, key, _ in matches]
+        preflight.check_first_batch(self, session, keys)
         runner = session.runner
-        keys = [key for _, key in matches]
         if not runner.needs_forward_capture:
             for key in keys:
                 session.measurements.store(key, DocumentGeometry(), "in_batch")
@@ -298,30 +280,23 @@ class CouplingHFLM(HFLMWithHooks):
         output, error = None, None
         try:
             start = time.perf_counter()
-            # Only the matched rows are measured (a multiple-choice batch's other rows are
-            # the same documents' other answers); position i of the capture is row measured[i].
-            measured = sorted({b for b, _ in matches})
+            positions = {b: where for b, _, where in reversed(matches)}  # a row's first key's
+            measured = sorted(positions)  # position i of the capture is row measured[i]
             at = {b: i for i, b in enumerate(measured)}
+            # A row shared by duplicate prompts measures all their documents.
             refs: list[tuple] = [()] * len(measured)
-            for b, key in matches:  # a row shared by duplicate prompts measures all their documents
+            for b, key, _ in matches:
                 refs[at[b]] = refs[at[b]] + session.plans.documents_at(key)
-            indices = (
-                [last[b] for b in measured],
-                [first[b] for b in measured],
-                [target[b] for b in measured],
-                refs,
-                measured,
-            )
-            with runner.capture(*indices) as handle:
+            last, first, target = ([positions[b][i] for b in measured] for i in range(3))
+            with runner.capture(last, first, target, refs, measured) as handle:
                 output = call()
             forward = (time.perf_counter() - start) / max(len(matches), 1)
             documents = runner.compute(handle)
             share_untargeted(documents, at, copies or {}, session.selection.specs)
             stored: set[int] = set()
-            for b, key in matches:
+            for b, key, _ in matches:
                 document = documents[at[b]]
                 document.timings["forward_capture"] = forward
-                # Keys sharing a row (duplicate prompts) each keep their own copy.
                 session.measurements.store(
                     key, document if b not in stored else document.copy(), "in_batch"
                 )
@@ -346,7 +321,6 @@ class CouplingHFLM(HFLMWithHooks):
         whole group makes its documents' sampled values NaN.
         """
         runner = session.runner
-        # Duplicate prompts (same tokens) share one Jacobian computation.
         by_tokens: dict[tuple[int, ...], list[GeometryKey]] = {}
         for key, tokens in documents:
             if session.plans.sampled(key):
@@ -363,7 +337,6 @@ class CouplingHFLM(HFLMWithHooks):
                     torch.tensor(tokens, dtype=torch.long, device=self.device)
                     for _, tokens in group
                 ]
-                # A prompt shared by duplicate keys measures all their documents.
                 refs = [
                     sum((session.plans.documents_at(key) for key in keys), ()) for keys, _ in group
                 ]
@@ -374,7 +347,6 @@ class CouplingHFLM(HFLMWithHooks):
                 session.measurements.fail(
                     [key for keys, _ in group for key in keys], error, metrics=metrics
                 )
-                results = []
             for (keys, _), result in zip(group, results, strict=False):
                 if isinstance(result, Exception):
                     session.measurements.fail(keys, repr(result), metrics=metrics)
@@ -382,7 +354,7 @@ class CouplingHFLM(HFLMWithHooks):
                 for i, key in enumerate(keys):
                     session.measurements.store(key, result if i == 0 else result.copy())
             if self._lmc_progress is not None:
-                self._lmc_progress.advance(sum(len(keys) for keys, _ in group))
+                self._lmc_progress.update(sum(len(keys) for keys, _ in group))
 
     # -- batch size detection ------------------------------------------------------
     @contextlib.contextmanager
@@ -400,40 +372,35 @@ class CouplingHFLM(HFLMWithHooks):
         if not runner.needs_forward_capture:
             return call()
         batch, width = inps.shape
-        last = torch.full((batch,), width - 1, dtype=torch.long)
-        first = torch.zeros(batch, dtype=torch.long)
-        with runner.capture(last, first, torch.zeros(batch, dtype=torch.long)) as handle:
+        with runner.capture([width - 1] * batch, [0] * batch, [0] * batch) as handle:
             logits = call()
         runner.compute(handle)
         return logits
 
     def measure_alone(self, plan: DocumentPlan) -> DocumentGeometry:
         """Measure a document's prompt alone (documents lm-eval answered from its cache)."""
-        context, gold = self._prompt_tokens(plan)
         session = self._lmc_session
-        target = self._lens_target(session, plan.key) if plan.kind == "generate_until" else gold
-        ids = torch.tensor(context, dtype=torch.long, device=self.device)
-        return session.runner.measure_prompt(
-            ids,
-            target,
-            sampled=session.plans.sampled(plan.key),
-            documents=session.plans.documents_at(plan.key),
-        )
-
-    def _prompt_tokens(self, plan: DocumentPlan) -> tuple[list[int], int]:
         context, continuation = plan.key
         if plan.kind == "generate_until":
             # HFLM's own left truncation (as generate_until applies it), the request's budget.
             max_gen_toks = plan.max_gen_toks if plan.max_gen_toks is not None else self.max_gen_toks
-            return self.tok_encode(context, left_truncate_len=self.max_length - max_gen_toks), -1
-        context_enc, continuation_enc = encode_pair(self, context, continuation)
-        inp, last = loglikelihood_input(self, context_enc, continuation_enc)
-        if last < 0:
-            raise ValueError(
-                f"the answer alone ({len(continuation_enc)} tokens) fills the model's "
-                f"max_length ({self.max_length}): no context position is left to measure"
-            )
-        return inp[: last + 1], continuation_enc[0]
+            ids = self.tok_encode(context, left_truncate_len=self.max_length - max_gen_toks)
+            target = self._lens_target(session, plan.key)
+        else:
+            context_enc, continuation_enc = encode_pair(self, context, continuation)
+            inp, last = loglikelihood_input(self, context_enc, continuation_enc)
+            if last < 0:
+                raise ValueError(
+                    f"the answer alone ({len(continuation_enc)} tokens) fills the model's "
+                    f"max_length ({self.max_length}): no context position is left to measure"
+                )
+            ids, target = inp[: last + 1], continuation_enc[0]
+        return session.runner.measure_prompt(
+            torch.tensor(ids, dtype=torch.long, device=self.device),
+            target,
+            sampled=session.plans.sampled(plan.key),
+            documents=session.plans.documents_at(plan.key),
+        )
 
     # -- data parallel ------------------------------------------------------------
     # Override: lm-eval's first gather of a run carries the geometry records along.

@@ -1,11 +1,7 @@
-"""The name and weights fingerprint an in-memory model is filed under.
+"""The name and weights fingerprint an in-memory model is filed under (``config.model_args``).
 
-A model handed to `lm_coupling.evaluate` in memory is named by ``model_name=``,
-else by the ``name_or_path`` it was loaded from, recorded where lm-eval records
-``pretrained`` (it names the output folder and the leaderboard row), with a
-fingerprint of its weights beside it (``config.model_args["weights"]``,
-`lm_coupling.harness.cache.weights_fingerprint`) so that the report keeps two
-models filed under one name apart.
+The name is recorded where lm-eval records ``pretrained``: it names the output
+folder and the leaderboard row.
 """
 
 from __future__ import annotations
@@ -18,43 +14,36 @@ FINGERPRINT_KEY = "weights"
 FINGERPRINT_LENGTH = 16  # hex digits of the sha256 kept in the results
 
 
-def in_memory_name(model: Any, model_name: str | None) -> str:
-    """The name an in-memory model is filed under: ``model_name``, else its ``name_or_path``.
+def recorded_model_args(model: Any, model_name: str | None) -> dict[str, Any]:
+    """``config.model_args`` of an in-memory model's results: its name and weights fingerprint.
+
+    The name is ``model_name``, else the model's ``name_or_path``; the
+    fingerprint (``weights``) keeps two models filed under one name apart.
 
     Raises:
         ConfigurationError: neither gives a name (a model built from a config), or
             ``model_name`` is not a non-empty string.
     """
+    from lm_coupling.harness.cache import weights_fingerprint
+    from lm_coupling.model.transformers_adapter import loaded_from
+
     if model_name is not None:
         if not isinstance(model_name, str) or not model_name.strip():
             raise ConfigurationError(
                 f"model_name must be a non-empty string, not {model_name!r}: it names the "
                 "output folder and the leaderboard row"
             )
-        return model_name.strip()
-    from lm_coupling.model.transformers_adapter import loaded_from as path_of
-
-    loaded_from = path_of(model)
-    if loaded_from.strip():
-        return loaded_from
-    raise ConfigurationError(
-        f"the {type(model).__name__} in memory has no name (it was not loaded from a path, "
-        "so its config's name_or_path is empty): name it, "
-        "evaluate(model=model, tokenizer=tokenizer, model_name='my-model', ...). The name is "
-        "recorded as lm-eval records pretrained=, and names the output folder and the "
-        "leaderboard row; two different models need two names"
-    )
-
-
-def recorded_model_args(model: Any, model_name: str | None) -> dict[str, Any]:
-    """``config.model_args`` of an in-memory model's results: its name and weights fingerprint.
-
-    Raises:
-        ConfigurationError: the model has no usable name (`in_memory_name`).
-    """
-    name = in_memory_name(model, model_name)
-    from lm_coupling.harness.cache import weights_fingerprint
-
+        name = model_name.strip()
+    else:
+        name = loaded_from(model)
+    if not name.strip():
+        raise ConfigurationError(
+            f"the {type(model).__name__} in memory has no name (it was not loaded from a path, "
+            "so its config's name_or_path is empty): name it, "
+            "evaluate(model=model, tokenizer=tokenizer, model_name='my-model', ...). The name is "
+            "recorded as lm-eval records pretrained=, and names the output folder and the "
+            "leaderboard row; two different models need two names"
+        )
     return {"pretrained": name, FINGERPRINT_KEY: weights_fingerprint(model)[:FINGERPRINT_LENGTH]}
 
 

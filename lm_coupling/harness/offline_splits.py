@@ -1,10 +1,8 @@
 """Check, before the model loads, that an offline task's data folder has the splits it reads.
 
 lm-coupling's offline tasks read ``<data_dir>/<benchmark>/<split>.jsonl``
-(`lm_coupling.tasks.offline_data`). lm-eval reads two splits to build a task,
-the evaluated one and the few-shot source (even at zero shots); a missing one
-failed with a raw ``KeyError`` after the model had loaded. `check_offline_splits`
-names the task, the folder and the missing file first, from the task index alone.
+(`lm_coupling.tasks.offline_data`); lm-eval reads two splits to build a task,
+the evaluated one and the few-shot source (even at zero shots).
 """
 
 from __future__ import annotations

@@ -20,8 +20,6 @@ GeometryKey = tuple[str, str]
 DocumentId = tuple[str, int]
 """(task name, doc_id): identifies one document of a run."""
 
-ROLLING = "loglikelihood_rolling"
-
 
 class PlanError(ValueError):
     """A document's measured request cannot be chosen (its gold is unreadable)."""
@@ -148,7 +146,7 @@ def plan_document(
             _max_gen_toks(first),
             target_problem=target_problem,
         )
-    if first.request_type == ROLLING:
+    if first.request_type == "loglikelihood_rolling":
         return None
     try:
         gold = ordered[gold_index(task, first.doc, len(ordered))]

@@ -1,16 +1,8 @@
 """Checks that stop a run early when the model cannot give the selected geometry.
 
-The model's own checks are `lm_coupling.model.checks`; this module applies
-them to the run's selection and adds the Jacobian engine's, at two moments:
-
-- `check_model`, at model load: the model must be causal and its blocks must
-  pass one state ``[B, T, d]``.
-- `check_first_batch`, on the first captured batch: the lens read-out
-  ``unembed(final_norm(x^L))`` must reproduce the model's own logits, and with
-  a Jacobian metric selected the located blocks must compose to the model's
-  output and ``torch.func`` must go through every block (one JVP each).
-  Otherwise the run stops naming the architecture and the override to add
-  (`lm_coupling.model.architecture.register_override`) or the module at fault.
+The model's own checks (`lm_coupling.model.checks`) applied to the run's
+selection, with the Jacobian engine's, at model load (`check_model`) and on
+the first captured batch (`check_first_batch`).
 """
 
 from __future__ import annotations
@@ -43,9 +35,6 @@ from lm_coupling.plugins.manager import get_registry
 from lm_coupling.selection import Selection
 from lm_coupling.states import ENGINE_NEEDS
 
-JACOBIAN_NEEDS = ENGINE_NEEDS
-"""Needs served by the Jacobian engine (which replays blocks with the prefix held fixed)."""
-
 FIRST_BATCH_TOKENS = 64
 """At most this many trailing tokens of the first document are used by `check_first_batch`."""
 
@@ -64,7 +53,7 @@ def check_model(model: nn.Module, parts: ModelParts, selection: Selection) -> Mo
             names the model and what was found.
     """
     probe = check_causal_decoder(model, parts)
-    if selection.needs & JACOBIAN_NEEDS:  # how the Jacobian engine will replay the blocks
+    if selection.needs & ENGINE_NEEDS:  # how the Jacobian engine will replay the blocks
         probe = dataclasses.replace(probe, replay=choose_replay(model))
     return probe
 
@@ -82,7 +71,7 @@ def check_readout(
             located, and the ``register_override`` call to add.
     """
     needs = selection.needs
-    composition = bool(needs & JACOBIAN_NEEDS)
+    composition = bool(needs & ENGINE_NEEDS)
     if not composition and "lens" not in needs:
         return
     problems = readout_problems(model, parts, input_ids, composition)
@@ -90,7 +79,7 @@ def check_readout(
         problems = [p for p in problems if not p.startswith("unembed(")]
     if not problems:
         return
-    others = _runnable(JACOBIAN_NEEDS | {"lens"})
+    others = _runnable(ENGINE_NEEDS | {"lens"})
     raise UnsupportedModelError(
         f"lm-coupling's view of {type(model).__name__} (model_type={parts.model_type!r}) is "
         f"not the model's own function: {'; '.join(problems)}. Located: final norm "
@@ -116,21 +105,20 @@ def check_differentiable(
     Raises:
         UnsupportedModelError: names the modules, and the metrics that can still run.
     """
-    if not selection.needs & JACOBIAN_NEEDS or input_ids.shape[0] < 1:
+    if not selection.needs & ENGINE_NEEDS or input_ids.shape[0] < 1:
         return
     ids = input_ids.to(parts.input_device)
     dtype = compute_dtype(parts)
-    if choose_replay(model)[0] == SEQUENCE:
-        with engine_mode(model):
+    sequence = choose_replay(model)[0] == SEQUENCE
+    prefixes = None if sequence else run_prompts(model, parts, [ids]).prefixes
+    with engine_mode(model):
+        if sequence:
             calls = record_sequences(model, parts, [ids], dtype)
-            failing = untransformable_modules(calls)
-    else:
-        prefixes = run_prompts(model, parts, [ids]).prefixes
-        with engine_mode(model):
+        else:
             calls = record_last_token(model, parts, [ids], dtype, prefixes)
-            failing = untransformable_modules(calls)
+        failing = untransformable_modules(calls)
     if failing:
-        others = _runnable(JACOBIAN_NEEDS)
+        others = _runnable(ENGINE_NEEDS)
         raise UnsupportedModelError(
             f"{type(model).__name__} (model_type={parts.model_type!r}) runs an operation "
             "that torch.func (the Jacobian engine's jvp/vjp/vmap) cannot transform (a custom "
@@ -144,7 +132,12 @@ def check_differentiable(
 
 
 def check_first_batch(lm: Any, session: Any, keys: Sequence[tuple]) -> None:
-    """Run `check_readout` once per run, on the first captured document's context.
+    """Run `check_readout` and `check_differentiable` once per run, on the first document.
+
+    The lens read-out ``unembed(final_norm(x^L))`` must reproduce the model's
+    own logits; with a Jacobian metric selected the located blocks must
+    compose to the model's output and ``torch.func`` must go through every
+    block (one JVP each).
 
     Args:
         lm: the `CouplingHFLM` (``tok_encode``, ``model``).

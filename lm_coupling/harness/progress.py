@@ -1,6 +1,6 @@
 """The geometry work's progress line, beside lm-eval's own progress bar.
 
-`GeometryProgress` draws one more ``tqdm`` line under lm-eval's bar
+`geometry_progress` draws one more ``tqdm`` line under lm-eval's bar
 (``position=1``): sampled documents measured out of those planned, with tqdm's
 rate and time estimate::
 
@@ -24,8 +24,7 @@ def sampled_in_requests(session: Any, requests: list[Any]) -> int:
     sampled = set(session.runner.sampled_metrics) if session.runner else set()
     if not sampled:
         return 0
-    generation = [r for r in requests if r.request_type == "generate_until"]
-    prompts = {r.args[0] for r in generation}
+    prompts = {r.args[0] for r in requests if r.request_type == "generate_until"}
     pairs = {tuple(r.args[:2]) for r in requests if r.request_type == "loglikelihood"}
     count = 0
     for key, plans in session.plans.plans_by_key.items():
@@ -39,38 +38,22 @@ def sampled_in_requests(session: Any, requests: list[Any]) -> int:
     return count
 
 
-class GeometryProgress:
-    """A second progress line for the sampled (Jacobian) documents of a run.
+def geometry_progress(label: str, total: int, disable: bool = False) -> Any:
+    """A second ``tqdm`` line for the sampled (Jacobian) documents of a run.
 
     Args:
         label: what is measured (the sampled metrics' names).
         total: the documents to measure (no line when 0).
         disable: draw nothing (also on data-parallel ranks other than 0).
     """
+    from tqdm.auto import tqdm
 
-    def __init__(self, label: str, total: int, disable: bool = False):
-        self.label = label
-        self._bar: Any = None
-        if disable or total <= 0 or int(os.environ.get("RANK", "0")) != 0:
-            return
-        from tqdm.auto import tqdm
-
-        self._bar = tqdm(
-            total=total,
-            desc=f"lm-coupling {label}",
-            unit="doc",
-            position=1,
-            leave=False,
-            dynamic_ncols=True,
-        )
-
-    def advance(self, n: int = 1) -> None:
-        """``n`` more documents measured."""
-        if self._bar is not None:
-            self._bar.update(n)
-
-    def close(self) -> None:
-        """Close the line (lm-eval's bar stays where it is)."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+    return tqdm(
+        total=total,
+        desc=f"lm-coupling {label}",
+        unit="doc",
+        position=1,
+        leave=False,
+        dynamic_ncols=True,
+        disable=disable or total <= 0 or int(os.environ.get("RANK", "0")) != 0,
+    )

@@ -61,14 +61,13 @@ class RowIndex:
         distinct key: all of them are measured from that one row.
         """
         rows: dict[int, dict[tuple[int, ...], list[RowPlan]]] = defaultdict(dict)
-        max_length = lm.max_length  # a property HFLM resolves from the config: read once
         for cache_key, context_enc, continuation_enc in requests:
             if cache_key is None:  # loglikelihood_rolling windows: no geometry
                 continue
             key = (cache_key[0], cache_key[1])
             if key[0] is None or not store.wanted(key):
                 continue
-            inp, last = loglikelihood_input(lm, context_enc, continuation_enc, max_length)
+            inp, last = loglikelihood_input(lm, context_enc, continuation_enc)
             if last < 0:
                 continue
             inp = tuple(inp)

@@ -14,14 +14,12 @@ lm-eval seeds the global random generators and configures global logging in
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import logging
-import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -54,21 +52,6 @@ class RunRecord:
     geometry: dict[str, dict[str, Any]] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)
     results_file: Path | None = None
-
-
-@contextlib.contextmanager
-def exclusive_run() -> Iterator[None]:
-    """Hold the process's one evaluation slot (`ConcurrentRunError` when it is taken)."""
-    if not _RUN_LOCK.acquire(blocking=False):
-        raise ConcurrentRunError(
-            "another lm-coupling evaluation is running in this process: lm-eval seeds the "
-            "global random generators and logging in every run, so two at once could not "
-            "both give their own values. Run them one after the other, or in two processes"
-        )
-    try:
-        yield
-    finally:
-        _RUN_LOCK.release()
 
 
 def include_paths(user: str | Iterable[str] | None) -> list[str]:
@@ -127,14 +110,22 @@ def run_evaluation(run: RunConfig, *, stream: TextIO | None = None) -> RunRecord
 
     if run.task_manager is None:  # an index given is already built: it resolves at once
         check_task_names(run.evaluator.tasks, include_paths(run.evaluator.include_path))
-    with exclusive_run():
+    if not _RUN_LOCK.acquire(blocking=False):
+        raise ConcurrentRunError(
+            "another lm-coupling evaluation is running in this process: lm-eval seeds the "
+            "global random generators and logging in every run, so two at once could not "
+            "both give their own values. Run them one after the other, or in two processes"
+        )
+    try:
         return _run(run, stream)
+    finally:
+        _RUN_LOCK.release()
 
 
 def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     """Tasks resolved, then the model, then its session, then lm-eval's evaluation."""
     from lm_eval import simple_evaluate
-    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.loggers import EvaluationTracker, WandbLogger
     from lm_eval.tasks import TaskManager
 
     from lm_coupling.files import output_root
@@ -159,7 +150,9 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
     if config.output_path:
         hub_args["output_path"] = config.output_path
     tracker = EvaluationTracker(**hub_args)
-    wandb_logger = _wandb_logger(config)
+    wandb_logger = (
+        WandbLogger(config.wandb_args, config.wandb_config_args) if config.wandb_args else None
+    )
     with registered_metrics(selection.specs), quiet_lm_eval(selection.metrics):
         lm = build_model(run)
         session = lm.open_session(run)
@@ -234,7 +227,7 @@ def _run(run: RunConfig, stream: TextIO | None) -> RunRecord:
         _print_tables(config, results, run.model_type)
     record.results = results if samples is None else {**results, "samples": samples}
     _print_account(record, selection, stream)
-    if config.output_path and int(os.environ.get("RANK", "0")) == 0:
+    if config.output_path:
         from lm_coupling.harness.outputs import refresh_leaderboard
 
         refresh_leaderboard(output_root(config.output_path), stream)
@@ -255,14 +248,6 @@ def build_model(run: RunConfig) -> Any:
     if run.model is not None:
         return CouplingHFLM(pretrained=run.model, tokenizer=run.tokenizer, **sizes)
     return CouplingHFLM(**dict(config.model_args or {}), **sizes)
-
-
-def _wandb_logger(config: Any) -> Any:
-    if not config.wandb_args:
-        return None
-    from lm_eval.loggers import WandbLogger
-
-    return WandbLogger(config.wandb_args, config.wandb_config_args)
 
 
 def _log_to_wandb(wandb_logger: Any, results: dict, samples: dict | None) -> None:
@@ -316,8 +301,6 @@ def _print_account(record: RunRecord, selection: Selection, stream: TextIO | Non
     """One line per task: the documents each selected metric was computed on."""
     from lm_coupling.harness.run_summary import leaf_tasks, summary_lines
 
-    if int(os.environ.get("RANK", "0")) != 0 or record.results is None:
-        return
     stream = stream if stream is not None else sys.stderr
     sampled = [m for m in selection.metrics if selection.specs[m].sampled]
     files = {

@@ -19,7 +19,7 @@ from lm_coupling.harness import model_identity
 from lm_coupling.harness.gguf_checkpoint import check_gguf
 from lm_coupling.harness.model_identity import check_model_named
 from lm_coupling.harness.run_inputs import check_limit, check_output_path, check_tasks
-from lm_coupling.harness.run_options import check_model_path, check_model_type, check_run_options
+from lm_coupling.harness.run_options import check_model_path, check_run_options
 from lm_coupling.selection import Selection, make_selection
 
 DEFAULT_OUTPUT = "results"
@@ -89,14 +89,12 @@ class RunConfig:
         check_tasks(evaluator.tasks)
         check_limit(evaluator.limit)
         check_output_path(evaluator.output_path)
-        check_model_type(evaluator.model or "hf")
         recorded = check_run_options(evaluator)
         source = None
         if model is None:
             check_model_named(evaluator.model_args)
             model_args = evaluator.model_args or {}
-            gguf = check_gguf(model_args)  # before the path check: a GGUF folder has no config
-            source = gguf.record() if gguf is not None else None
+            source = check_gguf(model_args)  # before the path check: a GGUF folder has no config
             if not model_args.get("gguf_file"):
                 check_model_path(model_args.get("pretrained"))
         return cls(

@@ -43,10 +43,8 @@ def effective_options(args: Any) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if isinstance(args, argparse.Namespace):
         values = dict(vars(args))
-    elif dataclasses.is_dataclass(args):
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
     else:
-        values = dict(args)
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
     config_path = values.get("config")
     if config_path:
         from lm_eval.config.evaluate_config import EvaluatorConfig
@@ -93,7 +91,8 @@ def _refusal(options: Mapping[str, Any], model_args: Mapping[str, Any]) -> tuple
         return (
             f"--model {model}",
             "geometry needs the hidden states of a Hugging Face causal LM in this process.",
-            "run the model with `--model hf` (a vLLM, API or GGUF server model cannot be hooked)",
+            "run the model with `--model hf` (or hf-auto, huggingface; a vLLM, API or GGUF "
+            "server model cannot be hooked)",
         )
     if "predict_only" in options:
         return (
@@ -199,19 +198,6 @@ def _jsonable(value: Any) -> Any:
     except TypeError:
         return str(value)
     return value
-
-
-def check_model_type(model_type: str) -> None:
-    """Geometry needs lm-eval's Hugging Face model.
-
-    Raises:
-        ConfigurationError: any other ``--model``.
-    """
-    if model_type not in HF_MODEL_NAMES:
-        raise ConfigurationError(
-            f"--metrics needs a Hugging Face model: --model {model_type!r} is not supported. "
-            f"Use one of: {', '.join(n for n in HF_MODEL_NAMES if n != 'hf-coupling')}"
-        )
 
 
 def check_model_path(pretrained: Any) -> None:

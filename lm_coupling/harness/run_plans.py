@@ -1,11 +1,4 @@
-"""The run's plans: which documents are measured, in which sample, under which id.
-
-One `RunPlans` lives for one ``lm_eval ... --metrics`` run: the tasks whose
-documents get geometry, each document's `DocumentPlan` (planned from all of
-its task's requests), the sampled metrics' document samples, and the
-``doc_id`` lm-eval's samples file gives each document (`reported_id`), by
-which every warning of the run names it (one warning per document).
-"""
+"""The run's plans: which documents are measured, in which sample, under which id."""
 
 from __future__ import annotations
 
@@ -36,6 +29,9 @@ def _requests_by_document(task: Any) -> dict[int, list[Any]]:
 
 class RunPlans:
     """The documents one run measures, keyed the way lm-eval asks for them.
+
+    Every warning of the run names a document by its reported id (`reported_id`),
+    once per document.
 
     Args:
         selection: the run's metrics and options.

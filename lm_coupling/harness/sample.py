@@ -30,7 +30,6 @@ class TaskSample:
     """The drawing order of one task's documents.
 
     Attributes:
-        task_name: the lm-eval task.
         seed: the ``sample_seed`` it was drawn with.
         stratified_by: ``"gold answer"`` or None (one stratum).
         order: every document of the population, in drawing order, by the
@@ -40,7 +39,6 @@ class TaskSample:
             `lm_eval_adapter.evaluated_documents`).
     """
 
-    task_name: str
     seed: int
     stratified_by: str | None
     order: tuple[int, ...]
@@ -152,7 +150,6 @@ def task_sample(
         strata = gold_strata(task, (doc for _, _, doc in documents))
         order = drawing_order(reported_ids, strata, seed, task_name)
     return TaskSample(
-        task_name,
         seed,
         "gold answer" if strata else None,
         order,

@@ -1,10 +1,4 @@
-"""State of one geometry run: its plans, its measurements and its task records.
-
-The model wrapper plans documents from the requests lm-eval hands it
-(`RunPlans`) and stores their measurements during the forward passes
-(`MeasurementStore`); the task glue reads them when lm-eval scores each
-document (`RunRecords`).
-"""
+"""State of one geometry run: its plans, its measurements and its task records."""
 
 from __future__ import annotations
 
@@ -35,7 +29,6 @@ class GeometrySession:
         selection: the run's metrics and options.
         runner: the geometry runner on the run's model.
         model_shape: layers, width, parameters and vocabulary of the model.
-        cache_path_prefix: lm-eval's ``--use_cache`` path, if any.
         cache: the geometry cache beside lm-eval's ``--use_cache`` database, else None.
         lm_eval_options: the lm-eval options the run uses, as the results
             record them (`lm_coupling.harness.run_options.check_run_options`).
@@ -52,7 +45,6 @@ class GeometrySession:
         *,
         runner: GeometryRunner | None = None,
         model_shape: dict[str, Any] | None = None,
-        cache_path_prefix: str | None = None,
         cache: Any = None,
         lm_eval_options: dict[str, Any] | None = None,
     ):
@@ -61,11 +53,9 @@ class GeometrySession:
         self.model_shape: dict[str, Any] = dict(model_shape or {})
         self.lm_eval_options: dict[str, Any] = dict(lm_eval_options or {})
         self.plans = RunPlans(selection, self.lm_eval_options)
-        self.records = RunRecords(self.plans, cache_path_prefix)
+        self.records = RunRecords(self.plans, cached=cache is not None)
         streamed = runner.streamed_metrics if runner else ()
-        self.measurements = MeasurementStore(
-            self.plans, self.records, selection.metrics, streamed, cache
-        )
+        self.measurements = MeasurementStore(self.plans, self.records, streamed, cache)
         self.first_batch_checked = False  # preflight's read-out check, once per run
         self._completed: set[str] = set()  # tasks whose deferred metrics are computed
 
@@ -112,37 +102,30 @@ class GeometrySession:
         deferred = [n for n in self.selection.metrics if specs[n].deferred]
         if not deferred or self.runner is None:
             return
-        docs: list[DocumentGeometry] = []
-        refs: list[DocumentRef] = []
-        seen: set[int] = set()
+        found: dict[int, tuple[DocumentGeometry, DocumentRef]] = {}
         store = self.measurements
         for doc_id in sorted(self.plans.instances_of(task_name)):
             plan = self.plans.plan_for(task_name, doc_id)
             if plan is None or plan.problem is not None or plan.key in store.failed_keys:
                 continue
             geometry = store.geometry_for(plan, measure_alone)
-            if id(geometry) in seen:  # duplicate prompts share one measurement
-                continue
-            seen.add(id(geometry))
-            docs.append(geometry)
-            refs.append(DocumentRef(task_name, doc_id))
-        if docs:
+            # Duplicate prompts share one measurement: its first document stands for it.
+            found.setdefault(id(geometry), (geometry, DocumentRef(task_name, doc_id)))
+        if found:
+            docs, refs = (list(column) for column in zip(*found.values(), strict=True))
             self.runner.plugins.complete_task(
                 deferred, docs, refs, self.options_used(), self.runner.parts
             )
 
-    def document_values(
-        self, plan: DocumentPlan, geometry: DocumentGeometry, record: bool
-    ) -> dict[str, float]:
+    def document_values(self, plan: DocumentPlan, geometry: DocumentGeometry) -> dict[str, float]:
         """The per-document values lm-eval aggregates (`RunRecords.document_values`).
 
-        With ``record``, the document is recorded once, and its measurement
-        released once every document measured at its key is scored.
+        The document is recorded once, and its measurement released once
+        every document measured at its key is scored.
         """
         source = self.measurements.source_of(plan)
-        values = self.records.document_values(plan, geometry, source, record)
-        if record:
-            self.measurements.release(plan.key, self.records.scored_ids)
+        values = self.records.document_values(plan, geometry, source)
+        self.measurements.release(plan.key)
         return values
 
 

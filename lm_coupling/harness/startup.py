@@ -19,14 +19,13 @@ import sys
 DISABLE_ENV = "LM_COUPLING_NO_STARTUP_HOOK"
 TARGET_MODULE = "lm_eval._cli.run"
 FLAGS = ("--metrics", "--metric_args")
-FLAG_PREFIXES = ("--metrics=", "--metric_args=")
 
 
 def is_lm_eval_with_metrics(argv: list[str], orig_argv: list[str]) -> bool:
     """Whether this interpreter runs lm-eval's command line with ``--metrics`` (or its options)."""
     if os.environ.get(DISABLE_ENV):
         return False
-    if not any(arg in FLAGS or arg.startswith(FLAG_PREFIXES) for arg in argv):
+    if not any(arg.split("=", 1)[0] in FLAGS for arg in argv):
         return False
     program = os.path.basename(argv[0]) if argv else ""
     if program in ("lm_eval", "lm-eval", "lm_eval.exe", "lm-eval.exe"):

@@ -18,37 +18,28 @@ import numpy as np
 class RunningProfile:
     """Element-wise NaN-aware count, mean and sum of squared deviations of one profile.
 
-    Each document's profile is folded in as it comes (Welford's update, the
-    case ``n_b = 1`` of `_fold`): nothing is kept per document.
+    Each document's profile (all of one shape, `ProfileByShape`) is folded in
+    as it comes (Welford's update, the case ``n_b = 1`` of `_fold`): nothing
+    is kept per document.
 
     Attributes:
         n: finite values per element.
         mean: their mean (0 where n is 0).
         m2: the sum of their squared deviations from the mean.
-        mixed: profiles of different shapes were added (the summary is then None).
     """
 
     n: np.ndarray | None = None
     mean: np.ndarray | None = None
     m2: np.ndarray | None = None
-    mixed: bool = False
 
     def add(self, array: Any) -> None:
         """Fold one document's profile in (non-finite elements are not counted)."""
         value = np.asarray(array, dtype=np.float64)
-        if self.mixed or (self.n is not None and self.n.shape != value.shape):
-            self.mixed = True
-            return
         finite = np.isfinite(value)
         self._fold(finite.astype(np.int64), np.where(finite, value, 0.0), np.zeros_like(value))
 
     def merge(self, other: RunningProfile) -> None:
-        """Fold another summary in (Chan et al.'s pairwise update)."""
-        if other.mixed or (
-            other.n is not None and self.n is not None and other.n.shape != self.n.shape
-        ):
-            self.mixed = True
-            return
+        """Fold another summary of the same shape in (Chan et al.'s pairwise update)."""
         if other.n is not None:
             self._fold(other.n, other.mean, other.m2)
 
@@ -58,13 +49,9 @@ class RunningProfile:
         ``n = n_a + n_b``, ``delta = mean_b - mean_a``;
         ``m2 = m2_a + m2_b + delta^2 n_a n_b / n``, ``mean = mean_a + delta n_b / n``.
         """
-        if self.n is None:
-            self.n, self.mean, self.m2 = (
-                n_b.copy(),
-                mean_b.astype(np.float64),
-                m2_b.astype(np.float64),
-            )
-            return
+        if self.n is None:  # the update from zeros gives the part itself, exactly
+            self.n = np.zeros_like(n_b)
+            self.mean, self.m2 = np.zeros(n_b.shape), np.zeros(n_b.shape)
         n = self.n + n_b
         delta = mean_b - self.mean
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -74,8 +61,8 @@ class RunningProfile:
         self.n += n_b
 
     def summary(self) -> dict[str, Any] | None:
-        """``{"mean", "stderr", "n"}`` lists (NaN as None), or None when mixed or empty."""
-        if self.n is None or self.mixed:
+        """``{"mean", "stderr", "n"}`` lists (NaN as None), or None when empty."""
+        if self.n is None:
             return None
         n = self.n
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -104,13 +91,8 @@ class ProfileByShape:
     def add(self, position: int, array: Any) -> None:
         """Take the profile of the document at ``position`` in the task's scoring order."""
         array = np.asarray(array, dtype=np.float64)
-        shape = array.shape
-        profile = self.shapes.get(shape)
-        if profile is None:  # a new shape (never a new summary per call)
-            profile = self.shapes[shape] = RunningProfile()
-            self.runs[shape] = []
-        profile.add(array)
-        _extend_runs(self.runs[shape], position, position + 1)
+        self.shapes.setdefault(array.shape, RunningProfile()).add(array)
+        _extend_runs(self.runs.setdefault(array.shape, []), position, position + 1)
 
     def merge(self, other: ProfileByShape, offset: int) -> None:
         """Fold another rank's profile in; its positions come ``offset`` after this one's."""

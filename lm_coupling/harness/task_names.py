@@ -29,10 +29,8 @@ def lm_eval_tasks_dir() -> Path:
     """lm-eval's own task folder (found without importing lm-eval)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("lm_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigurationError("lm-eval is not installed: pip install lm-eval")
-    return Path(next(iter(spec.submodule_search_locations))) / "tasks"
+    locations = importlib.util.find_spec("lm_eval").submodule_search_locations
+    return Path(next(iter(locations))) / "tasks"
 
 
 def _words(value: str) -> list[str]:

@@ -1,13 +1,4 @@
-"""Per-task records of one run: each document's geometry summarised as lm-eval scores it.
-
-`RunRecords` gives lm-eval each document's own values (undefined ones left
-out, with one warning naming the cause), records each scored document once in
-its task's `TaskRecords`, reports the capture counts and gathers the records
-across data-parallel ranks. Every document's trajectory/lens geometry has one
-source (`CAPTURE_SOURCES`): captured inside lm-eval's own batch (``in_batch``),
-measured alone afterwards (``alone``), read from the geometry cache
-(``cached``), or ``failed`` (NaN, with a warning naming the document).
-"""
+"""Per-task records of one run: each document's geometry summarised as lm-eval scores it."""
 
 from __future__ import annotations
 
@@ -25,6 +16,8 @@ from lm_coupling.states import DocumentGeometry
 __all__ = ["CAPTURE_SOURCES", "RunRecords", "TaskRecords"]
 
 CAPTURE_SOURCES = ("in_batch", "alone", "cached", "failed")
+"""Where a document's trajectory/lens geometry came from: captured inside lm-eval's own batch,
+measured alone afterwards, read from the geometry cache, or failed (NaN, with a warning)."""
 
 
 @dataclass
@@ -39,7 +32,6 @@ class TaskRecords:
     the others only a plugin's per-document ``summaries``, if any.
 
     Attributes:
-        doc_ids: scored documents, in scoring order.
         profiled_ids: documents whose profiles were folded in, in that order
             (the positions of `ProfileByShape`).
         documents: the kept documents: whole, those with a sampled metric's
@@ -54,7 +46,6 @@ class TaskRecords:
         timings: running sums of the documents' timings.
     """
 
-    doc_ids: list[int] = field(default_factory=list)
     profiled_ids: list[int] = field(default_factory=list)
     documents: list[DocumentGeometry] = field(default_factory=list)
     kept_ids: list[int] = field(default_factory=list)
@@ -67,7 +58,6 @@ class TaskRecords:
 
     def add(self, doc_id: int, geometry: DocumentGeometry, keep: bool = False) -> None:
         """Fold one scored document in; keep it whole when ``keep`` (a sampled document)."""
-        self.doc_ids.append(doc_id)
         self.n_documents += 1
         for name, value in geometry.values.items():
             if math.isfinite(value):
@@ -78,10 +68,7 @@ class TaskRecords:
         if keep:
             self.documents.append(geometry)
             self.kept_ids.append(doc_id)
-        elif geometry.summaries:
-            # A plugin's per-document summaries (a task-level measure such as
-            # dataset_entropy) reach lmc_aggregate_task for every document: the
-            # summaries alone are kept, not the values, profiles or timings.
+        elif geometry.summaries:  # a task-level measure's input (the class docstring)
             self.documents.append(
                 DocumentGeometry(summaries=geometry.summaries, failures=geometry.failures)
             )
@@ -101,7 +88,6 @@ class TaskRecords:
     def extend(self, other: TaskRecords) -> None:
         """Add another rank's records of the same task."""
         offset = len(self.profiled_ids)
-        self.doc_ids.extend(other.doc_ids)
         self.profiled_ids.extend(other.profiled_ids)
         self.documents.extend(other.documents)
         self.kept_ids.extend(other.kept_ids)
@@ -121,7 +107,7 @@ class RunRecords:
 
     Args:
         plans: the run's plans (their selection, reported ids and warnings).
-        cache_path_prefix: lm-eval's ``--use_cache`` path, if any (documents
+        cached: the run has a geometry cache (``--use_cache``: documents
             measured alone are then expected).
 
     Attributes:
@@ -130,20 +116,16 @@ class RunRecords:
             lm-eval scores a document once per filter).
     """
 
-    def __init__(self, plans: RunPlans, cache_path_prefix: str | None = None):
+    def __init__(self, plans: RunPlans, cached: bool = False):
         self.plans = plans
-        self.cache_path_prefix = cache_path_prefix
+        self.cached = cached
         self.tasks: dict[str, TaskRecords] = defaultdict(TaskRecords)
         self.scored_ids: set[DocumentId] = set()
 
     def document_values(
-        self,
-        plan: DocumentPlan,
-        geometry: DocumentGeometry,
-        source: tuple[str, str | None],
-        record: bool,
+        self, plan: DocumentPlan, geometry: DocumentGeometry, source: tuple[str, str | None]
     ) -> dict[str, float]:
-        """The per-document values lm-eval aggregates (undefined ones left out).
+        """The per-document values lm-eval aggregates (undefined ones left out); records it once.
 
         lm-eval then averages each metric over the documents that define it.
 
@@ -151,17 +133,14 @@ class RunRecords:
             plan: the scored document's plan.
             geometry: the measurement at its key.
             source: ``(source, error)`` of the measurement (`MeasurementStore.source_of`).
-            record: record the document (once) in its task's records.
         """
         own = self._own_geometry(plan, geometry)
         values = {k: v for k, v in own.values.items() if math.isfinite(v)}
-        undefined: list[str] = []
-        if len(values) < len(own.values):
-            failed = {name for failure in own.failures for name in failure.get("metrics", ())}
-            undefined = [name for name in own.values if name not in values and name not in failed]
+        failed = {name for failure in own.failures for name in failure.get("metrics", ())}
         specs = self.plans.selection.specs
-        undefined = [n for n in undefined if not (n in specs and specs[n].nan_expected)]
-        targeted = [n for n in undefined if n in specs and specs[n].reads_target]
+        undefined = [n for n in own.values if n not in values and n not in failed]
+        undefined = [n for n in undefined if not specs[n].nan_expected]
+        targeted = [n for n in undefined if specs[n].reads_target]
         if targeted and plan.target_problem is not None:
             undefined = [name for name in undefined if name not in targeted]
             reported = self.plans.reported_id(plan.task_name, plan.doc_id)
@@ -172,8 +151,7 @@ class RunRecords:
             )
         if undefined and source[0] != "failed":
             self.plans.warn(plan, f"undefined geometry (NaN) for {', '.join(undefined)}")
-        if record:
-            self._record(plan, own, source)
+        self._record(plan.task_name, plan.doc_id, own, source)
         return values
 
     def _own_geometry(self, plan: DocumentPlan, geometry: DocumentGeometry) -> DocumentGeometry:
@@ -209,41 +187,39 @@ class RunRecords:
         It counts as ``failed`` with the error in the geometry file, and one
         warning names it: a bug here never passes as a quiet NaN.
         """
-        ident = (task_name, doc_id)
-        if ident in self.scored_ids:
+        if self.scored(task_name, doc_id):
             return
-        self.scored_ids.add(ident)
-        if doc_id is not None:
-            doc_id = self.plans.reported_id(task_name, doc_id)
-        records = self.tasks[task_name]
-        records.add(-1 if doc_id is None else doc_id, DocumentGeometry())
-        records.capture["failed"] += 1
-        records.failures.append({"doc_id": doc_id, "error": f"internal error: {error}"})
+        outcome = ("failed", f"internal error: {error}")
+        reported = self._record(task_name, doc_id, DocumentGeometry(), outcome)
         self.plans.warn_once(
-            ident,
-            f"task {task_name!r} document {doc_id}: geometry not attached because of an "
+            (task_name, doc_id),
+            f"task {task_name!r} document {reported}: geometry not attached because of an "
             f"lm-coupling error ({error}); the benchmark's own scores are kept. Please report it",
         )
 
     def _record(
-        self, plan: DocumentPlan, geometry: DocumentGeometry, outcome: tuple[str, str | None]
-    ) -> None:
-        """Record a scored document once (lm-eval scores it once per filter)."""
-        ident = (plan.task_name, plan.doc_id)
-        if ident in self.scored_ids:
-            return
-        self.scored_ids.add(ident)
-        records = self.tasks[plan.task_name]
+        self,
+        task_name: str,
+        doc_id: int | None,
+        geometry: DocumentGeometry,
+        outcome: tuple[str, str | None],
+    ) -> int | None:
+        """Record a scored document once (lm-eval scores it once per filter); its reported id."""
+        reported = None if doc_id is None else self.plans.reported_id(task_name, doc_id)
+        if self.scored(task_name, doc_id):
+            return reported
+        self.scored_ids.add((task_name, doc_id))
+        records = self.tasks[task_name]
         specs = self.plans.selection.specs
-        keep = any(specs[name].sampled for name in geometry.values if name in specs)
-        doc_id = self.plans.reported_id(*ident)
-        records.add(doc_id, geometry, keep)
+        keep = any(specs[name].sampled for name in geometry.values)
+        records.add(-1 if reported is None else reported, geometry, keep)
         source, error = outcome
         records.capture[source] += 1
         if error is not None:
-            records.failures.append({"doc_id": doc_id, "error": error})
+            records.failures.append({"doc_id": reported, "error": error})
         for failure in geometry.failures:  # a plugin's answer failed (its metrics NaN)
-            records.failures.append({"doc_id": doc_id, **failure})
+            records.failures.append({"doc_id": reported, **failure})
+        return reported
 
     def capture_report(self) -> dict[str, dict[str, Any]]:
         """Per task: ``capture`` counts and ``n_measured`` per metric.
@@ -254,7 +230,7 @@ class RunRecords:
         report = {}
         for task_name, records in sorted(self.tasks.items()):
             alone = records.capture.get("alone", 0)
-            if alone and self.cache_path_prefix is None:
+            if alone and not self.cached:
                 self.plans.warn_once(
                     ("alone", task_name),
                     f"task {task_name!r}: {alone} of {records.n_documents} documents were "

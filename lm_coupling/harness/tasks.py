@@ -131,7 +131,7 @@ def _with_geometry(
             if plan is None:
                 return metrics
             geometry = session.measurements.geometry_for(plan, measure_alone)
-            return {**metrics, **session.document_values(plan, geometry, record=True)}
+            return {**metrics, **session.document_values(plan, geometry)}
         except Exception as exc:  # the benchmark's own scores are kept; the cause is recorded
             where = traceback.extract_tb(exc.__traceback__)[-1]
             session.records.internal_failure(

@@ -123,8 +123,8 @@ def test_duplicate_documents_both_count(odd_run):
     samples = _samples(results, MC_TASK)
     assert len(samples) == len(ROWS) == results["n-samples"][MC_TASK]["effective"]
     assert samples[COPY]["lss"] == samples[DUPLICATE]["lss"]
-    records = observer.session.records.tasks[MC_TASK]
-    assert sorted(records.doc_ids) == list(range(len(ROWS)))
+    scored = observer.session.records.scored_ids
+    assert sorted(doc_id for task, doc_id in scored if task == MC_TASK) == list(range(len(ROWS)))
     capture = results["config"]["lm_coupling"]["capture"][MC_TASK]
     assert capture == {"in_batch": len(ROWS) - 1, "alone": 0, "cached": 0, "failed": 1}
 

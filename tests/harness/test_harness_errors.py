@@ -57,8 +57,8 @@ def test_non_hf_model_names_supported_ones(harness_setup, tmp_path, capsys, monk
     args = [*harness_setup.args(), "--metrics", "lss"]
     args[args.index("hf")] = "dummy"
     stderr = _failed(run_in_process(args, tmp_path, capsys, monkeypatch))
-    assert "--model 'dummy' is not supported" in stderr
-    assert "Use one of: hf, hf-auto, huggingface" in stderr
+    assert "--model dummy cannot be combined with --metrics" in stderr
+    assert "--model hf` (or hf-auto, huggingface" in stderr
 
 
 def test_unsupported_architecture_fails_before_data(harness_setup, tmp_path, capsys, monkeypatch):

@@ -28,8 +28,8 @@ def _record(session: GeometrySession, doc_id: int, source: str, **values: float)
     session.plans.plans_by_key[key].append(plan)
     session.measurements.store(key, DocumentGeometry(values=dict(values)), source)
     geometry = session.measurements.measured[key]
-    session.document_values(plan, geometry, record=True)
-    session.document_values(plan, geometry, record=True)  # a second filter
+    session.document_values(plan, geometry)
+    session.document_values(plan, geometry)  # a second filter
 
 
 def test_documents_measured_alone_without_use_cache_warn_once_per_task():
@@ -48,8 +48,10 @@ def test_documents_measured_alone_without_use_cache_warn_once_per_task():
     assert "measured alone" in str(warning.message)
 
 
-def test_with_use_cache_alone_is_expected_and_silent():
-    session = _session(cache_path_prefix="cache/lm")
+def test_with_use_cache_alone_is_expected_and_silent(tmp_path):
+    from lm_coupling.harness.cache import GeometryCache
+
+    session = _session(cache=GeometryCache(tmp_path / "cache_geometry_rank0.db", {}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _record(session, 0, "alone", lss=1.5, coupling=0.5, alignment_ratio=1.0)
@@ -67,7 +69,7 @@ def test_records_of_two_ranks_merge_with_their_counts():
     session = _session()
     session.records.merge([{"task": first}, {"task": second}])
     merged = session.records.tasks["task"]
-    assert merged.doc_ids == [0, 2, 1] and merged.failures == second.failures
+    assert merged.profiled_ids == [0, 2, 1] and merged.failures == second.failures
     assert merged.capture == {"in_batch": 2, "alone": 0, "cached": 0, "failed": 1}
     assert merged.n_measured(["lss"]) == {"lss": 2} and merged.n_documents == 3
     # The running summaries merge to what all three profiles give at once.
@@ -114,15 +116,6 @@ def test_running_profile_equals_the_whole_stack_across_ranks():
     assert summary["n"] == n.tolist()
 
 
-def test_running_profile_of_another_shape_gives_no_summary():
-    from lm_coupling.harness.streaming import RunningProfile
-
-    profile = RunningProfile()
-    profile.add(np.ones((3, 2)))
-    profile.add(np.ones((2, 2)))  # another shape: no summary rather than a wrong one
-    assert profile.mixed and profile.summary() is None
-
-
 def test_a_profile_of_another_shape_is_left_out_and_named_across_ranks():
     """Streamed summaries still report a document whose profile has another shape (issue 23)."""
     from lm_coupling.harness.outputs import profile_summaries
@@ -156,4 +149,4 @@ def test_profiles_of_one_shape_keep_one_run_of_positions():
     for doc_id in range(300):
         records.add(doc_id, DocumentGeometry({}, {"norm": np.zeros(3)}))
     assert records.profiles["norm"].runs == {(3,): [[0, 300]]}
-    assert records.profiles["norm"].odd(records.doc_ids) == []
+    assert records.profiles["norm"].odd(records.profiled_ids) == []

@@ -91,7 +91,7 @@ def test_renamed_gguf_architecture_passes_the_check(tmp_path):
 
     _write_gguf(tmp_path / "model.gguf", "Q4_1", architecture="qwen2moe")
     header = check_gguf({"pretrained": str(tmp_path), "gguf_file": "model.gguf"})
-    assert header.architecture == "qwen2moe"
+    assert header["architecture"] == "qwen2moe"
 
 
 def test_readable_quantization_passes_the_check(tmp_path):
@@ -100,8 +100,8 @@ def test_readable_quantization_passes_the_check(tmp_path):
 
     _write_gguf(tmp_path / "model.Q4_1.gguf", "Q4_1")
     header = check_gguf({"pretrained": str(tmp_path), "gguf_file": "model.Q4_1.gguf"})
-    assert header.quantization == "Q4_1" and header.architecture == "llama"
-    assert header.record()["tensor_types"] == {"F32": 1, "Q4_1": 1}
+    assert header["quantization"] == "Q4_1" and header["architecture"] == "llama"
+    assert header["tensor_types"] == {"F32": 1, "Q4_1": 1}
 
 
 @pytest.mark.parametrize("route", ["gguf_file", "pretrained"])

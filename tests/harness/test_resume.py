@@ -194,7 +194,7 @@ def test_the_geometry_bar_of_a_resumed_run_ends_at_its_total(harness_setup, tmp_
     cache, records each bar's count and total when the bar closes.
     """
     import lm_coupling
-    from lm_coupling.harness.progress import GeometryProgress
+    from lm_coupling.harness import model
 
     require_startup_hook()
     env = offline_env()
@@ -206,15 +206,16 @@ def test_the_geometry_bar_of_a_resumed_run_ends_at_its_total(harness_setup, tmp_
     code = _interrupt_part_way([str(BIN / "lm_eval"), *args], tmp_path / "interrupted", env, 50)
     assert code != 0  # interrupted, not finished
 
-    bars: list[tuple[str, int, int]] = []
-    close = GeometryProgress.close
+    drawn = []
+    stock = model.geometry_progress
 
-    def recording_close(self: GeometryProgress) -> None:
-        if self._bar is not None:  # the real tqdm bar, as it stands when the loop ends
-            bars.append((self.label, self._bar.n, self._bar.total))
-        close(self)
+    def recording(*args, **kwargs):
+        bar = stock(*args, **kwargs)
+        if not bar.disable:  # a line is drawn (closing it disables it)
+            drawn.append(bar)
+        return bar
 
-    monkeypatch.setattr(GeometryProgress, "close", recording_close)
+    monkeypatch.setattr(model, "geometry_progress", recording)
     results = lm_coupling.evaluate(
         model_args={"pretrained": str(harness_setup.models["gpt2"])},
         tasks=TASKS.split(","),
@@ -231,6 +232,8 @@ def test_the_geometry_bar_of_a_resumed_run_ends_at_its_total(harness_setup, tmp_
     capture = results["config"]["lm_coupling"]["capture"]
     cached = sum(counts["cached"] for counts in capture.values())
     assert cached > 0, capture  # it did resume: some documents came from the cache
+    # Each drawn bar as it stood when the loop ended (closed, it keeps its count).
+    bars = [(bar.desc, bar.n, bar.total) for bar in drawn]
     assert bars, "no geometry progress bar was drawn"
     for label, count, total in bars:
         assert count == total, (label, count, total)
