@@ -82,8 +82,7 @@ def execute(args: argparse.Namespace, stock: Callable[[argparse.Namespace], Any]
 
 def run_command(argv: Sequence[str]) -> int:
     """``lm-coupling run ARGS``: lm-eval's ``run`` arguments plus the geometry flags."""
-    parser = run_parser()
-    args = parser.parse_args(["run", *argv])
+    args = run_parser().parse_args(["run", *argv])
     return execute(args, args.func)
 
 

@@ -239,11 +239,7 @@ def build_model(run: RunConfig) -> Any:
     from lm_coupling.harness.model import CouplingHFLM
 
     config = run.evaluator
-    sizes = {
-        "batch_size": config.batch_size,
-        "max_batch_size": config.max_batch_size,
-        "device": config.device,
-    }
+    sizes = {k: getattr(config, k) for k in ("batch_size", "max_batch_size", "device")}
     sizes = {k: v for k, v in sizes.items() if v is not None}
     if run.model is not None:
         return CouplingHFLM(pretrained=run.model, tokenizer=run.tokenizer, **sizes)

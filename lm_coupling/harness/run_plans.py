@@ -101,7 +101,7 @@ class RunPlans:
             index = self._task_instances[task_name] = _requests_by_document(self.tasks[task_name])
         return index
 
-    def _add_plan(self, ident: DocumentId, instances: list[Any]) -> DocumentPlan | None:
+    def _add_plan(self, ident: DocumentId, instances: list[Any]) -> None:
         task_name, doc_id = ident
         sampled = self.sampled_metrics_of(task_name, doc_id)
         plan = plan_document(self.tasks[task_name], task_name, doc_id, instances, sampled)
@@ -111,7 +111,6 @@ class RunPlans:
             keys = self.generation_keys[plan.key[0]] if plan.kind == "generate_until" else None
             if keys is not None and plan.key not in keys:
                 keys.append(plan.key)
-        return plan
 
     def sample_of(self, task_name: str) -> TaskSample | None:
         """The task's document sample (drawn once, from the task alone), if a metric is sampled."""
