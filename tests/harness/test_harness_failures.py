@@ -72,17 +72,15 @@ class Faults:
 
 
 def _captured(block) -> bool:
-    """Whether lm-coupling's capture (or recording) hooks are on this block, and armed.
+    """Whether lm-coupling's capture hooks are on this block.
 
-    Hooks that stand through lm-eval's scoring (``StateCollector.standing_hooks``)
-    capture only the forward passes a capture or recording arms them for.
+    They are registered for one captured forward call and removed after it
+    (bound to their layer with ``functools.partial``).
     """
-    for hook in block._forward_hooks.values():
-        if getattr(hook, "__module__", "").startswith("lm_coupling.capture"):
-            owner = getattr(getattr(hook, "target", None), "__self__", None)
-            if getattr(owner, "armed", True) is not None:
-                return True
-    return False
+    return any(
+        getattr(getattr(hook, "func", hook), "__module__", "").startswith("lm_coupling.capture")
+        for hook in block._forward_hooks.values()
+    )
 
 
 @pytest.fixture(scope="module")
