@@ -5,7 +5,7 @@ coupling, line-shape score, expodistance, equidistance and logit-lens metrics,
 and reports them next to accuracy (see README.md and docs/design.md).
 
 Importing the package loads nothing heavy (no torch, lm-eval or statsmodels):
-`evaluate` (the Python entry point), ``metric`` (the short route of a metric
+`evaluate` (the Python entry point), ``metric`` (the short form of a metric
 plugin), ``hookimpl`` and ``hookspec`` (the plugin markers) and
 ``JacobianMismatchError`` are looked up on first use. The errors
 are plain classes, importable at once: every error lm-coupling raises on

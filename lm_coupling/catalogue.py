@@ -46,8 +46,8 @@ class MetricEntry:
 
     ``task_level``, ``nan_expected``, a non-logit ``lens`` and a sampled
     metric's non-default ``sample_option`` are recorded only when they differ
-    from the default; ``primary`` and ``route_options`` (its options declared
-    ``OptionSpec.route``) are never recorded (the installed plugins' are used).
+    from the default; ``primary`` and ``method_options`` (its options declared
+    ``OptionSpec.method_only``) are never recorded (the installed plugins' are used).
     """
 
     name: str
@@ -64,7 +64,7 @@ class MetricEntry:
     primary: bool = field(default=False, compare=False)  # not recorded: the installed one's
     lens: str = "logit"
     nan_expected: bool = False
-    route_options: frozenset[str] = field(default=frozenset(), compare=False)
+    method_options: frozenset[str] = field(default=frozenset(), compare=False)
 
 
 def _bounds(value: Any) -> tuple[float, float] | None:
@@ -103,7 +103,9 @@ class Catalogue:
                 spec.name,
                 **{key: getattr(spec, key) for key in _SPEC_FIELDS},
                 lens=spec.lens if "lens" in spec.needs else "logit",
-                route_options=frozenset(option.name for option in spec.options if option.route),
+                method_options=frozenset(
+                    option.name for option in spec.options if option.method_only
+                ),
             )
             for record in spec.profile_specs:
                 known = profiles.setdefault(record.name, record)
@@ -273,9 +275,9 @@ class Catalogue:
             e.sample_option for e in self.metrics.values() if e.sampled and e.sample_option
         )
 
-    def route_options(self) -> frozenset[str]:
-        """The options that pick only how values are computed (`OptionSpec.route`)."""
-        return frozenset().union(*(e.route_options for e in self.metrics.values()))
+    def method_options(self) -> frozenset[str]:
+        """The options that pick only how values are computed (`OptionSpec.method_only`)."""
+        return frozenset().union(*(e.method_options for e in self.metrics.values()))
 
     def plotted_profiles(self) -> tuple[str, ...]:
         """The per-layer (not matrix) profiles the report draws, in catalogue order."""

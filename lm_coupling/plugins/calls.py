@@ -252,7 +252,7 @@ class PluginCalls:
                 )
                 continue
             column, error = _rows(tensor, size, f"values of {name!r}", per_row=())
-            if isinstance(tensor, Exception):  # a short-route function raised
+            if isinstance(tensor, Exception):  # a short-form function raised
                 error = f"{name} raised {tensor!r}"
             if error is not None:
                 failed.setdefault(error, []).append(name)

@@ -74,7 +74,7 @@ class MetricRegistry:
 class PluginManager(pluggy.PluginManager):
     """pluggy's manager, checking each plugin as it registers (entry point or by hand).
 
-    A plugin holding short-route metrics (`lm_coupling.plugins.short.metric`)
+    A plugin holding short-form metrics (`lm_coupling.plugins.short.metric`)
     is served by a `ShortRoutePlugin` registered under its name (with the
     plugin's other hooks, such as ``lmc_lens``).
     """
@@ -88,7 +88,7 @@ class PluginManager(pluggy.PluginManager):
 
         Raises:
             PluginError: the plugin implements a hook that does not exist
-                (``lmc_compute_bach``), or implements the hooks its short-route
+                (``lmc_compute_bach``), or implements the hooks its short-form
                 metrics are served by.
         """
         shorts = short_metrics(plugin) if hasattr(plugin, "__dict__") else []
@@ -98,7 +98,7 @@ class PluginManager(pluggy.PluginManager):
             if clash:
                 raise PluginError(
                     f"plugin {name or plugin!r} holds @metric functions and implements "
-                    f"{', '.join(clash)}; put the short-route metrics in a module of their own"
+                    f"{', '.join(clash)}; put the short-form metrics in a module of their own"
                 )
             name = name or self.get_canonical_name(plugin)
             self.served[id(plugin)] = served = ShortRoutePlugin(shorts)

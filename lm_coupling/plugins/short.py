@@ -1,4 +1,4 @@
-"""The short route: a metric of the states at the measured token is one plain function.
+"""The short form: a metric of the states at the measured token is one plain function.
 
 ``@metric(...)`` declares it; the function receives, whole for the batch, the
 tensors its arguments name (``states [B, L+1, d]``, ``logits [B, L+1, V]``,
@@ -20,7 +20,7 @@ from lm_coupling.plugins.specs import MetricSpec, ProfileSpec
 __all__ = ["ShortMetric", "ShortRoutePlugin", "metric", "short_metrics"]
 
 ARGUMENTS = {"states": "hidden_states", "logits": "lens", "attentions": "attentions", "targets": ""}
-"""The arguments a short-route function may take, and the need each one declares."""
+"""The arguments a short-form function may take, and the need each one declares."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def metric(
 
 
 def short_metrics(plugin: object) -> list[ShortMetric]:
-    """The short-route metrics a plugin (a module or object) holds, in name order."""
+    """The short-form metrics a plugin (a module or object) holds, in name order."""
     return [value for _, value in sorted(vars(plugin).items()) if isinstance(value, ShortMetric)]
 
 
@@ -125,7 +125,7 @@ class AtN:
 
 
 class ShortRoutePlugin:
-    """The hooks that serve a module's short-route metrics (registered in its place)."""
+    """The hooks that serve a module's short-form metrics (registered in its place)."""
 
     def __init__(self, metrics: list[ShortMetric]):
         self.metrics = {one.spec.name: one for one in metrics}

@@ -24,8 +24,8 @@ class OptionSpec:
         parse: turns the command-line string into the value; raises
             ValueError with a readable message on bad input.
         choices: allowed parsed values, if the option is an enumeration.
-        route: True when the option picks only how a value is computed (a
-            numerical route, its tolerance, memory or seed), never what is
+        method_only: True when the option picks only how a value is computed (a
+            numerical method, its tolerance, memory or seed), never what is
             measured: the report does not tell two runs' values apart by it.
     """
 
@@ -34,7 +34,7 @@ class OptionSpec:
     help: str
     parse: Callable[[str], Any] = str
     choices: tuple[Any, ...] | None = None
-    route: bool = False
+    method_only: bool = False
 
 
 ProfileAxis = Literal["states", "blocks", "matrix"]

@@ -45,7 +45,7 @@ def _options_of(files: list[str], runs: dict[str, RunFile]) -> list[tuple[dict, 
 
 
 def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
-    routes = Catalogue.installed().route_options()
+    methods = Catalogue.installed().method_options()
     parts = []
     for metric, rows in geometry.groupby("metric", sort=True):
         files = list(dict.fromkeys(rows["file"]))
@@ -53,7 +53,7 @@ def _mixed_text(geometry: pd.DataFrame, runs: dict[str, RunFile]) -> str:
         sample = frozenset().union(
             *(runs[f].catalogue.sample_options() for f in files if f in runs)
         )
-        diffs = differing_options(options, sample | routes)
+        diffs = differing_options(options, sample | methods)
         if diffs:
             seen = ", ".join(f"{k}={'/'.join(map(str, v))}" for k, v in diffs.items())
             parts.append(f"{metric}: {seen}")

@@ -95,7 +95,7 @@ def differing_options(runs: list[dict[str, Any]], ignored: frozenset[str]) -> di
 
     ``ignored``: options that never make two runs' values incomparable, the
     sample sizes (`Catalogue.sample_options`) and the numerical routes
-    (`Catalogue.route_options`).
+    (`Catalogue.method_options`).
     """
     seen: dict[str, list[Any]] = {}
     for options in runs:

@@ -219,7 +219,7 @@ class _LensPlugin:
 
 
 class _DoubledEntropy(_LensPlugin):
-    """Supplies the lens ``doubled`` and a short-route metric reading it beside the logit lens."""
+    """Supplies the lens ``doubled`` and a short-form metric reading it beside the logit lens."""
 
     @hookimpl
     def lmc_declare_metrics(self):
@@ -415,7 +415,7 @@ def test_a_deferred_metric_is_computed_from_the_whole_task(fail):
     assert "complete boom" in message and "documents 4, 5, 6" in message
 
 
-# -- the short route ----------------------------------------------------------------------
+# -- the short form ----------------------------------------------------------------------
 
 
 def _short_route_module():
@@ -466,7 +466,7 @@ def test_short_route_functions_equal_the_model_s_own_attentions_and_logits(tiny_
 def test_a_short_route_module_with_the_hooks_it_is_served_by_is_refused():
     module = _short_route_module()
     module.lmc_compute_batch = hookimpl(lambda states: None)
-    with pytest.raises(PluginError, match="put the short-route metrics in a module of their own"):
+    with pytest.raises(PluginError, match="put the short-form metrics in a module of their own"):
         _pm().register(module, name="mixed")
     with pytest.raises(ValueError, match="takes hidden; a metric of the states at n takes"):
         from lm_coupling import metric

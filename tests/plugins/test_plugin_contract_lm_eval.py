@@ -16,7 +16,7 @@ one with every metric, one with the logit-lens metrics alone.
   metric is computed;
 - a metric NaN on every document keeps its row, with the reason; one whose
   spec declares NaN an expected answer is counted as such, not warned;
-- the short route's metric equals an independent computation;
+- the short form's metric equals an independent computation;
 - the report draws a profile on its declared bounds (any interval), labels
   scatter axes with the declared label, keeps the all-NaN metric's column in
   the leaderboard and gives each plugin's share of the capture time.

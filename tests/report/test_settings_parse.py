@@ -63,9 +63,9 @@ def test_options_text_and_differences():
         {"k": 10, "norm": "l2", "coupling_docs": 5, "jacobian_method": "dense"},
     ]
     installed = Catalogue.installed()
-    ignored = installed.sample_options() | installed.route_options()
-    assert {"jacobian_method", "jacobian_tol", "jacobian_seed"} <= installed.route_options()
-    assert not {"k", "norm", "coupling_docs"} & installed.route_options()
+    ignored = installed.sample_options() | installed.method_options()
+    assert {"jacobian_method", "jacobian_tol", "jacobian_seed"} <= installed.method_options()
+    assert not {"k", "norm", "coupling_docs"} & installed.method_options()
     assert differing_options(runs, ignored) == {"norm": ["l1", "l2"]}  # sample size, route ignored
 
 

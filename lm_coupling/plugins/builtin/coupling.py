@@ -103,7 +103,7 @@ METHOD = OptionSpec(
     "Jacobian route: auto, dense (exact), gram (exact, J^T J eigensolver), krylov "
     "(matrix-free, to tolerance)",
     choices=("auto", "dense", "gram", "krylov"),
-    route=True,
+    method_only=True,
 )
 # The engine's settings a user could want (lm_coupling.jacobian.config.JacobianConfig),
 # each as a jacobian_<field> option; None lets the engine choose.
@@ -113,43 +113,45 @@ ENGINE_OPTIONS = (
         None,
         "accuracy target of the iterative routes (none: 1e-5 in float32, 1e-9 in float64)",
         parse_optional_float,
-        route=True,
+        method_only=True,
     ),
     OptionSpec(
         "jacobian_max_iters",
         None,
         "iteration budget of the iterative routes (none: the engine's)",
         parse_optional_int,
-        route=True,
+        method_only=True,
     ),
     OptionSpec(
         "jacobian_ill_gap",
         1e-3,
         "singular values closer than this times s_1 make a layer ill-defined (flagged)",
         float,
-        route=True,
+        method_only=True,
     ),
     OptionSpec(
         "jacobian_check",
         True,
         "check every replayed block against the model's own output (false: not advised)",
         parse_bool,
-        route=True,
+        method_only=True,
     ),
-    OptionSpec("jacobian_seed", 0, "seed of the iterative routes' start blocks", int, route=True),
+    OptionSpec(
+        "jacobian_seed", 0, "seed of the iterative routes' start blocks", int, method_only=True
+    ),
     OptionSpec(
         "jacobian_docs_per_batch",
         None,
         "documents per batched engine pass (none: from free GPU memory; one on a CPU)",
         parse_optional_int,
-        route=True,
+        method_only=True,
     ),
     OptionSpec(
         "jacobian_chunk_size",
         None,
         "tangents per vectorized product batch (none: from a memory budget)",
         parse_optional_int,
-        route=True,
+        method_only=True,
     ),
     OptionSpec(
         "jacobian_keep_bytes",
@@ -157,7 +159,7 @@ ENGINE_OPTIONS = (
         "bytes of dense Jacobians kept between the engine's passes (none: 1 GiB on CPU, "
         "a quarter of free memory on a GPU)",
         parse_optional_int,
-        route=True,
+        method_only=True,
     ),
 )
 ALIGNMENT_K = OptionSpec(
