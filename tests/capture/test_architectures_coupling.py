@@ -218,6 +218,11 @@ TABLE: dict[str, Arch] = {
         dtype=F32,
         note="AltUp streams [k, B, T, d] (the state: the k streams flattened), per-layer inputs",
     ),
+    "cpmant": Arch(
+        "cpmant",
+        refused="is not a causal decoder",
+        note="its attention looks ahead: the states at the last token would see the answer",
+    ),
 }
 """Architectures the suite checks (model_type must exist in the installed transformers)."""
 
