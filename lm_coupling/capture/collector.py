@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lm_coupling.capture.lens import read_all
+from lm_coupling.capture.lens import read_all, shared_transform
 from lm_coupling.errors import LmCouplingError
 from lm_coupling.model.architecture import ModelParts, block_output_hidden, work_dtype
 from lm_coupling.model.attention import attention_modules
@@ -247,9 +247,16 @@ class _Run:
         """``(N(x^l_n), logits of lens)``; None, None once that lens failed (read when asked)."""
         if lens in self.handle.lens_errors:
             return None, None
+        parts, reader = self.collector.parts, self.collector.lenses[lens]
         try:
-            normed = self.collector.parts.final_norm_fp32(at_n)
-            return normed, self.collector.lenses[lens].logits(layer, at_n)
+            normed = parts.final_norm_fp32(at_n)
+            transform = shared_transform(reader)
+            if transform is None:
+                return normed, reader.logits(layer, at_n)
+            moved = transform(layer, at_n)  # the logit lens: x itself, its norm already taken
+            return normed, parts.unembed_fp32(
+                normed if moved is at_n else parts.final_norm_fp32(moved)
+            )
         except Exception as exc:  # a plugin's lens fails its readers, not the capture
             self.handle.lens_errors[lens] = repr(exc)
             return None, None

@@ -23,7 +23,7 @@ import torch
 
 from lm_coupling.model.architecture import ModelParts
 
-__all__ = ["JacobianLens", "LogitLens", "TransformLens", "read_all", "read_out"]
+__all__ = ["JacobianLens", "LogitLens", "TransformLens", "read_all", "read_out", "shared_transform"]
 
 
 def read_out(parts: ModelParts, states: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ class JacobianLens(TransformLens):
         return hidden.to(dtype) @ self.jacobians[layer].to(device=hidden.device, dtype=dtype).T
 
 
-def _transforms(lens: Any):
+def shared_transform(lens: Any):
     """The lens's ``transform`` when its logits are the shared read-out of it, else None."""
     transform = getattr(lens, "transform", None)
     if transform is None or getattr(type(lens), "logits", None) is not TransformLens.logits:
@@ -103,7 +103,7 @@ def read_all(lens: Any, parts: ModelParts, rows: Sequence[torch.Tensor]) -> torc
     norm and unembedding act row by row, so each state's logits equal the
     lens's ``logits``); a lens without a shared read-out is called once per state.
     """
-    transform = _transforms(lens)
+    transform = shared_transform(lens)
     if transform is None:
         return torch.stack([lens.logits(i, x) for i, x in enumerate(rows)], dim=1)
     moved = [transform(i, x) for i, x in enumerate(rows)]

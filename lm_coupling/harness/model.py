@@ -235,9 +235,11 @@ class CouplingHFLM(HFLMWithHooks):
         if not matches:
             return call()
         output = self._captured_call(call, session, matches)
-        self._measure_sampled(
-            session, [(key, tuple(context[b, first[b] :].tolist())) for b, key, _ in matches]
-        )
+        sampled = [(b, key) for b, key, _ in matches if session.plans.sampled(key)]
+        if sampled:  # the prompt's tokens leave the device only for the engine
+            self._measure_sampled(
+                session, [(key, tuple(context[b, first[b] :].tolist())) for b, key in sampled]
+            )
         return output
 
     def _lens_target(self, session: GeometrySession, key: GeometryKey) -> int:

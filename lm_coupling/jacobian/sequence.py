@@ -87,7 +87,7 @@ def cache_replay_problem(model: nn.Module) -> str:
         cache_keeps_state,
         cache_layers,
         layer_keys_values,
-        new_cache,
+        model_cache_layers,
         output_cache,
     )
 
@@ -99,10 +99,9 @@ def cache_replay_problem(model: nn.Module) -> str:
     if not accepts_argument(model, "use_cache"):
         return f"{type(model).__name__}.forward takes no use_cache argument (no cache)"
     try:
-        cache = new_cache(model.config)
+        layers = model_cache_layers(model)
     except Exception as error:  # noqa: BLE001 - any failure means: no cache of the model's own
         return f"no cache can be built from its config ({type(error).__name__}: {error})"
-    layers = getattr(cache, "layers", None) or []
     kinds = {i: _layer_kind(layer) for i, layer in enumerate(layers)}
     state = [i for i, kind in kinds.items() if kind == "state"]
     if state:
